@@ -1,0 +1,23 @@
+# gpuguard: make test | make demo | make bench | make lint | make install
+PYTHON ?= python3
+PREFIX ?= /usr/local
+
+.PHONY: test lint demo bench install uninstall
+
+test:
+	$(PYTHON) -m pytest -q tests
+
+lint:
+	shellcheck bin/* lib/*.sh install.sh .ci/run tests/*.sh tests/bats/*.bats bench/*.sh
+
+demo:
+	bash tests/demo.sh
+
+bench:
+	bash bench/run.sh
+
+install:
+	./install.sh --prefix "$(PREFIX)"
+
+uninstall:
+	./install.sh --prefix "$(PREFIX)" --uninstall

@@ -1,0 +1,166 @@
+# shellcheck shell=bash
+# shellcheck disable=SC2034 # SMI_* are this module's output, read by idle.sh, leak.sh and textfile.sh
+# The one place that runs nvidia-smi. Every call is bounded by
+# `timeout -k` (a wedged driver hangs nvidia-smi in D state), output is
+# checked by exit status first (nvidia-smi prints its errors on stdout) and
+# then line by line; placeholders such as [N/A] become empty values.
+
+# Fields of the per-GPU query, in order. power.draw and power.limit ride along
+# in the same call as a second signal: a hung NCCL rank can spin at 100 %
+# utilization while drawing idle power.
+SMI_GPU_FIELDS=index,uuid,utilization.gpu,memory.used,memory.total,power.draw,power.limit
+SMI_APP_FIELDS=pid,process_name,used_memory,gpu_uuid
+
+# Runs nvidia-smi with the given arguments under the timeout.
+# Globals:
+#   NVIDIA_SMI (command line, may be "ssh node7 nvidia-smi"), SMI_TIMEOUT
+# Outputs:
+#   nvidia-smi's stdout and stderr, merged (it writes errors to stdout)
+# Returns:
+#   nvidia-smi's status; 124 when it timed out; 127 when it is missing
+smi_run() {
+  local -a cmd
+  read -r -a cmd <<<"${NVIDIA_SMI:-nvidia-smi}"
+  if ! command -v -- "${cmd[0]}" >/dev/null 2>&1; then
+    printf '%s: command not found\n' "${cmd[0]}"
+    return 127
+  fi
+  timeout -k 2 "${SMI_TIMEOUT:-10}" "${cmd[@]}" "$@" 2>&1
+}
+
+# True when a field value is one of nvidia-smi's "no value" placeholders.
+smi_is_placeholder() {
+  case $1 in
+    '' | '[N/A]' | N/A | '[Not Supported]' | '[Insufficient Permissions]' | \
+      '[Unknown Error]' | '[Requested functionality has been deprecated]' | \
+      '[GPU requires reset]' | '[Not Found]') return 0 ;;
+  esac
+  return 1
+}
+
+# Describes a failed call in one line, for logs and monitor_degraded events.
+smi_describe_failure() {
+  local rc=$1 output=$2 first
+  first=${output%%$'\n'*}
+  first=${first:0:160}
+  case $rc in
+    124 | 137) printf 'nvidia-smi timed out after %ss (driver wedged?)' "${SMI_TIMEOUT:-10}" ;;
+    127) printf 'nvidia-smi not found (%s)' "$first" ;;
+    *) printf 'nvidia-smi exited %s: %s' "$rc" "${first:-no output}" ;;
+  esac
+}
+
+# Samples every GPU with at most two nvidia-smi calls, whatever the GPU count.
+# Globals (set):
+#   SMI_UUIDS (array, in index order); SMI_INDEX, SMI_UTIL, SMI_MEM_USED,
+#   SMI_MEM_TOTAL, SMI_POWER, SMI_POWER_LIMIT (assoc, by UUID; "" = no value);
+#   SMI_APPS_OK (1 when the process list was read); SMI_NPROCS (assoc, by
+#   UUID); SMI_PROCS (assoc, by UUID: lines "pid<TAB>name<TAB>MiB");
+#   SMI_PIDS_MEM (assoc, by PID: MiB summed over GPUs); SMI_PID_UUIDS;
+#   SMI_BAD_LINES (lines skipped as unparseable); SMI_ERROR (why it failed)
+# Returns:
+#   0 when the GPU query succeeded and gave at least one valid GPU line
+smi_sample() {
+  declare -ga SMI_UUIDS=()
+  declare -gA SMI_INDEX=() SMI_UTIL=() SMI_MEM_USED=() SMI_MEM_TOTAL=() \
+    SMI_POWER=() SMI_POWER_LIMIT=() SMI_NPROCS=() SMI_PROCS=() SMI_PIDS_MEM=() \
+    SMI_PID_UUIDS=()
+  SMI_APPS_OK=0
+  SMI_BAD_LINES=0
+  SMI_ERROR=''
+  local output rc=0
+  output=$(smi_run --query-gpu="$SMI_GPU_FIELDS" --format=csv,noheader,nounits) || rc=$?
+  if ((rc != 0)); then
+    SMI_ERROR=$(smi_describe_failure "$rc" "$output")
+    return 1
+  fi
+  smi_parse_gpus "$output"
+  if ((${#SMI_UUIDS[@]} == 0)); then
+    SMI_ERROR="nvidia-smi printed no valid GPU line (${SMI_BAD_LINES} unparseable)"
+    return 1
+  fi
+  rc=0
+  output=$(smi_run --query-compute-apps="$SMI_APP_FIELDS" --format=csv,noheader,nounits) || rc=$?
+  if ((rc == 0)) && smi_parse_apps "$output"; then
+    SMI_APPS_OK=1
+  else
+    ((rc == 0)) || SMI_ERROR="process list: $(smi_describe_failure "$rc" "$output")"
+    ((rc != 0)) || SMI_ERROR="process list: unparseable output"
+  fi
+  return 0
+}
+
+# Parses `--query-gpu` CSV (noheader, nounits) into the SMI_* arrays; lines
+# that do not have the shape of a GPU line are counted in SMI_BAD_LINES.
+# Fork-free on purpose: it runs every cycle for every GPU.
+smi_parse_gpus() {
+  local line idx uuid util used total power limit extra
+  while IFS= read -r line; do
+    line=${line%$'\r'}
+    [[ -z ${line//[[:space:]]/} ]] && continue
+    IFS=$'\x1f' read -r idx uuid util used total power limit extra <<<"${line//,/$'\x1f'}"
+    smi_clean_field idx && smi_clean_field uuid
+    if [[ -n $extra ]] || ! gg_is_uint "$idx" || [[ ! $uuid =~ ^(GPU|MIG)-[0-9A-Za-z/-]+$ ]] ||
+      ! smi_clean_field util || ! smi_clean_field used || ! smi_clean_field total ||
+      ! smi_clean_field power || ! smi_clean_field limit ||
+      [[ -n ${SMI_INDEX[$uuid]+set} ]]; then
+      SMI_BAD_LINES=$((SMI_BAD_LINES + 1))
+      continue
+    fi
+    SMI_UUIDS+=("$uuid")
+    SMI_INDEX[$uuid]=$idx
+    SMI_UTIL[$uuid]=$util
+    SMI_MEM_USED[$uuid]=$used
+    SMI_MEM_TOTAL[$uuid]=$total
+    SMI_POWER[$uuid]=$power
+    SMI_POWER_LIMIT[$uuid]=$limit
+    SMI_NPROCS[$uuid]=0
+    SMI_PROCS[$uuid]=''
+  done <<<"$1"
+}
+
+# Parses `--query-compute-apps=pid,process_name,used_memory,gpu_uuid` CSV.
+# The name is what lies between the first and the last two fields, since
+# older drivers do not replace commas in process names.
+# Returns:
+#   1 when any non-empty line is not a process line (garbage)
+smi_parse_apps() {
+  local line pid name mem uuid rest
+  while IFS= read -r line; do
+    line=${line%$'\r'}
+    [[ -z ${line//[[:space:]]/} ]] && continue
+    [[ $line == *,*,*,* ]] || return 1
+    pid=${line%%,*}
+    rest=${line#*,}
+    uuid=${rest##*,}
+    rest=${rest%,*}
+    mem=${rest##*,}
+    name=${rest%,*}
+    smi_clean_field pid && smi_clean_field uuid
+    gg_is_uint "$pid" && smi_clean_field mem || return 1
+    [[ -n ${SMI_INDEX[$uuid]+set} ]] || continue
+    name=${name# }
+    name=${name//$'\t'/ }
+    SMI_NPROCS[$uuid]=$((SMI_NPROCS[$uuid] + 1))
+    SMI_PROCS[$uuid]+="${pid}"$'\t'"${name}"$'\t'"${mem}"$'\n'
+    SMI_PIDS_MEM[$pid]=$((${SMI_PIDS_MEM[$pid]:-0} + ${mem:-0}))
+    SMI_PID_UUIDS[$pid]+="${SMI_PID_UUIDS[$pid]:+ }$uuid"
+  done <<<"$1"
+  return 0
+}
+
+# Trims the variable named $1 in place; a placeholder ([N/A], ...) becomes
+# empty. Returns 1 when the value is neither a number nor a placeholder.
+smi_clean_field() {
+  local -n field_ref=$1
+  local s=$field_ref
+  s=${s#"${s%%[![:space:]]*}"}
+  s=${s%"${s##*[![:space:]]}"}
+  if smi_is_placeholder "$s"; then
+    field_ref=''
+    return 0
+  fi
+  field_ref=$s
+  [[ $1 == uuid ]] && return 0
+  gg_is_number "$s"
+}

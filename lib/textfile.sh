@@ -1,0 +1,85 @@
+# shellcheck shell=bash
+# node_exporter textfile metrics. One file per writer under
+# $GPUGUARD_TEXTFILE_DIR, written under another name and renamed so the
+# collector never reads half a file; HELP and TYPE for every metric; no
+# timestamps; base units (bytes, ratios, seconds). Processes that are gone
+# simply are not written again, so series disappear with them.
+
+# Escapes a Prometheus label value (backslash, quote, newline) into $2.
+textfile_label_escape_into() {
+  local s=$1
+  local -n label_ref=$2
+  s=${s//\\/\\\\}
+  s=${s//\"/\\\"}
+  s=${s//$'\n'/\\n}
+  # shellcheck disable=SC2034 # nameref: assigns the caller's variable
+  label_ref=$s
+}
+
+# Appends one metric family (HELP, TYPE, samples) to the variable named $1.
+# Arguments:
+#   $1 output variable, $2 name, $3 type, $4 help, $5 samples (lines
+#   "labels value", may be empty: the family is then left out)
+textfile_family() {
+  local -n family_out=$1
+  [[ -n $5 ]] || return 0
+  family_out+="# HELP $2 $4"$'\n'"# TYPE $2 $3"$'\n'
+  local labels value
+  while read -r labels value; do
+    [[ -n $labels ]] || continue
+    if [[ $labels == '{}' ]]; then
+      family_out+="$2 $value"$'\n'
+    else
+      family_out+="$2$labels $value"$'\n'
+    fi
+  done <<<"$5"
+}
+
+# Writes gpuguard_idle.prom from the last sample and the watchdog's state.
+# Globals:
+#   SMI_* (last sample), IDLE_* and MON_* (state), THRESHOLD
+textfile_write_idle() {
+  local now=$1 dir=$GPUGUARD_TEXTFILE_DIR
+  local util='' used='' total='' procs='' cycles='' idle='' power='' pmem='' uuid lbl
+  if ((MON_FAILS == 0)); then
+    for uuid in "${SMI_UUIDS[@]}"; do
+      lbl="{gpu=\"${SMI_INDEX[$uuid]}\",uuid=\"$uuid\"}"
+      if [[ -n ${SMI_UTIL[$uuid]} ]]; then
+        local ratio
+        printf -v ratio '%d.%02d' "$((${SMI_UTIL[$uuid]%.*} / 100))" "$((${SMI_UTIL[$uuid]%.*} % 100))"
+        util+="$lbl $ratio"$'\n'
+      fi
+      [[ -n ${SMI_MEM_USED[$uuid]} ]] && used+="$lbl $((${SMI_MEM_USED[$uuid]%.*} * 1048576))"$'\n'
+      [[ -n ${SMI_MEM_TOTAL[$uuid]} ]] && total+="$lbl $((${SMI_MEM_TOTAL[$uuid]%.*} * 1048576))"$'\n'
+      [[ -n ${SMI_POWER[$uuid]} ]] && power+="$lbl ${SMI_POWER[$uuid]}"$'\n'
+      procs+="$lbl ${SMI_NPROCS[$uuid]:-0}"$'\n'
+      cycles+="$lbl ${IDLE_CYCLES[$uuid]:-0}"$'\n'
+      idle+="$lbl ${IDLE_FIRING[$uuid]:-0}"$'\n'
+      local pid name mem esc
+      while IFS=$'\t' read -r pid name mem; do
+        [[ -n $pid && -n $mem ]] || continue
+        textfile_label_escape_into "${name##*/}" esc
+        pmem+="{gpu=\"${SMI_INDEX[$uuid]}\",uuid=\"$uuid\",pid=\"$pid\",name=\"$esc\"} $((${mem%.*} * 1048576))"$'\n'
+      done <<<"${SMI_PROCS[$uuid]}"
+    done
+  fi
+  local out=''
+  textfile_family out gpuguard_gpu_utilization_ratio gauge 'GPU utilization, 0-1 (absent under MIG).' "$util"
+  textfile_family out gpuguard_gpu_memory_used_bytes gauge 'GPU memory in use.' "$used"
+  textfile_family out gpuguard_gpu_memory_total_bytes gauge 'GPU memory in all.' "$total"
+  textfile_family out gpuguard_gpu_power_watts gauge 'GPU power draw.' "$power"
+  textfile_family out gpuguard_gpu_processes gauge 'Compute processes on the GPU.' "$procs"
+  textfile_family out gpuguard_gpu_idle_cycles gauge 'Consecutive idle-but-occupied cycles.' "$cycles"
+  textfile_family out gpuguard_gpu_idle gauge '1 while the idle-but-occupied alert fires.' "$idle"
+  textfile_family out gpuguard_process_gpu_memory_bytes gauge 'GPU memory held by a compute process.' "$pmem"
+  textfile_family out gpuguard_idle_threshold_ratio gauge 'Utilization under which a held GPU counts as idle.' \
+    "{} $(printf '%d.%02d' "$((THRESHOLD / 100))" "$((THRESHOLD % 100))")"
+  textfile_family out gpuguard_monitor_up gauge '1 when the last nvidia-smi sample succeeded.' \
+    "{} $((MON_FAILS == 0 ? 1 : 0))"
+  textfile_family out gpuguard_monitor_consecutive_failures gauge 'Failed nvidia-smi samples in a row.' "{} $MON_FAILS"
+  textfile_family out gpuguard_monitor_last_success_timestamp_seconds gauge 'Time of the last good sample.' \
+    "{} ${MON_LAST_OK:-0}"
+  textfile_family out gpuguard_monitor_last_cycle_timestamp_seconds gauge 'Time of the last cycle.' "{} $now"
+  mkdir -p -- "$dir" && printf '%s' "$out" | gg_write_atomic "$dir/gpuguard_idle.prom" &&
+    chmod 644 -- "$dir/gpuguard_idle.prom"
+}

@@ -1,0 +1,147 @@
+"""Configuration and command-line behaviour a user meets first."""
+import os
+import subprocess
+
+import pytest
+
+from conftest import ROOT, app, idle_gpu
+
+BINS = sorted(p.name for p in (ROOT / "bin").iterdir())
+
+
+@pytest.mark.parametrize("name", BINS)
+def test_every_command_has_summary_usage_and_help(name):
+    text = (ROOT / "bin" / name).read_text()
+    assert "\n# Summary: " in text and "\n# Usage: " in text
+    r = subprocess.run([str(ROOT / "bin" / name), "--help"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0
+    assert r.stdout.startswith("Summary: ") and "Usage: " in r.stdout
+
+
+@pytest.mark.parametrize("key,value,message", [
+    ("THRESHOLD", "abc", "THRESHOLD must be a whole number from 0 to 100 (got 'abc')"),
+    ("THRESHOLD", "101", "THRESHOLD must be a whole number from 0 to 100 (got '101')"),
+    ("CHECK_INTERVAL", "0", "CHECK_INTERVAL must be a whole number of at least 1 (got '0')"),
+    ("MAX_IDLE_CYCLES", "-3", "MAX_IDLE_CYCLES must be a whole number of at least 1 (got '-3')"),
+    ("NOTIFY_TYPE", "teams", "NOTIFY_TYPE must be one of dingtalk, feishu, wecom, slack, generic (got 'teams')"),
+    ("GPUGUARD_SYSLOG", "yes", "GPUGUARD_SYSLOG must be 0 or 1 (got 'yes')"),
+])
+def test_bad_value_is_one_clear_line_and_exit_2(box, key, value, message):
+    box.write_scenario([{"gpus": [idle_gpu()], "apps": []}])
+    r = box.run("--once", env={key: value})
+    assert r.returncode == 2
+    assert r.stderr == "yichuidingyin.sh: %s\n".replace("yichuidingyin.sh", "yichuidingyin") % message
+    assert box.smi_calls() == []
+
+
+def test_unknown_option_exit_2(box):
+    r = box.run("--bogus")
+    assert r.returncode == 2 and "unknown option '--bogus'" in r.stderr
+
+
+def test_environment_over_file_over_default(box, tmp_path):
+    conf = tmp_path / "gpuguard.conf"
+    conf.write_text("# comment\n\nMAX_IDLE_CYCLES=2\nexport THRESHOLD=\"50\"\nREPEAT_INTERVAL='0'\n")
+    step = {"gpus": [idle_gpu(util=30)], "apps": [app(5)]}
+    box.write_scenario([step] * 10)
+    env = {"GPUGUARD_CONFIG": str(conf)}
+    # file: THRESHOLD=50 makes 30 % idle, MAX_IDLE_CYCLES=2 fires on the 2nd
+    box.once(now=1, env=env)
+    box.once(now=2, env=env)
+    assert [e["state"] for e in box.events()] == ["firing"]
+    assert box.events()[0]["threshold"] == 50
+    # environment wins over the file: THRESHOLD=20 makes 30 % busy -> resolved
+    env["THRESHOLD"] = "20"
+    box.once(now=3, env=env)
+    assert [e["state"] for e in box.events()] == ["firing", "resolved"]
+
+
+def test_config_flag_and_default_when_absent(box, tmp_path):
+    conf = tmp_path / "other.conf"
+    conf.write_text("THRESHOLD=77\n")
+    box.write_scenario([{"gpus": [idle_gpu(util=50)], "apps": [app(5)]}] * 3)
+    env = {"GPUGUARD_CONFIG": ""}
+    for t in range(3):
+        r = box.run("--once", "--config", str(conf), env=dict(env, GPUGUARD_NOW=str(t)))
+        assert r.returncode == 0, r.stderr
+    assert box.events()[0]["threshold"] == 77
+
+
+def test_config_file_is_never_executed(box, tmp_path):
+    marker = tmp_path / "pwned"
+    conf = tmp_path / "evil.conf"
+    conf.write_text("NOTIFY_TYPE=generic\nGPUGUARD_HOST=$(touch %s)\n`touch %s`\n" % (marker, marker))
+    r = box.run("--once", env={"GPUGUARD_CONFIG": str(conf)})
+    assert r.returncode == 2
+    assert r.stderr.strip() == "yichuidingyin: %s:3: expected KEY=VALUE" % conf
+    assert not marker.exists()
+    conf.write_text("GPUGUARD_HOST=$(touch %s)\n" % marker)
+    box.write_scenario([{"gpus": [idle_gpu()], "apps": [app(1)]}] * 3)
+    for t in range(3):
+        box.once(now=t, env={"GPUGUARD_CONFIG": str(conf)})
+    assert not marker.exists()
+    assert box.events()[0]["host"] == "$(touch %s)" % marker
+
+
+def test_unknown_key_warns(box, tmp_path):
+    conf = tmp_path / "c.conf"
+    conf.write_text("THRESHHOLD=5\n")
+    box.write_scenario([{"gpus": [idle_gpu()], "apps": []}])
+    r = box.run("--once", env={"GPUGUARD_CONFIG": str(conf)})
+    assert r.returncode == 0
+    assert "unknown key THRESHHOLD" in r.stderr
+
+
+def test_world_readable_config_with_secret_warns_without_leaking(box, tmp_path):
+    conf = tmp_path / "c.conf"
+    conf.write_text("NOTIFY_URL=http://127.0.0.1:9/robot/send?access_token=TOPSECRETTOKEN\nNOTIFY_SECRET=SECxyzxyzxyz\n")
+    conf.chmod(0o644)
+    box.write_scenario([{"gpus": [idle_gpu()], "apps": []}])
+    r = box.run("--once", env={"GPUGUARD_CONFIG": str(conf)})
+    assert "readable by others (mode 644): chmod 600" in r.stderr
+    assert "TOPSECRET" not in r.stderr and "SECxyz" not in r.stderr
+    conf.chmod(0o600)
+    r = box.run("--once", env={"GPUGUARD_CONFIG": str(conf)})
+    assert "readable by others" not in r.stderr
+
+
+def test_unwritable_state_dir_is_exit_2(box, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    r = box.run("--once", env={"GPUGUARD_STATE_DIR": str(blocker / "sub")})
+    assert r.returncode == 2 and "not writable" in r.stderr
+
+
+def test_default_state_dir_for_non_root_user(box, tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("needs root to drop to another user")
+    import pwd
+    try:
+        nobody = pwd.getpwnam("nobody")
+    except KeyError:
+        pytest.skip("no user nobody")
+    import shutil
+    import tempfile
+    base = tempfile.mkdtemp(prefix="gpuguard-user-")   # pytest's tmp is root-only
+    try:
+        os.chmod(base, 0o755)
+        home = os.path.join(base, "home")
+        os.mkdir(home)
+        os.chown(home, nobody.pw_uid, nobody.pw_gid)
+        scenario = os.path.join(base, "scenario.json")
+        box.write_scenario([{"gpus": [idle_gpu()], "apps": []}])
+        shutil.copy(box.scenario, scenario)
+        os.chmod(scenario, 0o644)
+        _run_as_nobody(box, nobody, home, scenario)
+    finally:
+        shutil.rmtree(base)
+
+
+def _run_as_nobody(box, nobody, home, scenario):
+    env = dict(box.env, HOME=home, FAKE_SMI_SCENARIO=scenario, FAKE_SMI_STATE="", FAKE_SMI_LOG="")
+    del env["GPUGUARD_STATE_DIR"]
+    r = subprocess.run(["setpriv", "--reuid", str(nobody.pw_uid), "--regid", str(nobody.pw_gid),
+                        "--clear-groups", str(ROOT / "bin/yichuidingyin.sh"), "--once"],
+                       env=env, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert os.path.exists(os.path.join(home, ".local/state/gpuguard/idle.state"))

@@ -1,0 +1,289 @@
+"""The idle watchdog as its users run it: `yichuidingyin.sh &` or from cron
+with --once, against the nvidia-smi test double."""
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from conftest import (ROOT, H200_UUID, app, busy_gpu, idle_gpu, start_daemon,
+                      stop_daemon, uuid_for, wait_for)
+
+IDLE = {"gpus": [idle_gpu()], "apps": [app(1410)]}
+BUSY = {"gpus": [busy_gpu()], "apps": [app(1410), app(1408, mem=2910)]}
+GONE = {"gpus": [idle_gpu(mem=0)], "apps": []}
+
+
+def states(events, kind="gpu_idle"):
+    return [(e["gpu"], e["state"]) for e in events if e["event"] == kind]
+
+
+def test_fires_once_after_max_idle_cycles_then_resolves_when_busy(box):
+    box.write_scenario([IDLE] * 5 + [BUSY])
+    for cycle in range(1, 6):
+        box.once(now=1000 + 60 * cycle)
+        expected = [] if cycle < 3 else [(0, "firing")]
+        assert states(box.events()) == expected, "after cycle %d" % cycle
+    box.once(now=1000 + 60 * 6)
+    assert states(box.events()) == [(0, "firing"), (0, "resolved")]
+    firing, resolved = box.events()
+    assert firing["utilization"] == 0 and firing["idle_cycles"] == 3
+    assert firing["idle_seconds"] == 120
+    assert firing["processes"] == [{"pid": 1410, "name": "python3", "used_memory_mib": 2556}]
+    assert firing["uuid"] == H200_UUID and firing["host"]
+    assert resolved["reason"] == "busy" and resolved["utilization"] == 100
+    assert resolved["idle_seconds"] == 300
+
+
+def test_resolved_when_processes_exit(box):
+    box.write_scenario([IDLE] * 3 + [GONE])
+    for cycle in range(4):
+        box.once(now=100 + cycle)
+    assert states(box.events()) == [(0, "firing"), (0, "resolved")]
+    assert box.events()[-1]["reason"] == "released"
+
+
+def test_reminder_every_repeat_interval_and_not_more(box):
+    box.write_scenario([IDLE] * 20)
+    times = [0, 60, 120, 180, 240, 3719, 3720, 3780, 7320]
+    for t in times:
+        box.once(now=10_000 + t, env={"REPEAT_INTERVAL": "3600"})
+    got = [(e["state"], e["ts"] - 10_000) for e in box.events()]
+    assert got == [("firing", 120), ("reminder", 3720), ("reminder", 7320)]
+
+
+def test_reminders_off_with_zero_interval(box):
+    box.write_scenario([IDLE] * 10)
+    for t in range(8):
+        box.once(now=t * 10_000, env={"REPEAT_INTERVAL": "0"})
+    assert [e["state"] for e in box.events()] == ["firing"]
+
+
+def test_busy_blip_resets_the_count(box):
+    box.write_scenario([IDLE, IDLE, BUSY, IDLE, IDLE, BUSY])
+    for t in range(6):
+        box.once(now=t)
+    assert box.events() == []
+
+
+def test_threshold_is_strict_and_configurable(box):
+    at_threshold = {"gpus": [idle_gpu(util=10)], "apps": [app(1)]}
+    box.write_scenario([at_threshold] * 4)
+    for t in range(4):
+        box.once(now=t)
+    assert box.events() == []
+    for t in range(4, 8):
+        box.once(now=t, env={"THRESHOLD": "11"})
+    assert states(box.events()) == [(0, "firing")]
+
+
+def test_daemon_makes_two_smi_calls_per_cycle_and_stops_cleanly(box):
+    box.write_scenario([IDLE] * 50)
+    proc = start_daemon(box)
+    assert wait_for(lambda: len(box.smi_calls()) >= 6)
+    rc, _, err = stop_daemon(proc)
+    assert rc == 0, err
+    calls = box.smi_calls()
+    assert len(calls) % 2 == 0
+    assert all(c.startswith("--query-gpu=") for c in calls[0::2])
+    assert all(c.startswith("--query-compute-apps=") for c in calls[1::2])
+    assert "stopped; state saved" in err
+    state = (box.state / "idle.state").read_text()
+    assert H200_UUID in state
+
+
+def test_restart_keeps_counting(box):
+    """Two idle cycles in a daemon, SIGTERM, then a cron-style --once:
+    the third idle cycle fires."""
+    box.write_scenario([IDLE] * 10)
+    proc = start_daemon(box, env={"CHECK_INTERVAL": "3600", "MAX_IDLE_CYCLES": "2"})
+    assert wait_for(lambda: len(box.smi_calls()) >= 2)
+    time.sleep(0.2)
+    rc, _, err = stop_daemon(proc)
+    assert rc == 0 and box.events() == []
+    box.once(env={"MAX_IDLE_CYCLES": "2"})
+    assert states(box.events()) == [(0, "firing")]
+
+
+def test_sigint_also_stops_cleanly(box):
+    box.write_scenario([IDLE] * 10)
+    proc = start_daemon(box, env={"CHECK_INTERVAL": "3600"})
+    assert wait_for(lambda: len(box.smi_calls()) >= 2)
+    rc, _, err = stop_daemon(proc, sig=signal.SIGINT)
+    assert rc == 0, err
+
+
+def test_second_instance_refused(box):
+    box.write_scenario([IDLE] * 10)
+    proc = start_daemon(box, env={"CHECK_INTERVAL": "3600"})
+    try:
+        assert wait_for(lambda: len(box.smi_calls()) >= 2)
+        r = box.run("--once")
+        assert r.returncode == 1
+        assert "another instance" in r.stderr and str(proc.pid) in r.stderr
+    finally:
+        stop_daemon(proc)
+
+
+@pytest.mark.parametrize("ngpus", [8, 64])
+def test_many_gpus_two_calls_only_held_idle_gpus_fire(box, ngpus):
+    held_idle = {1, 5, ngpus - 1}
+    busy = {0, 2}
+
+    def step():
+        gpus, apps = [], []
+        for i in range(ngpus):
+            if i in busy:
+                gpus.append(busy_gpu())
+                apps.append(app(20000 + i, gpu=i))
+            elif i in held_idle:
+                gpus.append(idle_gpu())
+                apps.append(app(10000 + i, gpu=i))
+            else:
+                gpus.append(idle_gpu(mem=0))      # idle and free: fine
+        return {"gpus": gpus, "apps": apps}
+
+    box.write_scenario([step()] * 4, gpus=ngpus)
+    for t in range(3):
+        box.once(now=t)
+    assert len(box.smi_calls()) == 6
+    fired = sorted(e["gpu"] for e in box.events())
+    assert fired == sorted(held_idle)
+    by_gpu = {e["gpu"]: e for e in box.events()}
+    assert by_gpu[5]["processes"][0]["pid"] == 10005
+    assert by_gpu[5]["uuid"] == uuid_for(5)
+
+
+def test_hidden_processes_with_memory_held_count_as_occupied(box):
+    """In a container the process list is often empty while memory is held."""
+    hidden = {"gpus": [idle_gpu(mem=30000)], "apps": []}
+    small = {"gpus": [idle_gpu(mem=600)], "apps": []}
+    box.write_scenario([small] * 3 + [hidden] * 3)
+    for t in range(3):
+        box.once(now=t)
+    assert box.events() == []
+    for t in range(3, 6):
+        box.once(now=t)
+    (event,) = box.events()
+    assert event["state"] == "firing" and event["processes"] == []
+    assert event["memory_used_mib"] == 30000
+
+
+def test_unreadable_process_list_falls_back_to_memory(box):
+    step = {"gpus": [idle_gpu(mem=30000)], "apps": [app(1)], "fault_apps": "garbage"}
+    box.write_scenario([step] * 3)
+    for t in range(3):
+        box.once(now=t)
+    assert states(box.events()) == [(0, "firing")]
+
+
+def test_mig_utilization_not_available_never_fires(box):
+    mig = {"gpus": [{"utilization.gpu": "[N/A]", "memory.used": 9000, "power.draw": "[N/A]"}],
+           "apps": [app(7)]}
+    box.write_scenario([mig] * 6)
+    logs = ""
+    for t in range(6):
+        logs += box.once(now=t).stderr
+    assert box.events() == []
+    assert logs.count("utilization not available") == 1
+
+
+def test_power_rule_catches_spinning_nccl_hang_only_when_enabled(box):
+    spinning = {"gpus": [idle_gpu(util=100, power=90.0)], "apps": [app(3)]}
+    box.write_scenario([spinning] * 6)
+    for t in range(3):
+        box.once(now=t)
+    assert box.events() == []
+    for t in range(3, 6):
+        box.once(now=t, env={"IDLE_POWER_PCT": "20"})
+    (event,) = box.events()
+    assert event["reason"] == "power" and event["utilization"] == 100
+
+
+@pytest.mark.parametrize("fault", ["driver", "no_devices", "mismatch", "gpu_lost",
+                                   "garbage", "unknown"])
+def test_failing_nvidia_smi_never_alerts_idle_and_keeps_counters(box, fault):
+    box.write_scenario([IDLE, IDLE] + [{"fault": fault}] * 7 + [IDLE, BUSY])
+    logs = ""
+    for t in range(9):
+        r = box.once(now=t, env={"SMI_FAIL_ALERT_CYCLES": "5"})
+        logs += r.stderr
+    assert states(box.events()) == []
+    assert [e["state"] for e in box.events() if e["event"] == "monitor_degraded"] == ["firing"]
+    degraded = box.events()[0]
+    assert degraded["failures"] == 5 and degraded["error"]
+    # logged once per streak, not every cycle
+    assert logs.count("ERROR") == 1
+    # counters were kept: the third idle cycle (after the failures) fires
+    logs = box.once(now=9).stderr
+    assert "answers again after 7 failed cycles" in logs
+    assert [(e["event"], e["state"]) for e in box.events()][1:] == [
+        ("monitor_degraded", "resolved"), ("gpu_idle", "firing")]
+
+
+def test_hanging_nvidia_smi_is_cut_by_the_timeout(box):
+    box.write_scenario([{"fault": "hang", "seconds": 30}])
+    start = time.time()
+    r = box.once(env={"SMI_TIMEOUT": "1"})
+    assert time.time() - start < 8
+    assert "timed out after 1s" in r.stderr
+    assert box.events() == []
+
+
+def test_missing_nvidia_smi_is_reported_not_fatal(box):
+    box.write_scenario([IDLE])
+    r = box.once(env={"NVIDIA_SMI": "/nonexistent/nvidia-smi"})
+    assert "not found" in r.stderr
+
+
+def test_remote_nvidia_smi_command_with_arguments(box, tmp_path):
+    """NVIDIA_SMI may be a command line such as `ssh node7 nvidia-smi`."""
+    fake_ssh = tmp_path / "ssh"
+    fake_ssh.write_text('#!/bin/sh\necho "$1" >> "%s"\nshift\nexec "$@"\n' % (tmp_path / "ssh.log"))
+    fake_ssh.chmod(0o755)
+    box.write_scenario([IDLE] * 3)
+    for t in range(3):
+        box.once(now=t, env={"NVIDIA_SMI": "%s node7 nvidia-smi" % fake_ssh})
+    assert states(box.events()) == [(0, "firing")]
+    assert (tmp_path / "ssh.log").read_text().split() == ["node7"] * 6
+
+
+def test_event_json_survives_hostile_process_names(box):
+    name = 'evil "name" \\ with\ttab @all <at user_id="all">'
+    step = {"gpus": [idle_gpu()], "apps": [app(42, name=name)]}
+    box.write_scenario([step] * 3)
+    for t in range(3):
+        box.once(now=t)
+    (event,) = box.events()
+    assert event["processes"][0]["name"] == name.replace("\t", " ")
+
+
+def test_comma_in_process_name(box):
+    step = {"gpus": [idle_gpu()], "apps": [app(42, name="py,comma")]}
+    box.write_scenario([step] * 3)
+    for t in range(3):
+        box.once(now=t)
+    assert box.events()[0]["processes"][0]["name"] == "py?comma"
+
+
+def test_corrupt_state_file_is_survived(box):
+    box.write_scenario([IDLE] * 4)
+    box.state.mkdir(parents=True)
+    (box.state / "idle.state").write_text("gpu %s banana 1 2 3 4\n\x00garbage\n" % H200_UUID)
+    first = box.once(now=0)
+    assert first.stderr.count("ignoring corrupt line") == 2
+    for t in range(1, 3):
+        box.once(now=t)
+    assert states(box.events()) == [(0, "firing")]
+
+
+def test_posts_event_to_generic_webhook(box, sink):
+    box.write_scenario([IDLE] * 3 + [BUSY])
+    for t in range(4):
+        box.once(now=t, env={"NOTIFY_URL": sink.url + "/generic"})
+    bodies = [r["body"] for r in sink.requests]
+    assert [(b["event"], b["state"]) for b in bodies] == [("gpu_idle", "firing"), ("gpu_idle", "resolved")]
+    assert bodies[0]["processes"][0]["pid"] == 1410
+    assert "idle but occupied" in bodies[0]["message"]
+    assert not os.listdir(box.state / "outbox")
