@@ -116,6 +116,19 @@ gg_write_atomic() {
   return 1
 }
 
+# Writes a string to a file atomically with a single fork (mv): for state
+# written every cycle.
+# Arguments:
+#   $1 destination path, $2 content
+gg_write_atomic_string() {
+  local dest=$1 tmp="$1.tmp.$$"
+  if printf '%s' "$2" >"$tmp" && mv -f -- "$tmp" "$dest"; then
+    return 0
+  fi
+  rm -f -- "$tmp"
+  return 1
+}
+
 # Takes an exclusive, non-blocking lock on a file for the life of the shell.
 # Arguments:
 #   $1 lock file path

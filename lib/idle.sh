@@ -49,17 +49,18 @@ idle_state_load() {
   done <"$file"
 }
 
-# Writes the state atomically.
+# Writes the state atomically, and only when it changed since the last write.
 idle_state_save() {
-  local uuid
-  {
-    printf 'monitor %s %s %s %s 0 0 0\n' "$MON_FAILS" "$MON_FIRING" "$MON_SINCE" "$MON_LAST_OK"
-    for uuid in "${!IDLE_CYCLES[@]}"; do
-      printf 'gpu %s %s %s %s %s %s %s\n' "$uuid" "${IDLE_CYCLES[$uuid]}" \
-        "${IDLE_SINCE[$uuid]}" "${IDLE_FIRING[$uuid]}" \
-        "${IDLE_LAST_ALERT[$uuid]}" "${IDLE_ABSENT[$uuid]:-0}" "${IDLE_NA_LOGGED[$uuid]:-0}"
-    done
-  } | gg_write_atomic "$GPUGUARD_STATE_DIR/idle.state"
+  local uuid state
+  printf -v state 'monitor %s %s %s %s 0 0 0\n' "$MON_FAILS" "$MON_FIRING" "$MON_SINCE" "$MON_LAST_OK"
+  for uuid in "${!IDLE_CYCLES[@]}"; do
+    printf -v state '%sgpu %s %s %s %s %s %s %s\n' "$state" "$uuid" "${IDLE_CYCLES[$uuid]}" \
+      "${IDLE_SINCE[$uuid]}" "${IDLE_FIRING[$uuid]}" \
+      "${IDLE_LAST_ALERT[$uuid]}" "${IDLE_ABSENT[$uuid]:-0}" "${IDLE_NA_LOGGED[$uuid]:-0}"
+  done
+  [[ $state == "${IDLE_SAVED_STATE:-}" ]] && return 0
+  gg_write_atomic_string "$GPUGUARD_STATE_DIR/idle.state" "$state" || return
+  IDLE_SAVED_STATE=$state
 }
 
 # Runs one watchdog cycle: sample, judge every GPU, emit events, save.

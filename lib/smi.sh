@@ -28,16 +28,6 @@ smi_run() {
   timeout -k 2 "${SMI_TIMEOUT:-10}" "${cmd[@]}" "$@" 2>&1
 }
 
-# True when a field value is one of nvidia-smi's "no value" placeholders.
-smi_is_placeholder() {
-  case $1 in
-    '' | '[N/A]' | N/A | '[Not Supported]' | '[Insufficient Permissions]' | \
-      '[Unknown Error]' | '[Requested functionality has been deprecated]' | \
-      '[GPU requires reset]' | '[Not Found]') return 0 ;;
-  esac
-  return 1
-}
-
 # Describes a failed call in one line, for logs and monitor_degraded events.
 smi_describe_failure() {
   local rc=$1 output=$2 first
@@ -92,23 +82,36 @@ smi_sample() {
 
 # Parses `--query-gpu` CSV (noheader, nounits) into the SMI_* arrays; lines
 # that do not have the shape of a GPU line are counted in SMI_BAD_LINES.
-# Fork-free on purpose: it runs every cycle for every GPU.
+# One regular expression a line and no forks: it runs every cycle for every
+# GPU.
 smi_parse_gpus() {
-  local line idx uuid util used total power limit extra
+  local re='^ *([0-9]+), *((GPU|MIG)-[0-9A-Za-z/-]+), *([^,]*), *([^,]*), *([^,]*), *([^,]*), *([^,]*)$'
+  local line uuid util used total power limit bad
   while IFS= read -r line; do
     line=${line%$'\r'}
     [[ -z ${line//[[:space:]]/} ]] && continue
-    IFS=$'\x1f' read -r idx uuid util used total power limit extra <<<"${line//,/$'\x1f'}"
-    smi_clean_field idx && smi_clean_field uuid
-    if [[ -n $extra ]] || ! gg_is_uint "$idx" || [[ ! $uuid =~ ^(GPU|MIG)-[0-9A-Za-z/-]+$ ]] ||
-      ! smi_clean_field util || ! smi_clean_field used || ! smi_clean_field total ||
-      ! smi_clean_field power || ! smi_clean_field limit ||
-      [[ -n ${SMI_INDEX[$uuid]+set} ]]; then
+    if [[ ! $line =~ $re ]] || [[ -n ${SMI_INDEX[${BASH_REMATCH[2]}]+set} ]]; then
+      SMI_BAD_LINES=$((SMI_BAD_LINES + 1))
+      continue
+    fi
+    uuid=${BASH_REMATCH[2]}
+    util=${BASH_REMATCH[4]} used=${BASH_REMATCH[5]} total=${BASH_REMATCH[6]}
+    power=${BASH_REMATCH[7]} limit=${BASH_REMATCH[8]}
+    limit=${limit%"${limit##*[![:space:]]}"}
+    bad=0
+    # A placeholder ([N/A], [Not Supported], N/A) becomes an empty value;
+    # anything else that is not a plain number makes the line garbage.
+    case $util in '' | '['*']' | N/A) util='' ;; *[!0-9.]* | .* | *. | *.*.*) bad=1 ;; esac
+    case $used in '' | '['*']' | N/A) used='' ;; *[!0-9.]* | .* | *. | *.*.*) bad=1 ;; esac
+    case $total in '' | '['*']' | N/A) total='' ;; *[!0-9.]* | .* | *. | *.*.*) bad=1 ;; esac
+    case $power in '' | '['*']' | N/A) power='' ;; *[!0-9.]* | .* | *. | *.*.*) bad=1 ;; esac
+    case $limit in '' | '['*']' | N/A) limit='' ;; *[!0-9.]* | .* | *. | *.*.*) bad=1 ;; esac
+    if ((bad)); then
       SMI_BAD_LINES=$((SMI_BAD_LINES + 1))
       continue
     fi
     SMI_UUIDS+=("$uuid")
-    SMI_INDEX[$uuid]=$idx
+    SMI_INDEX[$uuid]=${BASH_REMATCH[1]}
     SMI_UTIL[$uuid]=$util
     SMI_MEM_USED[$uuid]=$used
     SMI_MEM_TOTAL[$uuid]=$total
@@ -125,21 +128,15 @@ smi_parse_gpus() {
 # Returns:
 #   1 when any non-empty line is not a process line (garbage)
 smi_parse_apps() {
-  local line pid name mem uuid rest
+  local re='^ *([0-9]+), (.*), *([0-9]+|\[[^]]*\]|N/A|), *((GPU|MIG)-[0-9A-Za-z/-]+) *$'
+  local line pid name mem uuid
   while IFS= read -r line; do
     line=${line%$'\r'}
     [[ -z ${line//[[:space:]]/} ]] && continue
-    [[ $line == *,*,*,* ]] || return 1
-    pid=${line%%,*}
-    rest=${line#*,}
-    uuid=${rest##*,}
-    rest=${rest%,*}
-    mem=${rest##*,}
-    name=${rest%,*}
-    smi_clean_field pid && smi_clean_field uuid
-    gg_is_uint "$pid" && smi_clean_field mem || return 1
+    [[ $line =~ $re ]] || return 1
+    pid=${BASH_REMATCH[1]} name=${BASH_REMATCH[2]} mem=${BASH_REMATCH[3]} uuid=${BASH_REMATCH[4]}
     [[ -n ${SMI_INDEX[$uuid]+set} ]] || continue
-    name=${name# }
+    [[ $mem == [0-9]* ]] || mem=''
     name=${name//$'\t'/ }
     SMI_NPROCS[$uuid]=$((SMI_NPROCS[$uuid] + 1))
     SMI_PROCS[$uuid]+="${pid}"$'\t'"${name}"$'\t'"${mem}"$'\n'
@@ -149,18 +146,3 @@ smi_parse_apps() {
   return 0
 }
 
-# Trims the variable named $1 in place; a placeholder ([N/A], ...) becomes
-# empty. Returns 1 when the value is neither a number nor a placeholder.
-smi_clean_field() {
-  local -n field_ref=$1
-  local s=$field_ref
-  s=${s#"${s%%[![:space:]]*}"}
-  s=${s%"${s##*[![:space:]]}"}
-  if smi_is_placeholder "$s"; then
-    field_ref=''
-    return 0
-  fi
-  field_ref=$s
-  [[ $1 == uuid ]] && return 0
-  gg_is_number "$s"
-}

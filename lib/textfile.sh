@@ -63,7 +63,9 @@ textfile_write_idle() {
       done <<<"${SMI_PROCS[$uuid]}"
     done
   fi
-  local out=''
+  local out='' threshold
+  # shellcheck disable=SC2153 # THRESHOLD is a config key set by config_load
+  printf -v threshold '%d.%02d' "$((THRESHOLD / 100))" "$((THRESHOLD % 100))"
   textfile_family out gpuguard_gpu_utilization_ratio gauge 'GPU utilization, 0-1 (absent under MIG).' "$util"
   textfile_family out gpuguard_gpu_memory_used_bytes gauge 'GPU memory in use.' "$used"
   textfile_family out gpuguard_gpu_memory_total_bytes gauge 'GPU memory in all.' "$total"
@@ -73,13 +75,13 @@ textfile_write_idle() {
   textfile_family out gpuguard_gpu_idle gauge '1 while the idle-but-occupied alert fires.' "$idle"
   textfile_family out gpuguard_process_gpu_memory_bytes gauge 'GPU memory held by a compute process.' "$pmem"
   textfile_family out gpuguard_idle_threshold_ratio gauge 'Utilization under which a held GPU counts as idle.' \
-    "{} $(printf '%d.%02d' "$((THRESHOLD / 100))" "$((THRESHOLD % 100))")"
+    "{} $threshold"
   textfile_family out gpuguard_monitor_up gauge '1 when the last nvidia-smi sample succeeded.' \
     "{} $((MON_FAILS == 0 ? 1 : 0))"
   textfile_family out gpuguard_monitor_consecutive_failures gauge 'Failed nvidia-smi samples in a row.' "{} $MON_FAILS"
   textfile_family out gpuguard_monitor_last_success_timestamp_seconds gauge 'Time of the last good sample.' \
     "{} ${MON_LAST_OK:-0}"
   textfile_family out gpuguard_monitor_last_cycle_timestamp_seconds gauge 'Time of the last cycle.' "{} $now"
-  mkdir -p -- "$dir" && printf '%s' "$out" | gg_write_atomic "$dir/gpuguard_idle.prom" &&
-    chmod 644 -- "$dir/gpuguard_idle.prom"
+  [[ -d $dir ]] || mkdir -p -- "$dir" || return
+  gg_write_atomic_string "$dir/gpuguard_idle.prom" "$out"
 }

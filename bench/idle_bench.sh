@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Summary: run gpuguard's watchdog cycle back to back and report its cost
+# Usage: idle_bench.sh CYCLES [RSS_EVERY]
+# Sources the real libraries and calls idle_cycle CYCLES times with no sleep;
+# prints "cycles self_ms children_ms" and, with RSS_EVERY, "rss CYCLE KIB"
+# lines taken from /proc while PIDs come and go.
+
+GPUGUARD_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+for lib in common config smi events textfile idle; do
+  # shellcheck source=/dev/null
+  source "$GPUGUARD_ROOT/lib/$lib.sh"
+done
+
+main() {
+  local cycles=$1 rss_every=${2:-0} i
+  config_load || return
+  gg_state_dir_init || return
+  idle_init
+  for ((i = 0; i < cycles; i++)); do
+    export BENCH_STEP=$i
+    idle_cycle "$((1000000 + i * 60))"
+    if ((rss_every > 0 && (i + 1) % rss_every == 0)); then
+      printf 'rss %d %s\n' "$((i + 1))" "$(awk '/^VmRSS/ {print $2}' /proc/$$/status)"
+    fi
+  done
+  bench_cpu "$cycles"
+}
+
+# Prints cycles, this shell's CPU ms and its children's CPU ms (from times).
+bench_cpu() {
+  local t
+  t=$(times | tr '\n' ' ')
+  printf 'cpu %s %s\n' "$1" "$t"
+}
+
+if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
+  set -euo pipefail
+  main "$@"
+fi
