@@ -55,7 +55,9 @@ def test_no_banned_patterns(path):
 def test_nvidia_smi_called_from_one_place():
     hits = []
     for path in SHELL_FILES:
-        if path.parent.name == "tests":
+        # the tests' helpers and the bench's copy of the source article's loop
+        # (the baseline it is compared with) call the doubles on purpose
+        if path.parent.name == "tests" or path.name == "seed_loop.sh":
             continue
         for n, line in enumerate(path.read_text().splitlines(), 1):
             code = line.split("#", 1)[0]
