@@ -46,3 +46,14 @@ events_flush() {
   python3 -S "$GPUGUARD_ROOT/python/gpuguard_alert.py" flush ||
     gg_log warn "alert helper exited $?; undelivered events stay in $dir"
 }
+
+# Sends a test message to every target and prints one line per target.
+# Returns:
+#   0 when every target accepted it, 1 otherwise or when none is configured
+events_test_alert() {
+  command -v python3 >/dev/null || {
+    gg_log error "python3 not found: it is needed to send alerts"
+    return 1
+  }
+  python3 -S "$GPUGUARD_ROOT/python/gpuguard_alert.py" test
+}

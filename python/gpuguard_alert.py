@@ -50,6 +50,9 @@ RETRY_CODES = {"dingtalk": {130101}, "wecom": {45009}, "feishu": {11232}}
 PERMANENT_RETRY_AFTER = 600.0
 MAX_RETRY_AFTER = 300.0
 SECRET_QUERY_KEYS = ("access_token", "key", "token", "sign", "secret")
+# The environment in force: os.environ when run as a command; flush() and
+# test_alert() take another one (tests), which logging and scrubbing follow.
+ENV = os.environ
 
 
 # ---------------------------------------------------------------- logging --
@@ -58,7 +61,7 @@ def log(level, msg):
     """One log line in the format the bash side writes."""
     line = "%s %-5s alert: %s\n" % (time.strftime("%Y-%m-%d %H:%M:%S"),
                                    level.upper(), scrub(msg))
-    path = os.environ.get("GPUGUARD_LOG")
+    path = ENV.get("GPUGUARD_LOG")
     try:
         if path:
             with open(path, "a", encoding="utf-8") as f:
@@ -72,11 +75,11 @@ def log(level, msg):
 def secrets():
     """Every secret string known from the environment, longest first."""
     found = set()
-    for s in re.split(r"[\s,;]+", os.environ.get("NOTIFY_SECRET", "")):
+    for s in re.split(r"[\s,;]+", ENV.get("NOTIFY_SECRET", "")):
         if len(s) >= 4:
             found.add(s)
-    for url in split_urls(os.environ.get("NOTIFY_URL", "")) + \
-            split_urls(os.environ.get("ALERTMANAGER_URL", "")):
+    for url in split_urls(ENV.get("NOTIFY_URL", "")) + \
+            split_urls(ENV.get("ALERTMANAGER_URL", "")):
         parts = urllib.parse.urlsplit(url.split("+", 1)[-1] if "+" in url.split("://")[0] else url)
         for key, value in urllib.parse.parse_qsl(parts.query):
             if key.lower() in SECRET_QUERY_KEYS and len(value) >= 4:
@@ -198,6 +201,8 @@ def fmt_procs(procs, lang, limit=10):
     items = []
     for p in procs[:limit]:
         name = defuse(os.path.basename(str(p.get("name", "?"))) or "?")
+        if len(name) > 48:
+            name = name[:47] + "…"
         items.append("%s %s (%s MiB)" % (p.get("pid"), name, p.get("used_memory_mib")))
     more = len(procs) - limit
     if more > 0:
@@ -300,7 +305,7 @@ def truncate_bytes(text, limit):
 
 
 def mentions(env=None):
-    env = os.environ if env is None else env
+    env = ENV if env is None else env
     return [m for m in re.split(r"[\s,;]+", env.get("NOTIFY_MENTION", "")) if m]
 
 
@@ -388,7 +393,7 @@ def alertmanager_alert(event, lang):
     else:
         # Alertmanager resolves an alert not re-sent within resolve_timeout;
         # the watchdog re-sends at REPEAT_INTERVAL, so keep it open that long.
-        repeat = int(os.environ.get("REPEAT_INTERVAL") or 3600) or 86400
+        repeat = int(ENV.get("REPEAT_INTERVAL") or 3600) or 86400
         alert["endsAt"] = iso(time.time() + 2 * repeat + 300)
     return alert
 
@@ -567,7 +572,8 @@ def flush(env=None, now=None):
     """Delivers the outbox, oldest first. Per target: stop at the first
     failure so order is kept; merge a burst into one digest; respect the
     provider's rate limit. Returns the number of events still queued."""
-    env = os.environ if env is None else env
+    global ENV
+    env = ENV = os.environ if env is None else env
     now = time.time() if now is None else now
     state_dir = env.get("GPUGUARD_STATE_DIR") or "."
     outbox = os.path.join(state_dir, "outbox")
@@ -600,9 +606,13 @@ def flush(env=None, now=None):
                 batch = pending[:64]
                 url = target.url + "/api/v2/alerts"
                 body = [alertmanager_alert(e, lang) for _, e in batch]
+            elif target.provider == "generic":
+                # Machine consumers get the event schema, one per POST.
+                batch = pending[:1]
+                url, body = chat_body(target, [e for _, e in batch], lang, now)
             else:
                 # A burst (more than one waiting) goes out as one digest.
-                batch = pending[:20] if len(pending) > 1 else pending
+                batch = pending[:20]
                 url, body = chat_body(target, [e for _, e in batch], lang, now)
             outcome = send(target, url, body, env)
             if outcome.kind == Outcome.SENT:
@@ -641,7 +651,8 @@ def flush(env=None, now=None):
 
 
 def test_alert(env=None):
-    env = os.environ if env is None else env
+    global ENV
+    env = ENV = os.environ if env is None else env
     targets = targets_from_env(env)
     if not targets:
         print("no target configured: set NOTIFY_URL or ALERTMANAGER_URL")
