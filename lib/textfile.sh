@@ -85,3 +85,26 @@ textfile_write_idle() {
   [[ -d $dir ]] || mkdir -p -- "$dir" || return
   gg_write_atomic_string "$dir/gpuguard_idle.prom" "$out"
 }
+
+# Writes gpuguard_leak.prom from the leak watcher's last cycle.
+# Globals:
+#   LEAK_STATUS (by root PID: "slope firing used_mib name")
+textfile_write_leak() {
+  local dir=$GPUGUARD_TEXTFILE_DIR mem='' slope='' firing='' pid s f used name esc lbl
+  for pid in "${!LEAK_STATUS[@]}"; do
+    read -r s f used name <<<"${LEAK_STATUS[$pid]}"
+    textfile_label_escape_into "$name" esc
+    lbl="{pid=\"$pid\",name=\"$esc\"}"
+    mem+="$lbl $((${used%.*} * 1048576))"$'\n'
+    [[ $s != - ]] && slope+="$lbl $s"$'\n'
+    firing+="$lbl $f"$'\n'
+  done
+  local out=''
+  textfile_family out gpuguard_process_tree_gpu_memory_bytes gauge \
+    'GPU memory held by a watched process and its descendants.' "$mem"
+  textfile_family out gpuguard_process_leak_slope_mib_per_hour gauge \
+    'Robust GPU memory trend of a watched process tree (Theil-Sen on 10-minute floors).' "$slope"
+  textfile_family out gpuguard_process_leak gauge '1 while the leak alert fires for the process tree.' "$firing"
+  [[ -d $dir ]] || mkdir -p -- "$dir" || return
+  gg_write_atomic_string "$dir/gpuguard_leak.prom" "$out"
+}

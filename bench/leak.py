@@ -1,0 +1,209 @@
+#!/usr/bin/env python3
+"""Leak detector bench: labelled synthetic traces (PyTorch-like 20 MiB
+allocator blocks, noise, warm-ups, plateaus, steps, checkpoint sawtooth,
+spikes, restarts, shrinking; leaks at 10/60/100/200/500 MB/h and staircase
+leaks), scored for recall, false alerts per 24 h of clean traces, detection
+delay and lead time before OOM, gpuguard's detector beside the source
+article's rule (last 3 samples, growth > 50 MB/h). Prints Markdown."""
+import math
+import os
+import random
+import sys
+from multiprocessing import Pool
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+import gpuguard_leak as leak  # noqa: E402
+
+DT = 60.0                 # seconds between samples (the watcher's default)
+BLOCK = 20                # MiB: PyTorch's large-segment size
+HEADROOM = 20 * 1024      # MiB free when the leak starts (for lead time)
+CLEAN_HOURS = 24
+LEAK_T0 = 2.0             # hours: the leak starts after a clean warm-up
+
+
+def q(v):
+    return int(round(v / BLOCK)) * BLOCK
+
+
+def base_trace(rng, hours, kind):
+    """Clean memory curve of one kind; returns list of (t, MiB)."""
+    n = int(hours * 3600 / DT)
+    base = 500 + q(rng.uniform(20_000, 60_000))
+    warm_a, warm_tau = rng.uniform(1024, 8192), rng.uniform(120, 1200)
+    sigma = rng.uniform(5, 50) if kind in ("noisy", "mixed") else 0.0
+    steps = sorted(rng.uniform(1, hours) for _ in range(rng.randint(1, 3))) if kind in ("steps", "mixed") else []
+    step_sizes = [rng.uniform(512, 6144) for _ in steps]
+    saw_period, saw_high, saw_amp = rng.uniform(1800, 7200), rng.uniform(60, 480), rng.uniform(1024, 10240)
+    spikes = set()
+    if kind in ("spikes", "mixed"):
+        for _ in range(int(rng.uniform(2, 20) * hours / 24) + 1):
+            start = rng.randrange(n)
+            for k in range(rng.randint(1, 6)):
+                spikes.add(start + k)
+    spike_amp = rng.uniform(512, 8192)
+    ramp_a, ramp_tau = rng.uniform(1024, 4096), rng.uniform(3600, 8 * 3600)
+    restart_at = rng.uniform(3, hours - 3) * 3600 if kind == "restart" else None
+    gap = rng.uniform(120, 900)
+    max_len = 0.0
+    out = []
+    toggles = 0
+    for i in range(n):
+        t = i * DT
+        tt = t
+        if restart_at is not None and t >= restart_at:
+            if t < restart_at + gap:
+                continue              # process absent
+            tt = t - restart_at - gap
+            if i and out and tt < DT:
+                base = 500 + q(rng.uniform(20_000, 60_000))
+        v = base + warm_a * (1 - math.exp(-tt / warm_tau))
+        for st, size in zip(steps, step_sizes):
+            if t >= st * 3600:
+                v += size * min(1.0, (t - st * 3600) / rng.uniform(60, 600))
+        if kind in ("sawtooth", "mixed") and (t % saw_period) < saw_high:
+            v += saw_amp
+        if i in spikes:
+            v += spike_amp
+        if kind == "records":
+            max_len = max(max_len, min(8192, rng.lognormvariate(7, 0.6)))
+            v += 0.5 * max_len
+        if kind == "ramp":
+            v += ramp_a * (1 - math.exp(-t / ramp_tau))
+        if kind == "shrinking":
+            v -= min(0.5 * warm_a, t / 3600 * 200)
+        if rng.random() < 0.002:
+            toggles ^= 1
+        v += toggles * BLOCK + rng.gauss(0, sigma)
+        out.append((t, max(0, q(v))))
+    return out
+
+
+def add_leak(trace, rate, t0_h, staircase=False):
+    """Adds a leak (MiB/h) from t0; in 20 MiB blocks, or +300 MiB every 30 min."""
+    out = []
+    for t, v in trace:
+        h = t / 3600 - t0_h
+        extra = 0
+        if h > 0:
+            extra = 300 * int(h * 2) if staircase else BLOCK * int(h * rate / BLOCK)
+        out.append((t, v + extra))
+    return out
+
+
+def detect(trace, method):
+    """Alert times (s) of a method over a trace."""
+    alerts = []
+    if method == "gpuguard":
+        s = leak.Series(dict(leak.DEFAULTS), "b", 1)
+        prev_t = None
+        for t, v in trace:
+            if prev_t is not None and t - prev_t > 60 * DT:
+                s = leak.Series(dict(leak.DEFAULTS), "b", 1)     # new process (restart)
+            prev_t = t
+            ev = s.add(t, v)
+            if ev and ev["state"] == "firing":
+                alerts.append(t)
+    else:   # the source article: last 3 samples, growth > 50 MB/h
+        for i in range(3, len(trace)):
+            (ta, va), (tb, vb) = trace[i - 2], trace[i]
+            if tb > ta and (vb - va) / ((tb - ta) / 3600) > 50:
+                alerts.append(tb)
+    return alerts
+
+
+def episodes(alerts):
+    """Alerts more than 1 h apart count as separate episodes."""
+    n, last = 0, None
+    for t in alerts:
+        if last is None or t - last > 3600:
+            n += 1
+        last = t
+    return n
+
+
+CLEAN = ["plateau", "noisy", "steps", "sawtooth", "spikes", "records", "restart", "shrinking", "mixed"]
+HARD = ["ramp"]     # slow saturating ramp (tau 1-8 h): reported apart, as the research note advises
+LEAKS = [("linear", 10), ("linear", 60), ("linear", 100), ("linear", 200), ("linear", 500),
+         ("mixed+linear", 60), ("mixed+linear", 200), ("staircase", 600), ("restart+linear", 100)]
+
+
+def run_case(args):
+    kind, rate, seed = args
+    rng = random.Random(hash((kind, rate, seed)) & 0xFFFFFFFF)
+    if rate is None:
+        trace = base_trace(rng, CLEAN_HOURS, kind)
+        return ("clean", kind, None, {m: episodes(detect(trace, m)) for m in ("gpuguard", "source")})
+    base_kind = {"linear": "plateau", "mixed+linear": "mixed", "staircase": "plateau",
+                 "restart+linear": "restart"}[kind]
+    hours = LEAK_T0 + min(48.0, HEADROOM / rate + 1)
+    trace = base_trace(rng, hours, base_kind)
+    t0 = LEAK_T0
+    if kind == "restart+linear":
+        # the leak lives in the second incarnation
+        gaps = [b[0] for a, b in zip(trace, trace[1:]) if b[0] - a[0] > DT * 1.5]
+        t0 = (gaps[0] / 3600 + 1.0) if gaps else LEAK_T0
+    trace = add_leak(trace, rate, t0, staircase=(kind == "staircase"))
+    result = {}
+    for m in ("gpuguard", "source"):
+        alerts = detect(trace, m)
+        early = [a for a in alerts if a < t0 * 3600]
+        late = [a for a in alerts if a >= t0 * 3600]
+        delay = (late[0] / 3600 - t0) if late else None
+        t_oom = t0 + HEADROOM / rate
+        lead = (t_oom - late[0] / 3600) if late else None
+        result[m] = {"early": episodes(early), "delay": delay, "lead": lead, "oom_h": HEADROOM / rate}
+    return ("leak", kind, rate, result)
+
+
+def pct(values, p):
+    s = sorted(values)
+    if not s:
+        return float("nan")
+    return s[min(len(s) - 1, int(round(p * (len(s) - 1))))]
+
+
+def main():
+    seeds = int(os.environ.get("BENCH_LEAK_SEEDS", "20"))
+    cases = [(k, None, s) for k in CLEAN + HARD for s in range(seeds)] + \
+            [(k, r, s) for k, r in LEAKS for s in range(seeds)]
+    with Pool(min(4, os.cpu_count() or 1)) as pool:
+        results = pool.map(run_case, cases, chunksize=4)
+    print("## Leak detector: clean traces (%d x %d h per kind, 60 s samples)\n" % (seeds, CLEAN_HOURS))
+    print("| kind | gpuguard false alerts / 24 h | traces alerted | source rule false alerts / 24 h | traces alerted |")
+    print("|---|---|---|---|---|")
+    total = {"gpuguard": 0, "source": 0}
+    for kind in CLEAN:
+        rows = [r[3] for r in results if r[0] == "clean" and r[1] == kind]
+        cells = []
+        for m in ("gpuguard", "source"):
+            eps = [x[m] for x in rows]
+            total[m] += sum(eps)
+            cells += ["%.2f" % (sum(eps) / len(eps) * 24 / CLEAN_HOURS), "%d/%d" % (sum(1 for e in eps if e), len(eps))]
+        print("| %s | %s |" % (kind, " | ".join(cells)))
+    n_clean = seeds * len(CLEAN)
+    print("| **all clean** | **%.3f** | | **%.2f** | |" % (total["gpuguard"] / n_clean, total["source"] / n_clean))
+    for kind in HARD:
+        rows = [r[3] for r in results if r[0] == "clean" and r[1] == kind]
+        g = [x["gpuguard"] for x in rows]
+        s = [x["source"] for x in rows]
+        print("| %s (hard: growth for hours that then stops) | %.2f | %d/%d | %.2f | %d/%d |" % (
+            kind, sum(g) / len(g), sum(1 for e in g if e), len(g), sum(s) / len(s), sum(1 for e in s if e), len(s)))
+    print("\n## Leak detector: leaks (leak starts %.0f h in; lead time with %d GiB free at the start)\n" % (LEAK_T0, HEADROOM // 1024))
+    print("| leak | MiB/h | gpuguard recall | median delay h | p90 delay h | median lead before OOM h (of) | alerts before the leak | source rule recall | source median delay h | source alerts before the leak |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for kind, rate in LEAKS:
+        rows = [r[3] for r in results if r[0] == "leak" and r[1] == kind and r[2] == rate]
+        g = [x["gpuguard"] for x in rows]
+        s = [x["source"] for x in rows]
+        gd = [x["delay"] for x in g if x["delay"] is not None]
+        sd = [x["delay"] for x in s if x["delay"] is not None]
+        gl = [x["lead"] for x in g if x["lead"] is not None]
+        print("| %s | %d | %d/%d | %.1f | %.1f | %.1f (%.1f) | %d | %d/%d | %.2f | %d |" % (
+            kind, rate, len(gd), len(g), pct(gd, 0.5), pct(gd, 0.9), pct(gl, 0.5), g[0]["oom_h"],
+            sum(x["early"] for x in g), len(sd), len(s), pct(sd, 0.5), sum(x["early"] for x in s)))
+    print("\nThreshold 50 MiB/h (the default): a 10 MiB/h leak is below it by design.")
+
+
+if __name__ == "__main__":
+    main()

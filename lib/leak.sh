@@ -1,0 +1,288 @@
+# shellcheck shell=bash
+# gpu-leak-watch's cycle: which processes are watched (a PID, a cmdline
+# pattern, every GPU process, or a job it started), their process trees from
+# /proc (launchers such as swift, torchrun, timeout or bash hold no GPU memory
+# themselves: their children do), GPU memory summed over each tree from one
+# nvidia-smi sample, CPU and RSS from /proc. The trend maths is in
+# python/gpuguard_leak.py; events leave through lib/events.sh.
+
+# Declares the watcher's state (empty).
+leak_init() {
+  declare -ga LEAK_ROOT_PIDS=() LEAK_PIDS=()
+  declare -gA LEAK_PPID=() LEAK_START=() LEAK_TICKS=() LEAK_RSS=() LEAK_COMM=() \
+    LEAK_CPU_PREV=() LEAK_STATUS=()
+  declare -g LEAK_MATCH='' LEAK_ALL=0 LEAK_FAILS=0 LEAK_ACTION=notify LEAK_GRACE=30
+  LEAK_CLK_TCK=100
+  LEAK_PAGE_KIB=4
+}
+
+# Reads every /proc/PID/stat once: parent, start time, CPU ticks, RSS.
+# Fork-free: it runs every cycle over every process of the box.
+leak_scan_procs() {
+  LEAK_PPID=() LEAK_START=() LEAK_TICKS=() LEAK_RSS=() LEAK_COMM=()
+  local f line pid rest comm
+  local -a a
+  for f in /proc/[0-9]*/stat; do
+    { read -r line <"$f"; } 2>/dev/null || continue
+    pid=${line%% *}
+    comm=${line#*(}
+    comm=${comm%)*}
+    rest=${line##*) }
+    read -r -a a <<<"$rest"
+    LEAK_PPID[$pid]=${a[1]}
+    LEAK_TICKS[$pid]=$((a[11] + a[12]))
+    LEAK_START[$pid]=${a[19]}
+    LEAK_RSS[$pid]=${a[21]}
+    LEAK_COMM[$pid]=$comm
+  done
+}
+
+# Prints the PIDs of a process tree (the root first), space separated, into
+# the variable named $2.
+leak_tree_into() {
+  local root=$1
+  local -n tree_ref=$2
+  local -A kids=()
+  local pid
+  for pid in "${!LEAK_PPID[@]}"; do
+    kids[${LEAK_PPID[$pid]}]+=" $pid"
+  done
+  local -a queue=("$root")
+  local out=''
+  while ((${#queue[@]})); do
+    pid=${queue[0]}
+    queue=("${queue[@]:1}")
+    out+="${out:+ }$pid"
+    # shellcheck disable=SC2206 # word splitting of the PID list is intended
+    [[ -n ${kids[$pid]:-} ]] && queue+=(${kids[$pid]})
+  done
+  # shellcheck disable=SC2034 # nameref: assigns the caller's variable
+  tree_ref=$out
+}
+
+# Reads /proc/PID/cmdline with NULs turned into spaces, into $2 (no fork).
+leak_cmdline_into() {
+  local -n cmd_ref=$2
+  local -a parts=()
+  { mapfile -d '' -t parts <"/proc/$1/cmdline"; } 2>/dev/null || parts=()
+  # shellcheck disable=SC2034 # nameref: assigns the caller's variable
+  cmd_ref="${parts[*]}"
+}
+
+# Picks the processes to watch this cycle into LEAK_ROOT_PIDS.
+# Globals:
+#   LEAK_PIDS (from --pid or the started job), LEAK_MATCH, LEAK_ALL
+leak_select_roots() {
+  LEAK_ROOT_PIDS=()
+  local pid cmd parent_cmd
+  if ((LEAK_ALL)); then
+    # every compute process; also those whose PID this namespace cannot see
+    for pid in "${!SMI_PIDS_MEM[@]}"; do
+      LEAK_ROOT_PIDS+=("$pid")
+    done
+  elif [[ -n $LEAK_MATCH ]]; then
+    for pid in "${!LEAK_PPID[@]}"; do
+      ((pid == $$ || pid == BASHPID)) && continue
+      leak_cmdline_into "$pid" cmd
+      [[ $cmd =~ $LEAK_MATCH ]] || continue
+      # keep only the topmost match: its tree holds the others
+      leak_cmdline_into "${LEAK_PPID[$pid]}" parent_cmd
+      [[ $parent_cmd =~ $LEAK_MATCH ]] && continue
+      LEAK_ROOT_PIDS+=("$pid")
+    done
+  fi
+  for pid in "${LEAK_PIDS[@]}"; do
+    [[ -n ${LEAK_PPID[$pid]:-} || -n ${SMI_PIDS_MEM[$pid]:-} ]] && LEAK_ROOT_PIDS+=("$pid")
+  done
+}
+
+# One cycle: sample, build the sample lines, run the detector, emit events,
+# act, write metrics.
+# Arguments:
+#   $1 now (unix seconds)
+leak_cycle() {
+  local now=$1
+  if ! smi_sample; then
+    LEAK_FAILS=$((LEAK_FAILS + 1))
+    ((LEAK_FAILS == 1)) && gg_log error "$SMI_ERROR (no leak samples until nvidia-smi answers again)"
+    return 0
+  fi
+  ((LEAK_FAILS > 0)) && gg_log info "nvidia-smi answers again after $LEAK_FAILS failed cycles"
+  LEAK_FAILS=0
+  leak_scan_procs
+  leak_select_roots
+  local samples='' root tree pid used free cpu rss key name cmd ticks uuid gfree
+  for root in "${LEAK_ROOT_PIDS[@]}"; do
+    if [[ -n ${LEAK_PPID[$root]:-} ]]; then
+      leak_tree_into "$root" tree
+    else
+      tree=$root # not visible here (another PID namespace): the PID alone
+    fi
+    used=0 free='' ticks=0 rss=0
+    for pid in $tree; do
+      used=$((used + ${SMI_PIDS_MEM[$pid]:-0}))
+      ticks=$((ticks + ${LEAK_TICKS[$pid]:-0}))
+      rss=$((rss + ${LEAK_RSS[$pid]:-0}))
+      for uuid in ${SMI_PID_UUIDS[$pid]:-}; do
+        [[ -n ${SMI_MEM_TOTAL[$uuid]} && -n ${SMI_MEM_USED[$uuid]} ]] || continue
+        gfree=$((${SMI_MEM_TOTAL[$uuid]%.*} - ${SMI_MEM_USED[$uuid]%.*}))
+        [[ -z $free ]] || ((gfree < free)) && free=$gfree
+      done
+    done
+    cpu=0
+    if [[ -n ${LEAK_CPU_PREV[$root]:-} ]]; then
+      local prev_ticks=${LEAK_CPU_PREV[$root]% *} prev_time=${LEAK_CPU_PREV[$root]#* }
+      ((now > prev_time)) && cpu=$(((ticks - prev_ticks) * 100 / LEAK_CLK_TCK / (now - prev_time)))
+    fi
+    LEAK_CPU_PREV[$root]="$ticks $now"
+    key="$root-${LEAK_START[$root]:-0}"
+    name=${LEAK_COMM[$root]:-pid$root}
+    leak_cmdline_into "$root" cmd
+    # cmdline goes last: the detector matches per-pattern rules on it
+    samples+="$key $now $root $used ${free:--} $cpu $((rss * LEAK_PAGE_KIB / 1024)) $name ${cmd:-$name}"$'\n'
+  done
+  leak_run_detector "$samples"
+  for pid in "${!LEAK_CPU_PREV[@]}"; do
+    [[ -n ${LEAK_PPID[$pid]:-} ]] || unset "LEAK_CPU_PREV[$pid]"
+  done
+  if [[ -n ${GPUGUARD_TEXTFILE_DIR:-} ]]; then
+    textfile_write_leak || gg_log warn "could not write textfile metrics in $GPUGUARD_TEXTFILE_DIR"
+  fi
+}
+
+# Feeds the samples to the detector and handles what it prints:
+#   event STATE PID JSON   -> events_emit, then the --on-leak action
+#   status - PID SLOPE FIRING USED NAME -> LEAK_STATUS, for metrics and status
+# shellcheck disable=SC2034 # LEAK_STATUS is read by textfile_write_leak
+leak_run_detector() {
+  local out kind state pid rest
+  out=$(printf '%s' "$1" | python3 -S "$GPUGUARD_ROOT/python/gpuguard_leak.py" check) || {
+    gg_log error "leak detector failed (exit $?)"
+    return 0
+  }
+  LEAK_STATUS=()
+  while read -r kind state pid rest; do
+    case $kind in
+      event)
+        events_emit "$rest"
+        gg_log warn "gpu_memory_leak $state: PID $pid"
+        [[ $state == firing ]] && leak_act "$pid"
+        ;;
+      status) LEAK_STATUS[$pid]=$rest ;;
+    esac
+  done <<<"$out"
+}
+
+# Applies --on-leak to a process tree: notify (nothing more), signal:SIG
+# (send SIG to the root), kill (SIGTERM to the tree, SIGKILL after --grace).
+leak_act() {
+  local root=$1 tree pid
+  case $LEAK_ACTION in
+    notify) return 0 ;;
+    signal:*)
+      gg_log warn "sending SIG${LEAK_ACTION#signal:} to PID $root (--on-leak)"
+      kill -s "${LEAK_ACTION#signal:}" "$root" 2>/dev/null || gg_log error "could not signal PID $root"
+      ;;
+    kill)
+      leak_tree_into "$root" tree
+      gg_log warn "stopping PID $root and its tree ($tree) (--on-leak kill, grace ${LEAK_GRACE}s)"
+      # shellcheck disable=SC2086 # the tree is a list of PIDs
+      kill -TERM $tree 2>/dev/null || true
+      local waited=0
+      while ((waited < LEAK_GRACE)) && kill -0 "$root" 2>/dev/null; do
+        sleep 1
+        waited=$((waited + 1))
+      done
+      for pid in $tree; do
+        kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" 2>/dev/null
+      done
+      ;;
+  esac
+  return 0
+}
+
+# Applies one option that takes a value.
+leak_option() {
+  case $1 in
+    --interval | --grace | --gpu-total-mib)
+      [[ $2 =~ ^[0-9]+$ && $2 -gt 0 ]] || gg_usage_error "$1 needs a whole number of at least 1 (got '$2')" || return
+      [[ $1 == --interval ]] && export LEAK_INTERVAL=$2
+      [[ $1 == --grace ]] && LEAK_GRACE=$2
+      [[ $1 == --gpu-total-mib ]] && export LEAK_GPU_TOTAL_MIB=$2
+      ;;
+    --threshold)
+      gg_is_number "$2" || gg_usage_error "--threshold needs MiB per hour (got '$2')" || return
+      export LEAK_THRESHOLD_MIB_H=$2
+      ;;
+    --bucket)
+      [[ $2 =~ ^[0-9]+$ && $2 -gt 0 ]] || gg_usage_error "--bucket needs seconds (got '$2')" || return
+      export LEAK_BUCKET_S=$2
+      ;;
+    --rules) export LEAK_RULES=$2 ;;
+    --loss-log) export LEAK_LOSS_LOG=$2 ;;
+    --config) export GPUGUARD_CONFIG=$2 ;;
+    --on-leak)
+      [[ $2 == notify || $2 == kill || $2 =~ ^signal:[A-Z0-9]+$ ]] ||
+        gg_usage_error "--on-leak takes notify, kill or signal:NAME (got '$2')" || return
+      LEAK_ACTION=$2
+      ;;
+  esac
+  return 0
+}
+
+# Samples until stopped; with a job, until the job ends (then its status).
+leak_watch_loop() {
+  local job_pid='' stop=0 rc=0 sleeper
+  if (($#)); then
+    "$@" &
+    job_pid=$!
+    LEAK_PIDS+=("$job_pid")
+    gg_log info "started job PID $job_pid: $1"
+    trap 'kill -TERM "$job_pid" 2>/dev/null' TERM INT
+  else
+    trap 'stop=1' TERM INT
+  fi
+  gg_log info "watching every ${LEAK_INTERVAL}s, threshold ${LEAK_THRESHOLD_MIB_H} MiB/h"
+  while ((!stop)); do
+    leak_cycle "$(leak_now)"
+    sleep "$LEAK_INTERVAL" &
+    sleeper=$!
+    if [[ -n $job_pid ]]; then
+      wait -n "$sleeper" "$job_pid" 2>/dev/null || true
+      if ! kill -0 "$job_pid" 2>/dev/null; then
+        kill "$sleeper" 2>/dev/null || true
+        rc=0
+        wait "$job_pid" || rc=$?
+        gg_log info "job PID $job_pid ended with status $rc"
+        return "$rc"
+      fi
+    else
+      wait "$sleeper" || true
+    fi
+  done
+  kill "$sleeper" 2>/dev/null || true
+  gg_log info "stopped"
+  return 0
+}
+
+# Prints the time in unix seconds; GPUGUARD_NOW pins it (tests).
+leak_now() {
+  if [[ -n ${GPUGUARD_NOW:-} ]]; then
+    printf '%s\n' "$GPUGUARD_NOW"
+  else
+    printf '%(%s)T\n' -1
+  fi
+}
+
+# True when $1 is a valid extended regular expression.
+leak_regex_ok() {
+  local rc=0
+  grep -Eq -- "$1" <<<'' 2>/dev/null || rc=$?
+  ((rc != 2))
+}
+
+# Reads the clock tick rate and page size once.
+leak_probe_system() {
+  LEAK_CLK_TCK=$(getconf CLK_TCK 2>/dev/null || echo 100)
+  LEAK_PAGE_KIB=$(($(getconf PAGESIZE 2>/dev/null || echo 4096) / 1024))
+}

@@ -1,0 +1,310 @@
+"""gpu-leak-watch: the detector on the shapes that fool naive rules, the
+replay CLI, and the live watcher on a real local process tree."""
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import gpuguard_leak as leak
+from conftest import ROOT, H200_UUID, wait_for
+
+sys.path.insert(0, str(ROOT / "bench"))
+import leak as bench  # noqa: E402  (the bench's labelled trace generator)
+
+
+def firing_times(trace, **params):
+    p = dict(leak.DEFAULTS, **params)
+    s = leak.Series(p, "k", 1)
+    out = []
+    for t, v in trace:
+        ev = s.add(t, v, 40000)
+        if ev:
+            out.append((ev["state"], t))
+    return out
+
+
+# ------------------------------------------------------------ statistics --
+
+def test_mann_kendall_and_theil_sen_known_values():
+    assert leak.mann_kendall_z([1, 2, 3, 4, 5, 6, 7, 8, 9, 10]) == pytest.approx(3.9354, abs=1e-3)
+    assert leak.mann_kendall_z([5] * 10) == 0.0
+    assert leak.mann_kendall_z(list(range(10, 0, -1))) < -3.9
+    assert leak.theil_sen([0, 1, 2, 3, 4], [0, 2, 4, 100, 8]) == 2.0     # an outlier does not move it
+
+
+@pytest.mark.parametrize("kind", bench.CLEAN)
+def test_quiet_on_clean_training_shapes(kind):
+    for seed in range(3):
+        rng = random.Random(1000 + seed)
+        trace = bench.base_trace(rng, 24, kind)
+        assert firing_times(trace) == [], (kind, seed)
+
+
+@pytest.mark.parametrize("rate", [60, 200, 500])
+def test_catches_steady_leaks_hours_before_oom(rate):
+    rng = random.Random(rate)
+    trace = bench.add_leak(bench.base_trace(rng, 12, "plateau"), rate, 2.0)
+    events = firing_times(trace)
+    assert events and events[0][0] == "firing"
+    delay_h = events[0][1] / 3600 - 2.0
+    assert 0 < delay_h < 5
+    assert bench.HEADROOM / rate - delay_h > 30     # long before 20 GiB run out
+
+
+def test_catches_staircase_leak_that_step_cutting_alone_misses():
+    rng = random.Random(5)
+    trace = bench.add_leak(bench.base_trace(rng, 10, "plateau"), 600, 2.0, staircase=True)
+    assert firing_times(trace)[0][0] == "firing"
+
+
+def test_leak_then_plateau_resolves():
+    trace = [(t * 60.0, 20000 + (min(t, 600) * 60 // 60 // 20) * 20) for t in range(1200)]
+    states = [s for s, _ in firing_times(trace)]
+    assert states == ["firing", "resolved"]
+
+
+def test_below_threshold_growth_is_not_a_leak_and_rules_raise_it():
+    rng = random.Random(9)
+    trace = bench.add_leak(bench.base_trace(rng, 12, "plateau"), 100, 2.0)
+    assert firing_times(trace, threshold=150) == []
+    assert firing_times(trace, threshold=50) != []
+
+
+# ---------------------------------------------------------------- replay --
+
+def write_csv(path, rows, pid=4242):
+    with open(path, "w") as f:
+        f.write("timestamp,pid,used_memory_mib\n")
+        for t, v in rows:
+            f.write("%d,%d,%d\n" % (1796206508 + t, pid, v))
+
+
+def run(args, env=None, **kw):
+    full = dict(os.environ, GPUGUARD_CONFIG="/dev/null")
+    full.update(env or {})
+    return subprocess.run([str(ROOT / "bin/gpu-leak-watch")] + args, env=full, text=True,
+                          capture_output=True, timeout=120, **kw)
+
+
+def test_replay_prints_one_json_line_per_event(tmp_path):
+    rng = random.Random(3)
+    leaking = bench.add_leak(bench.base_trace(rng, 10, "sawtooth"), 120, 2.0)
+    csv_path = tmp_path / "trace.csv"
+    write_csv(csv_path, leaking)
+    r = run(["--replay", str(csv_path), "--gpu-total-mib", "143771"],
+            env={"GPUGUARD_STATE_DIR": str(tmp_path / "s")})
+    assert r.returncode == 0, r.stderr
+    events = [json.loads(line) for line in r.stdout.splitlines()]
+    assert events[0]["state"] == "firing"
+    assert set(events[0]) >= {"ts", "event", "state", "pid", "slope_mib_per_hour", "used_memory_mib",
+                              "projected_oom_hours"}
+    assert events[0]["event"] == "gpu_memory_leak" and events[0]["pid"] == 4242
+    assert 80 <= events[0]["slope_mib_per_hour"] <= 160
+    free = 143771 - events[0]["used_memory_mib"]
+    assert events[0]["projected_oom_hours"] == pytest.approx(free / events[0]["slope_mib_per_hour"], rel=0.01)
+    assert not (tmp_path / "s" / "events.jsonl").exists()       # a replay pages nobody
+
+
+def test_replay_of_clean_trace_prints_nothing(tmp_path):
+    csv_path = tmp_path / "clean.csv"
+    write_csv(csv_path, bench.base_trace(random.Random(4), 24, "mixed"))
+    r = run(["--replay", str(csv_path)], env={"GPUGUARD_STATE_DIR": str(tmp_path / "s")})
+    assert r.returncode == 0 and r.stdout == ""
+
+
+def test_replay_bad_input_is_one_line_exit_2(tmp_path):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("time,pid,mem\n1,2,3\n")
+    r = run(["--replay", str(bad)], env={"GPUGUARD_STATE_DIR": str(tmp_path / "s")})
+    assert r.returncode == 2
+    assert r.stderr.strip() == "gpu-leak-watch: %s: missing column(s) timestamp,used_memory_mib (need timestamp,pid,used_memory_mib)" % bad
+    bad.write_text("timestamp,pid,used_memory_mib\n1,2,lots\n")
+    r = run(["--replay", str(bad)], env={"GPUGUARD_STATE_DIR": str(tmp_path / "s")})
+    assert r.returncode == 2 and "bad.csv:2: not a number" in r.stderr
+    r = run(["--replay", str(tmp_path / "missing.csv")], env={"GPUGUARD_STATE_DIR": str(tmp_path / "s")})
+    assert r.returncode == 2 and "cannot read" in r.stderr
+
+
+@pytest.mark.parametrize("args,message", [
+    ([], "say what to watch"),
+    (["--pid", "abc"], "--pid needs a process ID (got 'abc')"),
+    (["--match", "(unclosed"], "--match: invalid regular expression '(unclosed'"),
+    (["--interval", "0", "--all"], "--interval needs a whole number of at least 1 (got '0')"),
+    (["--on-leak", "explode", "--all"], "--on-leak takes notify, kill or signal:NAME (got 'explode')"),
+    (["--"], "nothing to run after --"),
+])
+def test_bad_usage_exit_2(tmp_path, args, message):
+    r = run(args, env={"GPUGUARD_STATE_DIR": str(tmp_path)})
+    assert r.returncode == 2 and message in r.stderr and len(r.stderr.splitlines()) == 1
+
+
+# ------------------------------------------------------------------ live --
+
+class Job:
+    """A launcher (bash) whose child (sleep) 'holds' GPU memory."""
+
+    def __init__(self, tmp_path, trap_usr1=False):
+        script = "trap 'echo got-usr1 > %s' USR1; " % (tmp_path / "usr1") if trap_usr1 else ""
+        self.proc = subprocess.Popen(["bash", "-c", script + "sleep 600 & wait; wait"],
+                                     start_new_session=True)
+        assert wait_for(lambda: self.child() is not None)
+
+    def child(self):
+        r = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True)
+        return int(r.stdout.split()[0]) if r.stdout.split() else None
+
+    def stop(self):
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+
+
+def leak_scenario(box, pid, steps=40, per_step=64, name="python3"):
+    box.write_scenario([{"gpus": [{"utilization.gpu": 90, "memory.used": 3000 + per_step * i + 500,
+                                   "power.draw": 500.0}],
+                         "apps": [{"pid": pid, "process_name": name, "used_memory": 3000 + per_step * i}]}
+                        for i in range(steps)])
+
+
+def watch_cycles(box, args, n, env=None):
+    out = ""
+    for i in range(n):
+        e = dict(env or {}, GPUGUARD_NOW=str(1796206508 + i))
+        r = box.run(*(args + ["--bucket", "1", "--once"]), cmd="bin/gpu-leak-watch", env=e)
+        assert r.returncode == 0, r.stderr
+        out += r.stderr
+    return out
+
+
+def test_live_watch_follows_the_tree_and_alerts_with_context(box, tmp_path, sink):
+    job = Job(tmp_path)
+    try:
+        leak_scenario(box, job.child())
+        (tmp_path / "logging.jsonl").write_text("".join(json.dumps({"loss": 0.5 + 0.001 * (i % 3), "global_step": i}) + "\n"
+                                                       for i in range(60)))
+        watch_cycles(box, ["--pid", str(job.proc.pid), "--loss-log", str(tmp_path / "logging.jsonl")], 30,
+                     env={"NOTIFY_URL": sink.url + "/generic", "GPUGUARD_TEXTFILE_DIR": str(tmp_path / "prom")})
+    finally:
+        job.stop()
+    (event,) = [e for e in box.events() if e["event"] == "gpu_memory_leak"]
+    assert event["state"] == "firing" and event["pid"] == job.proc.pid
+    assert event["name"] == "bash" and event["host"]
+    assert event["slope_mib_per_hour"] > 50 and event["projected_oom_hours"] > 0
+    assert event["free_memory_mib"] < 143771 and event["loss_plateau"] is True
+    assert sink.requests[0]["body"]["event"] == "gpu_memory_leak"
+    assert "GPU memory leak suspected" in sink.requests[0]["body"]["message"]
+    prom = (tmp_path / "prom" / "gpuguard_leak.prom").read_text()
+    assert 'gpuguard_process_leak{pid="%d",name="bash"} 1' % job.proc.pid in prom
+    history = list((box.state / "history").glob("%d-*.csv" % job.proc.pid))
+    assert len(history) == 1 and history[0].read_text().startswith("timestamp,pid,used_memory_mib\n")
+
+
+def test_steady_memory_does_not_alert(box, tmp_path):
+    job = Job(tmp_path)
+    try:
+        leak_scenario(box, job.child(), per_step=0)
+        watch_cycles(box, ["--pid", str(job.proc.pid)], 30)
+    finally:
+        job.stop()
+    assert box.events() == []
+
+
+def test_match_watches_the_topmost_matching_process(box, tmp_path):
+    job = Job(tmp_path)
+    try:
+        leak_scenario(box, job.child())
+        watch_cycles(box, ["--match", "^bash -c .*sleep 600"], 28)
+    finally:
+        job.stop()
+    assert [e["pid"] for e in box.events()] == [job.proc.pid]
+
+
+def test_rules_exempt_a_pattern(box, tmp_path):
+    rules = tmp_path / "rules"
+    rules.write_text("# LongLoRA grows its context on purpose\nsleep\\s600 ignore\n")
+    job = Job(tmp_path)
+    try:
+        leak_scenario(box, job.child())
+        watch_cycles(box, ["--all", "--rules", str(rules)], 30)
+    finally:
+        job.stop()
+    assert box.events() == []
+
+
+def test_on_leak_signal_is_sent_to_the_root(box, tmp_path):
+    job = Job(tmp_path, trap_usr1=True)
+    try:
+        leak_scenario(box, job.child())
+        watch_cycles(box, ["--pid", str(job.proc.pid), "--on-leak", "signal:USR1"], 28)
+        assert wait_for(lambda: (tmp_path / "usr1").exists(), timeout=5)
+    finally:
+        job.stop()
+
+
+def test_on_leak_kill_stops_the_whole_tree(box, tmp_path):
+    job = Job(tmp_path)
+    child = job.child()
+    try:
+        leak_scenario(box, child)
+        watch_cycles(box, ["--pid", str(job.proc.pid), "--on-leak", "kill", "--grace", "2"], 28)
+        assert wait_for(lambda: job.proc.poll() is not None, timeout=5)
+        assert not os.path.exists("/proc/%d" % child) or \
+            open("/proc/%d/stat" % child).read().split(") ")[1].startswith("Z")
+    finally:
+        job.stop()
+
+
+def test_run_a_job_and_exit_with_its_status(box):
+    box.write_scenario([{"gpus": [{"utilization.gpu": 0, "memory.used": 0, "power.draw": 70.0}], "apps": []}])
+    start = time.time()
+    r = box.run("--interval", "30", "--", "bash", "-c", "sleep 1; exit 7", cmd="bin/gpu-leak-watch")
+    assert r.returncode == 7, r.stderr
+    assert time.time() - start < 10
+    assert "ended with status 7" in r.stderr
+
+
+def test_history_is_bounded(box, tmp_path):
+    job = Job(tmp_path)
+    try:
+        leak_scenario(box, job.child(), per_step=0)
+        watch_cycles(box, ["--pid", str(job.proc.pid)], 8, env={"LEAK_HISTORY_MAX_ROWS": "100"})
+        path = next((box.state / "history").glob("*.csv"))
+        # rotation keeps one old file; no file grows past the bound
+        path.write_text("timestamp,pid,used_memory_mib\n" + "1,2,3\n" * 150)
+        watch_cycles(box, ["--pid", str(job.proc.pid)], 1, env={"LEAK_HISTORY_MAX_ROWS": "100"})
+        assert len(path.read_text().splitlines()) == 2
+        assert len(open(str(path) + ".1").read().splitlines()) == 151
+    finally:
+        job.stop()
+
+
+def test_report_is_one_self_contained_html_file(box, tmp_path):
+    job = Job(tmp_path)
+    try:
+        leak_scenario(box, job.child())
+        watch_cycles(box, ["--pid", str(job.proc.pid)], 30)
+    finally:
+        job.stop()
+    out = tmp_path / "report.html"
+    r = box.run("report", "--out", str(out), cmd="bin/gpu-leak-watch")
+    assert r.returncode == 0, r.stderr
+    page = out.read_text()
+    assert page.count("<svg") == 1 and "firing" in page and "trend +" in page
+    assert "http://" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")
+    assert "https://" not in page and "<script" not in page
+
+
+def test_loss_plateau_reading(tmp_path):
+    log = tmp_path / "logging.jsonl"
+    log.write_text("".join(json.dumps({"loss": 2.0 - i * 0.02}) + "\n" for i in range(60)))
+    assert leak.loss_plateau(str(log)) is False
+    log.write_text("not json\n" + "".join(json.dumps({"loss": 0.7, "step": i}) + "\n" for i in range(60)))
+    assert leak.loss_plateau(str(log)) is True
+    assert leak.loss_plateau(str(tmp_path / "none")) is None
