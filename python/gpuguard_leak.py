@@ -42,7 +42,10 @@ DEFAULTS = {
     "z_min": 2.326,             # one-sided alpha = 0.01
     "tail_ratio": 0.7,
     "debounce": 2,
-    "staircase_steps": 4,
+    "staircase_steps": 4,       # this many steps ...
+    "staircase_buckets": 36,    # ... within this many buckets: a staircase leak
+    "max_jump_share": 0.4,      # one bucket's jump may carry at most this of the growth
+    "gap_s": 300.0,             # no sample for this long: the process restarted
 }
 
 
@@ -111,22 +114,26 @@ class Series:
         self.calm = 0
         self.firing = False
         self.last = {}
+        self.cut_bucket = None      # first bucket after a gap in the samples
 
     def to_json(self):
         return {"key": self.key, "pid": self.pid, "bucket": self.bucket, "bucket_min": self.bucket_min,
                 "floors": self.floors, "streak": self.streak, "calm": self.calm, "firing": self.firing,
-                "last": self.last}
+                "last": self.last, "cut_bucket": self.cut_bucket}
 
     @classmethod
     def from_json(cls, params, data):
         s = cls(params, data["key"], data["pid"])
-        for name in ("bucket", "bucket_min", "floors", "streak", "calm", "firing", "last"):
+        for name in ("bucket", "bucket_min", "floors", "streak", "calm", "firing", "last", "cut_bucket"):
             setattr(s, name, data.get(name, getattr(s, name)))
         return s
 
     def add(self, ts, mib, free_mib=None):
         """Adds a sample; returns an event dict when the state changes."""
         b = int(ts // self.p["bucket_s"])
+        prev_ts = self.last.get("ts")
+        if prev_ts is not None and ts - prev_ts > self.p["gap_s"]:
+            self.cut_bucket = b       # samples stopped: a restart, PID reused
         self.last = {"ts": ts, "used": mib, "free": free_mib}
         if self.bucket is None:
             self.bucket, self.bucket_min = b, mib
@@ -150,7 +157,8 @@ class Series:
         run = None
         for j in range(1, len(f)):
             prev, cur = f[j - 1], f[j]
-            if cur < 0.5 * prev or self.floors[j][0] - self.floors[j - 1][0] > 3 * max(p["windows"]):
+            if cur < 0.5 * prev or (self.cut_bucket is not None and self.floors[j][0] >= self.cut_bucket
+                                    and self.floors[j - 1][0] < self.cut_bucket) or self.floors[j][0] - self.floors[j - 1][0] > 3 * max(p["windows"]):
                 start, steps, run = j, [], None          # restart or long gap
                 continue
             if cur - prev >= p["step_mib"]:
@@ -164,7 +172,11 @@ class Series:
         if run is not None and run[1] - run[0] + 1 <= p["step_max_buckets"]:
             steps.append(tuple(run))
         short = [s for s in steps if s[1] - s[0] + 1 <= p["step_max_buckets"]]
-        if short and len(short) < p["staircase_steps"]:
+        # Legitimate steps (new batch shapes, a re-warm) come a few a day; a
+        # leak that keeps e.g. one evaluation's outputs per half hour comes
+        # as dense steps: those are analysed uncut.
+        recent = [s for s in short if s[1] >= len(f) - p["staircase_buckets"]]
+        if short and len(recent) < p["staircase_steps"]:
             start = max(start, short[-1][1])
         return start + p["skip_buckets"], start
 
@@ -172,6 +184,11 @@ class Series:
         growth = median(ys[-3:]) - median(ys[:3])
         if growth < self.p["min_growth"]:
             return False, theil_sen(xs[-6:], ys[-6:]), 0.0     # cheap gate first
+        # A leak grows in many increments; one or two jumps (a new batch
+        # shape, a cache that filled) carry most of a step's growth.
+        biggest = max(b - a for a, b in zip(ys, ys[1:]))
+        if biggest > self.p["max_jump_share"] * (ys[-1] - ys[0] if ys[-1] > ys[0] else growth):
+            return False, theil_sen(xs[-6:], ys[-6:]), 0.0
         z = mann_kendall_z(ys)
         beta = theil_sen(xs, ys)
         half = len(xs) // 2
