@@ -132,14 +132,17 @@ def test_cgroup_v2_leaf_gets_every_limit(tmp_path):
     assert procs == me                            # the job itself was moved in before exec
     (leaf,) = root.glob("gpuguard-lowprio-*")
     files = {p.name: p.read_text().strip() for p in leaf.iterdir()}
-    assert files["cpu.weight"] == "10"
+    assert files["cpu.idle"] == "1"
     assert files["cpu.max"] == "%d 100000" % (60 * CPUS * 10 * 100)
     assert files["memory.high"] == str(1 << 30) and files["memory.max"] == str(2 << 30)
     assert files["memory.swap.max"] == "0" and files["memory.oom.group"] == "1"
     assert files["io.max"] == "254:0 wbps=10485760 rbps=20971520"
     assert files["pids.max"] == "100"
     assert (root / "cgroup.subtree_control").read_text() == "+cpu +memory +io +pids\n"
-    assert "via cgroup-v2" in r.stderr and "CPU weight 10 (cpu.weight=10)" in r.stderr
+    assert "via cgroup-v2" in r.stderr and "CPU idle class (cpu.idle=1)" in r.stderr
+    r = run(["--tier", "online", "--cpu-weight", "30", "--", "true"],
+            env={"LOWPRIO_CGROUP_ROOT": str(root), "LOWPRIO_CGROUP_MODE": "v2"})
+    assert "CPU weight 30 (cpu.weight=30)" in r.stderr
 
 
 def test_cgroup_v2_offline_uses_the_idle_class(tmp_path):
@@ -182,7 +185,7 @@ def test_systemd_scope_when_systemd_owns_the_tree(tmp_path):
     assert r.returncode == 3 and r.stdout == "ran\n"
     args = (tmp_path / "args").read_text().splitlines()
     assert args[:4] == ["--scope", "--quiet", "--collect", "--unit"]
-    for prop in ("CPUWeight=10", "CPUQuota=%d%%" % (60 * CPUS), "MemoryMax=4294967296", "MemorySwapMax=0"):
+    for prop in ("CPUWeight=idle", "CPUQuota=%d%%" % (60 * CPUS), "MemoryMax=4294967296", "MemorySwapMax=0"):
         assert prop in args
     assert args[args.index("--") + 1:] == ["nice", "-n", "15", "ionice", "-c", "3", "sh", "-c", "echo ran; exit 3"]
 
@@ -216,14 +219,14 @@ def v1_leaves():
 def test_real_cgroup_v1_limits_and_cleanup():
     probe = ("grep -E ':(cpu|memory|pids):' /proc/self/cgroup; "
              "d=$(grep ':cpu:' /proc/self/cgroup | cut -d: -f3); "
-             "cat /sys/fs/cgroup/cpu$d/cpu.shares /sys/fs/cgroup/cpu$d/cpu.cfs_quota_us "
+             "cat /sys/fs/cgroup/cpu$d/cpu.idle /sys/fs/cgroup/cpu$d/cpu.cfs_quota_us "
              "/sys/fs/cgroup/memory$d/memory.limit_in_bytes; sleep 300 &")
     r = run(["--tier", "batch", "--mem-max", "1G", "--", "sh", "-c", probe], env={"LOWPRIO_MECHANISM": "cgroup-v1"})
     assert r.returncode == 0, r.stderr
     lines = r.stdout.split()
     assert any(re.match(r"\d+:cpu:/gpuguard-lowprio-\d+$", x) for x in lines), lines
     assert any(re.match(r"\d+:memory:/gpuguard-lowprio-\d+$", x) for x in lines), lines
-    assert lines[-3:] == ["102", str(60 * CPUS * 1000), str(1 << 30)]
+    assert lines[-3:] == ["1", str(60 * CPUS * 1000), str(1 << 30)]
     assert v1_leaves() == []                     # removed, the stray sleep killed with it
 
 

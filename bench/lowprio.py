@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""lowprio-run bench: a latency-sensitive probe (a thread sleeping 10 ms in
+a loop, recording how late it wakes) and a CPU-bound service worker run in
+one session; a CPU hog on all cores runs in another session: not at all,
+plain, under `nice -n 19`, under `lowprio-run --tier batch`. Reports the
+probe's lateness p50/p99 and the CPU shares side by side. Prints Markdown."""
+import os
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SECONDS = float(os.environ.get("BENCH_LOWPRIO_SECONDS", "4"))
+REPEAT = int(os.environ.get("BENCH_LOWPRIO_REPEAT", "3"))
+NCPU = os.cpu_count()
+
+PROBE = r"""
+import sys, time, threading
+dur = float(sys.argv[1])
+late = []
+def loop():
+    end = time.monotonic() + dur
+    while time.monotonic() < end:
+        t = time.monotonic()
+        time.sleep(0.010)
+        late.append((time.monotonic() - t - 0.010) * 1000)
+th = threading.Thread(target=loop); th.start(); th.join()
+late.sort()
+print("%.3f %.3f %d" % (late[len(late) // 2], late[int(len(late) * 0.99)], len(late)))
+"""
+# NCPU busy children for DUR seconds; prints their CPU seconds (wait4).
+SPINNERS = ("import os, sys, time\nn, dur = int(sys.argv[1]), float(sys.argv[2])\nkids = []\n"
+            "for _ in range(n):\n    pid = os.fork()\n    if pid == 0:\n        end = time.monotonic() + dur\n"
+            "        while time.monotonic() < end: pass\n        os._exit(0)\n    kids.append(pid)\n"
+            "cpu = 0.0\nfor k in kids:\n    _, _, ru = os.wait4(k, 0)\n    cpu += ru.ru_utime + ru.ru_stime\n"
+            "print('%.3f' % cpu)\n")
+
+
+def start_hog(prefix, dur):
+    if prefix is None:
+        return None
+    hog = subprocess.Popen(prefix + [sys.executable, "-c", SPINNERS, str(NCPU), str(dur + 1.0)],
+                           start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(0.5)
+    return hog
+
+
+def finish_hog(hog, dur):
+    if hog is None:
+        return 0.0, ""
+    out, err = hog.communicate(timeout=60)
+    mechanism = ""
+    for line in err.splitlines():
+        if " via " in line:
+            mechanism = line.split(" via ", 1)[1].split(":", 1)[0]
+    return float(out.split()[-1]) * dur / (dur + 1.0), mechanism   # the service's window
+
+
+def scenario(prefix):
+    """Phase 1: the probe alone against the hog (latency). Phase 2: a
+    CPU-bound service wanting every core against the hog (shares). Each
+    side runs in a session of its own, as services and SSH logins do."""
+    dur = SECONDS
+    hog = start_hog(prefix, dur)
+    probe = subprocess.Popen([sys.executable, "-c", PROBE, str(dur)], start_new_session=True,
+                             stdout=subprocess.PIPE, text=True)
+    p50, p99, _ = probe.communicate()[0].split()
+    finish_hog(hog, dur)
+    hog = start_hog(prefix, dur)
+    service = subprocess.Popen([sys.executable, "-c", SPINNERS, str(NCPU), str(dur)],
+                               start_new_session=True, stdout=subprocess.PIPE, text=True)
+    service_cpu = float(service.communicate()[0])
+    hog_cpu, mechanism = finish_hog(hog, dur)
+    machine = dur * NCPU
+    return float(p50), float(p99), 100 * service_cpu / machine, 100 * hog_cpu / machine, mechanism
+
+
+def main():
+    lowprio = [os.path.join(ROOT, "bin", "lowprio-run"), "--tier", "batch", "--"]
+    weight10 = lowprio[:-1] + ["--cpu-weight", "10", "--"]
+    rows = []
+    for name, prefix in (("no hog", None), ("hog, plain", []), ("hog, nice -n 19", ["nice", "-n", "19"]),
+                         ("hog, lowprio-run --tier batch", lowprio),
+                         ("hog, lowprio-run --tier batch --cpu-weight 10", weight10)):
+        runs = [scenario(prefix) for _ in range(REPEAT)]
+        med = [sorted(r[i] for r in runs)[len(runs) // 2] for i in range(4)]
+        rows.append((name,) + tuple(med) + (runs[0][4],))
+    try:
+        cg = subprocess.run(["stat", "-fc", "%T", "/sys/fs/cgroup"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        cg = "?"
+    print("## lowprio-run: a service's latency and CPU under an all-core hog in another session\n")
+    print("Host: %d CPUs, /sys/fs/cgroup is %s, autogroup %s; medians of %d runs of %.0f s per phase.\n" % (
+        NCPU, cg, open("/proc/sys/kernel/sched_autogroup_enabled").read().strip(), REPEAT, SECONDS))
+    print("| hog | probe lateness p50 ms | probe lateness p99 ms | CPU share: service % | CPU share: hog % | mechanism |")
+    print("|---|---|---|---|---|---|")
+    for name, p50, p99, service, hog, mech in rows:
+        print("| %s | %.2f | %.2f | %.0f | %.0f | %s |" % (name, p50, p99, service, hog, mech or "-"))
+
+
+if __name__ == "__main__":
+    main()
