@@ -10,7 +10,7 @@ from conftest import ROOT
 BATS_FILES = sorted((ROOT / "tests" / "bats").glob("*.bats"))
 SHELL_FILES = sorted([p for p in (ROOT / "bin").iterdir() if p.read_text().startswith("#!/usr/bin/env bash")]
                      + list((ROOT / "lib").glob("*.sh")) + list((ROOT / "tests").glob("*.sh"))
-                     + list((ROOT / "bench").glob("*.sh")) + [ROOT / ".ci" / "run"]
+                     + list((ROOT / "bench").glob("**/*.sh")) + [ROOT / ".ci" / "run"]
                      + ([ROOT / "install.sh"] if (ROOT / "install.sh").exists() else []))
 
 

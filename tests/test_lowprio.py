@@ -14,9 +14,26 @@ from conftest import ROOT, wait_for
 
 CPUS = os.cpu_count()
 V1 = "/sys/fs/cgroup/cpu"
-real_v1 = pytest.mark.skipif(
-    os.geteuid() != 0 or not os.path.exists(V1 + "/cpu.shares") or not os.access(V1, os.W_OK),
-    reason="needs root and a writable cgroup v1 cpu hierarchy (CI's machine has one)")
+
+
+def real_cgroup_mode():
+    """v2 on a pure-v2 host with a writable root (the H200 machine), v1 where
+    the v1 cpu hierarchy is writable (CI's hybrid machine), else None."""
+    if os.geteuid() != 0:
+        return None
+    fs = subprocess.run(["stat", "-fc", "%T", "/sys/fs/cgroup"], capture_output=True, text=True).stdout.strip()
+    if fs == "cgroup2fs" and "cpu" in open("/sys/fs/cgroup/cgroup.controllers").read().split() \
+            and os.access("/sys/fs/cgroup", os.W_OK):
+        return "v2"
+    if os.path.exists(V1 + "/cpu.shares") and os.access(V1, os.W_OK):
+        return "v1"
+    return None
+
+
+REAL = real_cgroup_mode()
+real_cgroup = pytest.mark.skipif(REAL is None, reason="needs root and a writable real cgroup hierarchy")
+REAL_ENV = {"LOWPRIO_MECHANISM": "cgroup-%s" % REAL}
+LEAF_PARENT = "/sys/fs/cgroup" if REAL == "v2" else V1
 
 
 def run(args, env=None, timeout=60, **kw):
@@ -209,33 +226,61 @@ def test_explain_describes_the_host():
         assert key in r.stdout
 
 
-# ----------------------------------------------------------- real v1 ----
+# ------------------------------------------------- real cgroup v1 / v2 ----
 
-def v1_leaves():
-    return [d for d in os.listdir(V1) if d.startswith("gpuguard-lowprio-")]
+def leaves():
+    return [d for d in os.listdir(LEAF_PARENT) if d.startswith("gpuguard-lowprio-")]
 
 
-@real_v1
-def test_real_cgroup_v1_limits_and_cleanup():
-    probe = ("grep -E ':(cpu|memory|pids):' /proc/self/cgroup; "
-             "d=$(grep ':cpu:' /proc/self/cgroup | cut -d: -f3); "
-             "cat /sys/fs/cgroup/cpu$d/cpu.idle /sys/fs/cgroup/cpu$d/cpu.cfs_quota_us "
-             "/sys/fs/cgroup/memory$d/memory.limit_in_bytes; sleep 300 &")
-    r = run(["--tier", "batch", "--mem-max", "1G", "--", "sh", "-c", probe], env={"LOWPRIO_MECHANISM": "cgroup-v1"})
+CG_PROBE = r"""
+if grep -q '^0::/gpuguard' /proc/self/cgroup; then
+  d=/sys/fs/cgroup$(sed -n 's/^0:://p' /proc/self/cgroup)
+  echo leaf=${d##*/}; cat $d/cpu.idle; cut -d' ' -f1 $d/cpu.max; cat $d/memory.max
+else
+  d=$(grep ':cpu:' /proc/self/cgroup | cut -d: -f3); echo leaf=${d##*/}
+  grep -q ':memory:/gpuguard' /proc/self/cgroup && echo memory-moved
+  cat /sys/fs/cgroup/cpu$d/cpu.idle /sys/fs/cgroup/cpu$d/cpu.cfs_quota_us /sys/fs/cgroup/memory$d/memory.limit_in_bytes
+fi
+sleep 300 &
+"""
+
+
+@real_cgroup
+def test_real_cgroup_limits_and_cleanup():
+    r = run(["--tier", "batch", "--mem-max", "1G", "--", "sh", "-c", CG_PROBE], env=REAL_ENV)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.split()
-    assert any(re.match(r"\d+:cpu:/gpuguard-lowprio-\d+$", x) for x in lines), lines
-    assert any(re.match(r"\d+:memory:/gpuguard-lowprio-\d+$", x) for x in lines), lines
+    assert re.match(r"leaf=gpuguard-lowprio-\d+$", lines[0]), lines
     assert lines[-3:] == ["1", str(60 * CPUS * 1000), str(1 << 30)]
-    assert v1_leaves() == []                     # removed, the stray sleep killed with it
+    assert leaves() == []                      # removed, the stray sleep killed with it
+    assert subprocess.run(["pgrep", "-f", "^sleep 300$"], capture_output=True).returncode == 1
 
 
-@real_v1
-def test_real_cgroup_v1_stale_leaf_of_an_earlier_run_is_removed():
-    stale = os.path.join(V1, "gpuguard-lowprio-999999999")
+@real_cgroup
+def test_real_memory_limit_bites():
+    hog = "import time; x = bytearray(512 << 20); [x.__setitem__(i, 1) for i in range(0, len(x), 4096)]; print('survived')"
+    r = run(["--tier", "online", "--mem-max", "128M", "--", sys.executable, "-c", hog], env=REAL_ENV)
+    assert "survived" not in r.stdout
+    assert r.returncode in (137, 1), (r.returncode, r.stderr)
+    assert leaves() == []
+
+
+@real_cgroup
+def test_real_cpu_cap_bites():
+    spin = ("import os, time\nfor _ in range(3):\n    if os.fork() == 0: break\n"
+            "end = time.time() + 2\nwhile time.time() < end: pass\nos.write(1, b'%f\\n' % (os.times().user + os.times().system))")
+    r = run(["--tier", "online", "--cpu-max", "0.5", "--", sys.executable, "-c", spin], env=REAL_ENV)
+    assert r.returncode == 0, r.stderr
+    total = sum(float(x) for x in r.stdout.split())
+    assert total < 2.0, total                  # 4 spinners for 2 s would take 8 CPU-s uncapped
+
+
+@real_cgroup
+def test_real_stale_leaf_of_an_earlier_run_is_removed():
+    stale = os.path.join(LEAF_PARENT, "gpuguard-lowprio-999999999")
     os.mkdir(stale)
     try:
-        r = run(["--", "true"], env={"LOWPRIO_MECHANISM": "cgroup-v1"})
+        r = run(["--", "true"], env=REAL_ENV)
         assert r.returncode == 0, r.stderr
         assert not os.path.exists(stale)
     finally:
@@ -243,30 +288,31 @@ def test_real_cgroup_v1_stale_leaf_of_an_earlier_run_is_removed():
             os.rmdir(stale)
 
 
-@real_v1
+@real_cgroup
 def test_real_attach_demotes_every_thread_and_descendant():
     job = subprocess.Popen([sys.executable, "-c",
                             "import threading, time, subprocess\n"
                             "[threading.Thread(target=time.sleep, args=(60,), daemon=True).start() for _ in range(3)]\n"
-                            "subprocess.Popen(['sleep', '60'])\n"
+                            "subprocess.Popen(['sleep', '61'])\n"
                             "time.sleep(60)\n"])
     try:
         assert wait_for(lambda: len(os.listdir("/proc/%d/task" % job.pid)) == 4)
+        assert wait_for(lambda: subprocess.run(["pgrep", "-P", str(job.pid)], capture_output=True).returncode == 0)
         kids = subprocess.run(["pgrep", "-P", str(job.pid)], capture_output=True, text=True).stdout.split()
-        r = run(["--tier", "batch", "--attach", str(job.pid)], env={"LOWPRIO_MECHANISM": "cgroup-v1"})
+        r = run(["--tier", "batch", "--attach", str(job.pid)], env=REAL_ENV)
         assert r.returncode == 0, r.stderr
         assert "2 processes, 5 threads" in r.stderr
         for tid in os.listdir("/proc/%d/task" % job.pid):
             stat = open("/proc/%d/task/%s/stat" % (job.pid, tid)).read().rsplit(") ", 1)[1].split()
             assert stat[16] == "15"
         for pid in [str(job.pid)] + kids:
-            assert ":cpu:/gpuguard-lowprio-" in open("/proc/%s/cgroup" % pid).read()
+            assert "/gpuguard-lowprio-" in open("/proc/%s/cgroup" % pid).read()
             assert subprocess.run(["ionice", "-p", pid], capture_output=True, text=True).stdout.strip() == "idle"
     finally:
         job.kill()
         job.wait()
-        for kid in subprocess.run(["pgrep", "-f", "^sleep 60$"], capture_output=True, text=True).stdout.split():
+        for kid in subprocess.run(["pgrep", "-f", "^sleep 61$"], capture_output=True, text=True).stdout.split():
             os.kill(int(kid), signal.SIGKILL)
         time.sleep(0.3)
-        run(["--", "true"], env={"LOWPRIO_MECHANISM": "cgroup-v1"})   # cleans the now-stale leaf
-    assert v1_leaves() == []
+        run(["--", "true"], env=REAL_ENV)      # cleans the now-stale leaf
+    assert leaves() == []
