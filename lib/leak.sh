@@ -92,8 +92,11 @@ leak_select_roots() {
     done
   fi
   for pid in "${LEAK_PIDS[@]}"; do
-    [[ -n ${LEAK_PPID[$pid]:-} || -n ${SMI_PIDS_MEM[$pid]:-} ]] && LEAK_ROOT_PIDS+=("$pid")
+    if [[ -n ${LEAK_PPID[$pid]:-} || -n ${SMI_PIDS_MEM[$pid]:-} ]]; then
+      LEAK_ROOT_PIDS+=("$pid")
+    fi
   done
+  return 0
 }
 
 # One cycle: sample, build the sample lines, run the detector, emit events,
@@ -166,11 +169,14 @@ leak_run_detector() {
       event)
         events_emit "$rest"
         gg_log warn "gpu_memory_leak $state: PID $pid"
-        [[ $state == firing ]] && leak_act "$pid"
+        if [[ $state == firing ]]; then
+          leak_act "$pid"
+        fi
         ;;
       status) LEAK_STATUS[$pid]=$rest ;;
     esac
   done <<<"$out"
+  return 0
 }
 
 # Applies --on-leak to a process tree: notify (nothing more), signal:SIG
@@ -245,6 +251,10 @@ leak_watch_loop() {
   gg_log info "watching every ${LEAK_INTERVAL}s, threshold ${LEAK_THRESHOLD_MIB_H} MiB/h"
   while ((!stop)); do
     leak_cycle "$(leak_now)"
+    if leak_all_targets_gone; then
+      gg_log info "every watched process has ended; stopping"
+      return 0
+    fi
     sleep "$LEAK_INTERVAL" &
     sleeper=$!
     if [[ -n $job_pid ]]; then
@@ -262,6 +272,18 @@ leak_watch_loop() {
   done
   kill "$sleeper" 2>/dev/null || true
   gg_log info "stopped"
+  return 0
+}
+
+# True when only --pid targets are watched and none of them runs any more
+# (their series were closed by the cycle that just ran).
+leak_all_targets_gone() {
+  ((${#LEAK_PIDS[@]} > 0 && LEAK_ALL == 0)) || return 1
+  [[ -z $LEAK_MATCH ]] || return 1
+  local pid
+  for pid in "${LEAK_PIDS[@]}"; do
+    [[ -d /proc/$pid ]] && return 1
+  done
   return 0
 }
 

@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # Summary: run the idle watchdog against a recorded H200 scenario, alerting to a local webhook sink
-# Usage: tests/demo.sh [SCENARIO.json]
+# Usage: tests/demo.sh [RECORDING.txt]
 #
-# The project's nvidia-smi test double replays the scenario (an idle process
-# holding the GPU, then busy work, then nothing), the watchdog checks every
-# second, and a local receiver on 127.0.0.1 prints what it is sent: one
-# firing alert after MAX_IDLE_CYCLES=3 idle cycles, then one resolved.
+# The project's nvidia-smi test double replays, verbatim, nvidia-smi output
+# recorded on a real H200 (a PyTorch process holding 2 GiB while idle, then
+# busy with matmuls, then gone); the watchdog checks every second, and a
+# local receiver on 127.0.0.1 prints what it is sent: one firing alert after
+# MAX_IDLE_CYCLES=3 idle cycles, then one resolved.
 
 GPUGUARD_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 main() {
-  local scenario=${1:-$GPUGUARD_ROOT/tests/fixtures/scenarios/h200-idle-then-busy.json}
+  local recording=${1:-$GPUGUARD_ROOT/tests/fixtures/h200/recording-idle-then-busy.txt}
   local work port='' i sink_pid watchdog_pid
   work=$(mktemp -d "${TMPDIR:-/tmp}/gpuguard-demo.XXXXXX")
   # Globals: the EXIT trap runs after main has returned.
@@ -27,10 +28,10 @@ main() {
   done
   port=$(<"$work/port")
 
-  echo "== scenario: $scenario"
+  echo "== replaying: $recording"
   echo "== webhook sink: http://127.0.0.1:$port/generic"
   env PATH="$GPUGUARD_ROOT/tests/fakebin:$PATH" \
-    FAKE_SMI_SCENARIO="$scenario" FAKE_SMI_STATE="$work/smi-step" \
+    FAKE_SMI_RECORDING="$recording" FAKE_SMI_STATE="$work/smi-step" \
     GPUGUARD_CONFIG=/dev/null GPUGUARD_STATE_DIR="$work/state" \
     CHECK_INTERVAL=1 MAX_IDLE_CYCLES=3 THRESHOLD=10 NOTIFY_LANG=en \
     NOTIFY_URL="http://127.0.0.1:$port/generic" \
@@ -64,7 +65,7 @@ PY
     return 1
   fi
   echo
-  echo "demo: one firing and one resolved alert delivered; events log: state/events.jsonl"
+  echo "demo: one firing and one resolved alert delivered to the local webhook in ${SECONDS}s"
 }
 
 if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then

@@ -308,3 +308,29 @@ def test_loss_plateau_reading(tmp_path):
     log.write_text("not json\n" + "".join(json.dumps({"loss": 0.7, "step": i}) + "\n" for i in range(60)))
     assert leak.loss_plateau(str(log)) is True
     assert leak.loss_plateau(str(tmp_path / "none")) is None
+
+
+def test_watched_job_ending_resolves_and_the_watcher_survives(box, tmp_path):
+    """Seen on the H200: the watcher died with the job it watched."""
+    job = Job(tmp_path)
+    pid = job.proc.pid
+    try:
+        leak_scenario(box, job.child(), steps=60)
+        watch_cycles(box, ["--pid", str(pid)], 28)
+        assert [e["state"] for e in box.events()] == ["firing"]
+    finally:
+        job.stop()
+    watch_cycles(box, ["--pid", str(pid)], 2)        # exit status 0 checked inside
+    assert [(e["state"], e.get("reason")) for e in box.events()] == [("firing", None), ("resolved", "gone")]
+
+
+def test_daemon_with_pid_targets_stops_when_they_have_ended(box, tmp_path):
+    job = Job(tmp_path)
+    leak_scenario(box, job.child(), per_step=0)
+    proc = subprocess.Popen([str(ROOT / "bin/gpu-leak-watch"), "--pid", str(job.proc.pid), "--interval", "1"],
+                            env=dict(box.env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(2.5)
+    job.stop()
+    out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0, err
+    assert "every watched process has ended; stopping" in err
