@@ -15,7 +15,7 @@ IDLE_FORGET_AFTER=60
 # Declares the watchdog's state arrays (empty).
 idle_init() {
   declare -gA IDLE_CYCLES=() IDLE_SINCE=() IDLE_FIRING=() IDLE_LAST_ALERT=() \
-    IDLE_ABSENT=() IDLE_NA_LOGGED=()
+    IDLE_ABSENT=() IDLE_NA_LOGGED=() IDLE_HISTORY=()
   declare -g MON_FAILS=0 MON_FIRING=0 MON_SINCE=0 MON_LAST_OK=0 MON_LAST_ERROR=''
 }
 
@@ -33,6 +33,13 @@ idle_state_load() {
           IDLE_FIRING[$uuid]=$firing IDLE_LAST_ALERT[$uuid]=$last
           IDLE_ABSENT[$uuid]=$absent
           [[ ${na:-0} == 1 ]] && IDLE_NA_LOGGED[$uuid]=1
+          continue
+        fi
+        ;;
+      history)
+        # uuid column, then the last utilization samples, comma separated
+        if [[ $cycles =~ ^[0-9,-]*$ ]]; then
+          IDLE_HISTORY[$uuid]=$cycles
           continue
         fi
         ;;
@@ -57,6 +64,9 @@ idle_state_save() {
     printf -v state '%sgpu %s %s %s %s %s %s %s\n' "$state" "$uuid" "${IDLE_CYCLES[$uuid]}" \
       "${IDLE_SINCE[$uuid]}" "${IDLE_FIRING[$uuid]}" \
       "${IDLE_LAST_ALERT[$uuid]}" "${IDLE_ABSENT[$uuid]:-0}" "${IDLE_NA_LOGGED[$uuid]:-0}"
+  done
+  for uuid in "${!IDLE_HISTORY[@]}"; do
+    [[ -n ${IDLE_CYCLES[$uuid]+set} ]] && state+="history $uuid ${IDLE_HISTORY[$uuid]}"$'\n'
   done
   [[ $state == "${IDLE_SAVED_STATE:-}" ]] && return 0
   gg_write_atomic_string "$GPUGUARD_STATE_DIR/idle.state" "$state" || return
@@ -99,7 +109,7 @@ idle_judge_all() {
         idle_emit "$now" "$uuid" resolved gone
       fi
       unset "IDLE_CYCLES[$uuid]" "IDLE_SINCE[$uuid]" "IDLE_FIRING[$uuid]" \
-        "IDLE_LAST_ALERT[$uuid]" "IDLE_ABSENT[$uuid]" "IDLE_NA_LOGGED[$uuid]"
+        "IDLE_LAST_ALERT[$uuid]" "IDLE_ABSENT[$uuid]" "IDLE_NA_LOGGED[$uuid]" "IDLE_HISTORY[$uuid]"
     fi
   done
 }
@@ -145,6 +155,7 @@ idle_judge_gpu() {
     return 0
   fi
   unset "IDLE_NA_LOGGED[$uuid]"
+  idle_history_add "$uuid" "${SMI_UTIL[$uuid]%.*}"
   if [[ -n $verdict ]]; then
     local cycles=$((${IDLE_CYCLES[$uuid]:-0} + 1))
     IDLE_CYCLES[$uuid]=$cycles
@@ -167,6 +178,17 @@ idle_judge_gpu() {
     idle_emit "$now" "$uuid" resolved "$reason"
   fi
   IDLE_CYCLES[$uuid]=0 IDLE_SINCE[$uuid]=0 IDLE_FIRING[$uuid]=0 IDLE_LAST_ALERT[$uuid]=0
+}
+
+# Keeps the last 24 utilization samples of a GPU (for gpuguard status).
+idle_history_add() {
+  local uuid=$1 value=$2 h
+  h=${IDLE_HISTORY[$uuid]:-}
+  h=${h:+$h,}$value
+  while [[ $h == *,*,*,*,*,*,*,*,*,*,*,*,*,*,*,*,*,*,*,*,*,*,*,*,* ]]; do
+    h=${h#*,}
+  done
+  IDLE_HISTORY[$uuid]=$h
 }
 
 # Builds and emits a gpu_idle event for one GPU.

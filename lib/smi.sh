@@ -146,3 +146,12 @@ smi_parse_apps() {
   return 0
 }
 
+
+# Asks for the facts doctor reports, one line per GPU:
+# "index, name, driver_version, mig.mode.current, persistence_mode".
+# Outputs:
+#   the CSV lines; returns nvidia-smi's status
+smi_query_info() {
+  smi_run --query-gpu=index,name,driver_version,mig.mode.current,persistence_mode \
+    --format=csv,noheader
+}

@@ -10,6 +10,7 @@ Commands:
                   events and "status" JSON lines on stdout
   report          write one self-contained HTML file charting the history
   loss FILE       say whether the loss in an ms-swift logging.jsonl plateaued
+  slopes          print "PID SLOPE FIRING" for every watched process tree
 
 Method (see shared research, "floor-trend"): samples are reduced to the
 minimum of each bucket (default 10 min), which removes spikes, evaluation
@@ -548,6 +549,16 @@ def main(argv):
         if cmd == "report" and len(argv) >= 3:
             n = report(env.get("GPUGUARD_STATE_DIR") or ".", argv[2], params_from(env))
             print("wrote %s (%d processes)" % (argv[2], n))
+            return 0
+        if cmd == "slopes":
+            # for gpuguard status: "PID SLOPE FIRING" per watched series
+            try:
+                with open(os.path.join(env.get("GPUGUARD_STATE_DIR") or ".", "leak-state.json"), encoding="utf-8") as f:
+                    saved = json.load(f)
+            except (OSError, ValueError):
+                saved = {}
+            for data in saved.values():
+                print("%s %.0f %d" % (data.get("pid"), (data.get("last") or {}).get("slope", 0.0), data.get("firing", False)))
             return 0
         if cmd == "loss" and len(argv) >= 3:
             print(json.dumps(loss_plateau(argv[2])))
