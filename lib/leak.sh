@@ -308,3 +308,40 @@ leak_probe_system() {
   LEAK_CLK_TCK=$(getconf CLK_TCK 2>/dev/null || echo 100)
   LEAK_PAGE_KIB=$(($(getconf PAGESIZE 2>/dev/null || echo 4096) / 1024))
 }
+
+# Resolves a Slurm job to its PIDs on this node (scontrol listpids) and adds
+# them as watched roots. A job on another node is a clear error naming the
+# command to run there.
+leak_slurm_resolve() {
+  local job=$1 info nodes node here
+  info=$(scontrol show job -o "$job" 2>&1) || {
+    gg_usage_error "scontrol show job $job: ${info%%$'\n'*}"
+    return
+  }
+  nodes=$(sed -n 's/.* NodeList=\([^ ]*\).*/\1/p' <<<"$info")
+  [[ -n $nodes && $nodes != '(null)' ]] || {
+    gg_usage_error "Slurm job $job has no nodes yet ($(sed -n 's/.*JobState=\([^ ]*\).*/\1/p' <<<"$info"))"
+    return
+  }
+  # node[07-08,10] -> node07; a,b -> a
+  node=${nodes%%,*}
+  if [[ $nodes =~ ^([^[,]*)\[([0-9]+) ]]; then
+    node=${BASH_REMATCH[1]}${BASH_REMATCH[2]}
+  fi
+  here=$(hostname -s 2>/dev/null || uname -n)
+  if [[ $node != "$here" && $node != "${GPUGUARD_HOST:-}" ]]; then
+    gg_usage_error "Slurm job $job runs on $node, not here ($here): run there: ssh $node gpu-leak-watch --slurm-job $job"
+    return
+  fi
+  local pid rest count=0
+  while read -r pid rest; do
+    [[ $pid =~ ^[0-9]+$ ]] || continue
+    LEAK_PIDS+=("$pid")
+    count=$((count + 1))
+  done < <(scontrol listpids "$job" 2>/dev/null)
+  ((count > 0)) || {
+    gg_usage_error "scontrol listpids $job shows no process of the job on $here"
+    return
+  }
+  gg_log info "Slurm job $job on $node: watching $count processes"
+}

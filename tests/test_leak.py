@@ -334,3 +334,36 @@ def test_daemon_with_pid_targets_stops_when_they_have_ended(box, tmp_path):
     out, err = proc.communicate(timeout=20)
     assert proc.returncode == 0, err
     assert "every watched process has ended; stopping" in err
+
+
+def fake_scontrol(tmp_path, nodelist, pids):
+    fake = tmp_path / "slurmbin"
+    fake.mkdir()
+    (fake / "scontrol").write_text(
+        "#!/bin/sh\n"
+        'if [ "$1 $2" = "show job" ]; then echo "JobId=$4 JobName=sft UserId=u(1) JobState=RUNNING NodeList=%s NumNodes=1"; exit 0; fi\n'
+        'if [ "$1" = "listpids" ]; then printf "PID      JOBID    STEPID   LOCALID GLOBALID\\n"; %s exit 0; fi\n'
+        "exit 1\n" % (nodelist, " ".join('printf "%d      $2      0        0       0\\n";' % p for p in pids)))
+    (fake / "scontrol").chmod(0o755)
+    return fake
+
+
+def test_slurm_job_on_this_node_is_watched_by_its_pids(box, tmp_path):
+    job = Job(tmp_path)
+    try:
+        leak_scenario(box, job.child())
+        fake = fake_scontrol(tmp_path, "gpuhost[07-08]", [job.proc.pid])
+        env = {"PATH": "%s:%s" % (fake, box.env["PATH"]), "GPUGUARD_HOST": "gpuhost07"}
+        out = watch_cycles(box, ["--slurm-job", "4242"], 28, env=env)
+    finally:
+        job.stop()
+    assert "Slurm job 4242 on gpuhost07: watching 1 processes" in out
+    assert [e["pid"] for e in box.events()] == [job.proc.pid]
+
+
+def test_slurm_job_on_another_node_says_where_to_run(box, tmp_path):
+    fake = fake_scontrol(tmp_path, "node7", [1])
+    r = box.run("--slurm-job", "99", "--once", cmd="bin/gpu-leak-watch",
+                env={"PATH": "%s:%s" % (fake, box.env["PATH"]), "GPUGUARD_HOST": "login1"})
+    assert r.returncode == 2
+    assert "Slurm job 99 runs on node7, not here" in r.stderr and "ssh node7 gpu-leak-watch --slurm-job 99" in r.stderr
