@@ -126,6 +126,65 @@ check_lowprio() {
   python3 "$root/bench/lowprio.py" | tee "$out/lowprio_bench.md"
 }
 
+# install.sh on the real box, then doctor and status while an idle PyTorch
+# process holds the GPU; a textfile snapshot taken mid-idle; a signed
+# DingTalk-style delivery to a local receiver.
+check_ops() {
+  local root=$1 out=$2 w=/tmp/h200-ops i
+  rm -rf "$w" && mkdir -p "$w/flags"
+  "$root/install.sh" --prefix /opt/gpuguard
+  export PATH=/opt/gpuguard/bin:$PATH
+  printf 'SECh200check0123456789\n' >"$w/secret"
+  python3 "$root/tests/webhook_sink.py" --port-file "$w/port" --record "$out/ops_sink.jsonl" \
+    --secret-file "$w/secret" --seconds 120 --quiet &
+  local sink=$!
+  python3 "$root/bench/h200/workload.py" idle-then-busy "$w/flags" &
+  local job=$!
+  until [[ -s $w/port ]]; do sleep 0.1; done
+  sleep 4
+  cd / || return
+  local env=(GPUGUARD_STATE_DIR="$w/state" GPUGUARD_TEXTFILE_DIR="$w/textfile" MAX_IDLE_CYCLES=3
+    NOTIFY_URL="dingtalk+http://127.0.0.1:$(<"$w/port")/dingtalk/robot/send?access_token=tok123" NOTIFY_SECRET="$(<"$w/secret")")
+  echo "== gpuguard doctor"
+  env "${env[@]}" gpuguard doctor
+  echo "doctor exit status $?"
+  for i in 1 2 3; do
+    env "${env[@]}" GPUGUARD_NOW=$((1796220000 + 60 * i)) yichuidingyin.sh --once
+  done
+  cp "$w/textfile/gpuguard_idle.prom" "$out/idle_textfile_mid_idle.prom"
+  echo "== gpuguard status"
+  env "${env[@]}" gpuguard status
+  echo "== events"
+  cat "$w/state/events.jsonl"
+  touch "$w/flags/busy" && sleep 2 && touch "$w/flags/stop"
+  wait "$job"
+  sleep 1
+  kill "$sink"
+  echo "== the DingTalk-style receiver got (signature checked there)"
+  python3 -c 'import json,sys; [print(json.loads(l)["reply_status"], json.loads(l)["body"]["markdown"]["title"]) for l in open(sys.argv[1])]' "$out/ops_sink.jsonl"
+  cd "$root" || return
+  "$root/install.sh" --prefix /opt/gpuguard --uninstall
+  echo "left after uninstall: $(find /opt/gpuguard /etc/gpuguard 2>/dev/null | wc -l) paths"
+}
+
+# More lowprio-run variants on v2, to see which setting buys the latency.
+check_lowprio_variants() {
+  local root=$1
+  python3 - "$root" <<'PY'
+import importlib.util, os, sys
+root = sys.argv[1]
+spec = importlib.util.spec_from_file_location("b", os.path.join(root, "bench/lowprio.py"))
+b = importlib.util.module_from_spec(spec); spec.loader.exec_module(b)
+lp = [os.path.join(root, "bin/lowprio-run")]
+for name, prefix in (("offline (idle, nice 19, no cap)", lp + ["--tier", "offline", "--"]),
+                     ("batch without the cap", lp + ["--tier", "batch", "--cpu-max", "16", "--"]),
+                     ("nice 19 only", ["nice", "-n", "19"])):
+    runs = [b.scenario(prefix) for _ in range(3)]
+    med = [sorted(r[i] for r in runs)[1] for i in range(4)]
+    print("| %s | %.2f | %.2f | %.0f | %.0f |" % ((name,) + tuple(med)))
+PY
+}
+
 if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
   set -uo pipefail
   main "$@"
