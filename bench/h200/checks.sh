@@ -138,10 +138,9 @@ check_ops() {
   python3 "$root/tests/webhook_sink.py" --port-file "$w/port" --record "$out/ops_sink.jsonl" \
     --secret-file "$w/secret" --seconds 120 --quiet &
   local sink=$!
-  python3 "$root/bench/h200/workload.py" idle-then-busy "$w/flags" &
+  python3 "$root/bench/h200/workload.py" idle-then-busy "$w/flags" >"$w/job.log" &
   local job=$!
-  until [[ -s $w/port ]]; do sleep 0.1; done
-  sleep 4
+  until [[ -s $w/port ]] && grep -q holding "$w/job.log"; do sleep 0.2; done
   cd / || return
   local env=(GPUGUARD_STATE_DIR="$w/state" GPUGUARD_TEXTFILE_DIR="$w/textfile" MAX_IDLE_CYCLES=3
     NOTIFY_URL="dingtalk+http://127.0.0.1:$(<"$w/port")/dingtalk/robot/send?access_token=tok123" NOTIFY_SECRET="$(<"$w/secret")")
@@ -150,6 +149,7 @@ check_ops() {
   echo "doctor exit status $?"
   for i in 1 2 3; do
     env "${env[@]}" GPUGUARD_NOW=$((1796220000 + 60 * i)) yichuidingyin.sh --once
+    sleep 1
   done
   cp "$w/textfile/gpuguard_idle.prom" "$out/idle_textfile_mid_idle.prom"
   echo "== gpuguard status"
