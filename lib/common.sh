@@ -129,6 +129,20 @@ gg_write_atomic_string() {
   return 1
 }
 
+# Prints "DISK SCHEDULER" for each real block device (loop, ram and zram
+# devices left out), the scheduler being the one in force ([bracketed]).
+gg_disk_schedulers() {
+  local f sched disk
+  for f in /sys/block/*/queue/scheduler; do
+    [[ $f == */loop* || $f == */ram* || $f == */zram* || ! -r $f ]] && continue
+    sched=$(<"$f")
+    sched=${sched#*[}
+    sched=${sched%%]*}
+    disk=${f#/sys/block/}
+    printf '%s %s\n' "${disk%%/*}" "$sched"
+  done
+}
+
 # Takes an exclusive, non-blocking lock on a file for the life of the shell.
 # Arguments:
 #   $1 lock file path

@@ -75,19 +75,14 @@ doctor_host() {
   if [[ $(cat /proc/sys/kernel/sched_autogroup_enabled 2>/dev/null) == 1 ]]; then
     doctor_line INFO "autogroup on: plain nice does not protect services in other sessions (lowprio-run uses cgroups)"
   fi
-  local f sched
-  for f in /sys/block/*/queue/scheduler; do
-    [[ $f == */loop* || $f == */ram* || $f == */zram* ]] && continue
-    sched=$(<"$f")
-    sched=${sched#*[}
-    sched=${sched%%]*}
-    f=${f#/sys/block/}
+  local disk sched
+  while read -r disk sched; do
     if [[ $sched == none || $sched == kyber ]]; then
-      doctor_line WARN "disk ${f%%/*}: scheduler $sched ignores ionice (lowprio-run --io-max works)"
+      doctor_line WARN "disk $disk: scheduler $sched ignores ionice (lowprio-run --io-max works)"
     else
-      doctor_line INFO "disk ${f%%/*}: scheduler $sched"
+      doctor_line INFO "disk $disk: scheduler $sched"
     fi
-  done
+  done < <(gg_disk_schedulers)
   if cg_systemd_running; then
     doctor_line INFO "systemd is PID 1: install.sh --systemd works here"
   else

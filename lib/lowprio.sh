@@ -274,15 +274,10 @@ lowprio_settings_text() {
 # Warns when ionice cannot work: schedulers other than bfq/mq-deadline
 # ignore I/O classes, and mq-deadline ignores best-effort levels.
 lowprio_io_scheduler_note() {
-  local f sched names=''
-  for f in /sys/block/*/queue/scheduler; do
-    [[ $f == */loop* || $f == */ram* || $f == */zram* ]] && continue
-    sched=$(<"$f")
-    sched=${sched#*[}
-    sched=${sched%%]*}
-    f=${f#/sys/block/}
-    names+=" ${f%%/*}=$sched"
-  done
+  local disk sched names=''
+  while read -r disk sched; do
+    names+=" $disk=$sched"
+  done < <(gg_disk_schedulers)
   if [[ $names == *=none* || $names == *=kyber* ]]; then
     gg_log warn "not in force: ionice on disks with scheduler none/kyber ($names ); use --io-max"
   fi
@@ -414,11 +409,10 @@ lowprio_explain() {
   printf 'autogroup: %s (this session: %s)\n' \
     "$([[ $(cat /proc/sys/kernel/sched_autogroup_enabled 2>/dev/null) == 1 ]] && echo on || echo off)" \
     "$(cat /proc/self/autogroup 2>/dev/null || echo '?')"
-  local f
-  for f in /sys/block/*/queue/scheduler; do
-    [[ $f == */loop* || $f == */ram* ]] && continue
-    printf 'disk %s scheduler: %s\n' "$(basename "$(dirname "$(dirname "$f")")")" "$(<"$f")"
-  done
+  local disk sched
+  while read -r disk sched; do
+    printf 'disk %s scheduler: %s\n' "$disk" "$sched"
+  done < <(gg_disk_schedulers)
   printf 'privileges: %s\n' "$( ((EUID == 0)) && echo root || echo "user $(id -un) (cgroups need delegation)")"
   printf 'cpulimit: %s\n' "$(command -v cpulimit || echo 'not installed')"
   local note

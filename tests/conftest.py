@@ -3,6 +3,7 @@ project's nvidia-smi test double and a local webhook sink."""
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -101,6 +102,15 @@ def sink():
     recorder.url = "http://127.0.0.1:%d" % server.server_address[1]
     yield recorder
     server.shutdown()
+
+
+def free_port():
+    """A TCP port on 127.0.0.1 that nothing listens on (for "receiver down")."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
 
 
 def wait_for(pred, timeout=15.0, step=0.05):

@@ -5,7 +5,6 @@ import hashlib
 import hmac
 import json
 import os
-import socket
 import subprocess
 import time
 import urllib.parse
@@ -14,7 +13,7 @@ import pytest
 
 import gpuguard_alert as alert
 import webhook_sink
-from conftest import ROOT, app, busy_gpu, idle_gpu
+from conftest import free_port, ROOT, app, idle_gpu
 
 IDLE_EVENT = {"ts": 1796206508, "host": "node7", "event": "gpu_idle", "state": "firing",
               "reason": "utilization", "gpu": 0, "uuid": "GPU-21b026da-3a23-ca8c-52da-f8eedc850d97",
@@ -240,14 +239,6 @@ def test_timeout_is_retried(outbox_env):
     queue(env, IDLE_EVENT)
     assert alert.flush(env) == 0
     assert len(sink.requests) == 2
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def test_receiver_down_for_several_cycles_then_delivered_once_in_order(outbox_env):

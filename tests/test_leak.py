@@ -11,7 +11,7 @@ import time
 import pytest
 
 import gpuguard_leak as leak
-from conftest import ROOT, H200_UUID, wait_for
+from conftest import ROOT, wait_for
 
 sys.path.insert(0, str(ROOT / "bench"))
 import leak as bench  # noqa: E402  (the bench's labelled trace generator)
@@ -367,3 +367,14 @@ def test_slurm_job_on_another_node_says_where_to_run(box, tmp_path):
                 env={"PATH": "%s:%s" % (fake, box.env["PATH"]), "GPUGUARD_HOST": "login1"})
     assert r.returncode == 2
     assert "Slurm job 99 runs on node7, not here" in r.stderr and "ssh node7 gpu-leak-watch --slurm-job 99" in r.stderr
+
+
+@pytest.mark.parametrize("name,expected", [("leak-trace-leaking.csv", ["firing"]), ("leak-trace-healthy.csv", [])])
+def test_replay_of_real_h200_traces(tmp_path, name, expected):
+    """Recorded by bench/h200/checks.sh: a PyTorch loop keeping each step's
+    loss with its graph, and the same loop keeping loss.item(), sampled
+    every second (so 2-second buckets)."""
+    r = run(["--replay", str(ROOT / "tests/fixtures/h200" / name), "--bucket", "2"],
+            env={"GPUGUARD_STATE_DIR": str(tmp_path)})
+    assert r.returncode == 0, r.stderr
+    assert [json.loads(line)["state"] for line in r.stdout.splitlines()] == expected

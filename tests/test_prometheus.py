@@ -6,15 +6,13 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
-import time
 import urllib.request
 
 import pytest
 
 import webhook_sink
-from conftest import ROOT, app, busy_gpu, idle_gpu, wait_for
+from conftest import free_port, ROOT, app, busy_gpu, idle_gpu, wait_for
 
 PROMTOOL = shutil.which("promtool")
 STACK = [shutil.which(b) for b in ("prometheus", "prometheus-node-exporter", "prometheus-alertmanager")]
@@ -72,14 +70,6 @@ def test_leak_textfile_is_valid_and_drops_gone_processes(box, tmp_path):
         job.stop()
     watch_cycles(box, ["--pid", str(job.proc.pid)], 1, env={"GPUGUARD_TEXTFILE_DIR": str(textdir)})
     assert 'pid="%d"' % job.proc.pid not in (textdir / "gpuguard_leak.prom").read_text()
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def get(url):

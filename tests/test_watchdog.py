@@ -1,13 +1,12 @@
 """The idle watchdog as its users run it: `yichuidingyin.sh &` or from cron
 with --once, against the nvidia-smi test double."""
-import json
 import os
 import signal
 import time
 
 import pytest
 
-from conftest import (ROOT, H200_UUID, app, busy_gpu, idle_gpu, start_daemon,
+from conftest import (H200_UUID, app, busy_gpu, idle_gpu, start_daemon,
                       stop_daemon, uuid_for, wait_for)
 
 IDLE = {"gpus": [idle_gpu()], "apps": [app(1410)]}
