@@ -145,3 +145,19 @@ def _run_as_nobody(box, nobody, home, scenario):
                        env=env, capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, r.stderr
     assert os.path.exists(os.path.join(home, ".local/state/gpuguard/idle.state"))
+
+
+def test_log_file_and_syslog(box, tmp_path):
+    fake = tmp_path / "fakebin"
+    fake.mkdir()
+    (fake / "logger").write_text('#!/bin/sh\necho "$@" >> %s\n' % (tmp_path / "syslog"))
+    (fake / "logger").chmod(0o755)
+    box.write_scenario([{"gpus": [idle_gpu()], "apps": [app(1)]}] * 3)
+    env = {"PATH": "%s:%s" % (fake, box.env["PATH"]), "GPUGUARD_SYSLOG": "1",
+           "GPUGUARD_LOG": str(tmp_path / "gpuguard.log")}
+    for t in range(3):
+        r = box.once(now=t, env=env)
+        assert r.stderr == ""                      # all of it went to the file
+    log = (tmp_path / "gpuguard.log").read_text()
+    assert " WARN  yichuidingyin: gpu_idle firing: GPU 0 util 0% for 3 cycles" in log
+    assert "-t gpuguard/yichuidingyin -p user.warning -- gpu_idle firing" in (tmp_path / "syslog").read_text()
