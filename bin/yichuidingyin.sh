@@ -59,14 +59,14 @@ main() {
   idle_init
   idle_state_load
   if ((once)); then
-    idle_cycle "$(watchdog_now)"
+    idle_cycle "$(gg_now)"
     return 0
   fi
   WATCHDOG_STOP=0
   trap 'WATCHDOG_STOP=1; [[ -n ${WATCHDOG_SLEEP_PID:-} ]] && kill "$WATCHDOG_SLEEP_PID" 2>/dev/null' TERM INT
   gg_log info "watching GPUs every ${CHECK_INTERVAL}s (threshold ${THRESHOLD}%, ${MAX_IDLE_CYCLES} cycles, state in $GPUGUARD_STATE_DIR)"
   while ((!WATCHDOG_STOP)); do
-    idle_cycle "$(watchdog_now)"
+    idle_cycle "$(gg_now)"
     ((WATCHDOG_STOP)) && break
     sleep "$CHECK_INTERVAL" &
     WATCHDOG_SLEEP_PID=$!
@@ -75,15 +75,6 @@ main() {
   done
   idle_state_save || true
   gg_log info "stopped; state saved in $GPUGUARD_STATE_DIR/idle.state"
-}
-
-# Prints the time in unix seconds; GPUGUARD_NOW pins it (replays and tests).
-watchdog_now() {
-  if [[ -n ${GPUGUARD_NOW:-} ]]; then
-    printf '%s\n' "$GPUGUARD_NOW"
-  else
-    printf '%(%s)T\n' -1
-  fi
 }
 
 if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then

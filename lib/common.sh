@@ -143,6 +143,56 @@ gg_disk_schedulers() {
   done
 }
 
+# Prints the time in unix seconds; GPUGUARD_NOW pins it (replays, tests).
+gg_now() {
+  if [[ -n ${GPUGUARD_NOW:-} ]]; then
+    printf '%s\n' "$GPUGUARD_NOW"
+  else
+    printf '%(%s)T\n' -1
+  fi
+}
+
+# Reads every /proc/PID/stat once (fork-free): parent, children, start
+# time, CPU ticks, RSS pages and name of every process.
+# Globals (set):
+#   GG_PROC_PPID, GG_PROC_KIDS (" pid pid ..."), GG_PROC_START,
+#   GG_PROC_TICKS, GG_PROC_RSS, GG_PROC_COMM (assoc, by PID)
+# shellcheck disable=SC2034 # GG_PROC_* are read by leak.sh and lowprio.sh
+gg_proc_scan() {
+  declare -gA GG_PROC_PPID=() GG_PROC_KIDS=() GG_PROC_START=() GG_PROC_TICKS=() \
+    GG_PROC_RSS=() GG_PROC_COMM=()
+  local f line pid rest comm
+  local -a a
+  for f in /proc/[0-9]*/stat; do
+    { read -r line <"$f"; } 2>/dev/null || continue
+    pid=${line%% *}
+    comm=${line#*(}
+    comm=${comm%)*}
+    # after the last ") ": state ppid pgrp ... (comm may hold spaces)
+    rest=${line##*) }
+    read -r -a a <<<"$rest"
+    GG_PROC_PPID[$pid]=${a[1]}
+    GG_PROC_KIDS[${a[1]}]+=" $pid"
+    GG_PROC_TICKS[$pid]=$((a[11] + a[12]))
+    GG_PROC_START[$pid]=${a[19]}
+    GG_PROC_RSS[$pid]=${a[21]}
+    GG_PROC_COMM[$pid]=$comm
+  done
+}
+
+# Puts the PIDs of a process tree (the root first) into the array named $2,
+# from the last gg_proc_scan.
+gg_proc_tree_into() {
+  local -n tree_ref=$2
+  tree_ref=("$1")
+  local i=0
+  while ((i < ${#tree_ref[@]})); do
+    # shellcheck disable=SC2206 # splitting the list of child PIDs
+    [[ -n ${GG_PROC_KIDS[${tree_ref[i]}]:-} ]] && tree_ref+=(${GG_PROC_KIDS[${tree_ref[i]}]})
+    i=$((i + 1))
+  done
+}
+
 # Takes an exclusive, non-blocking lock on a file for the life of the shell.
 # Arguments:
 #   $1 lock file path

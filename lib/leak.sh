@@ -9,55 +9,10 @@
 # Declares the watcher's state (empty).
 leak_init() {
   declare -ga LEAK_ROOT_PIDS=() LEAK_PIDS=()
-  declare -gA LEAK_PPID=() LEAK_START=() LEAK_TICKS=() LEAK_RSS=() LEAK_COMM=() \
-    LEAK_CPU_PREV=() LEAK_STATUS=()
+  declare -gA LEAK_CPU_PREV=() LEAK_STATUS=()
   declare -g LEAK_MATCH='' LEAK_ALL=0 LEAK_FAILS=0 LEAK_ACTION=notify LEAK_GRACE=30
   LEAK_CLK_TCK=100
   LEAK_PAGE_KIB=4
-}
-
-# Reads every /proc/PID/stat once: parent, start time, CPU ticks, RSS.
-# Fork-free: it runs every cycle over every process of the box.
-leak_scan_procs() {
-  LEAK_PPID=() LEAK_START=() LEAK_TICKS=() LEAK_RSS=() LEAK_COMM=()
-  local f line pid rest comm
-  local -a a
-  for f in /proc/[0-9]*/stat; do
-    { read -r line <"$f"; } 2>/dev/null || continue
-    pid=${line%% *}
-    comm=${line#*(}
-    comm=${comm%)*}
-    rest=${line##*) }
-    read -r -a a <<<"$rest"
-    LEAK_PPID[$pid]=${a[1]}
-    LEAK_TICKS[$pid]=$((a[11] + a[12]))
-    LEAK_START[$pid]=${a[19]}
-    LEAK_RSS[$pid]=${a[21]}
-    LEAK_COMM[$pid]=$comm
-  done
-}
-
-# Prints the PIDs of a process tree (the root first), space separated, into
-# the variable named $2.
-leak_tree_into() {
-  local root=$1
-  local -n tree_ref=$2
-  local -A kids=()
-  local pid
-  for pid in "${!LEAK_PPID[@]}"; do
-    kids[${LEAK_PPID[$pid]}]+=" $pid"
-  done
-  local -a queue=("$root")
-  local out=''
-  while ((${#queue[@]})); do
-    pid=${queue[0]}
-    queue=("${queue[@]:1}")
-    out+="${out:+ }$pid"
-    # shellcheck disable=SC2206 # word splitting of the PID list is intended
-    [[ -n ${kids[$pid]:-} ]] && queue+=(${kids[$pid]})
-  done
-  # shellcheck disable=SC2034 # nameref: assigns the caller's variable
-  tree_ref=$out
 }
 
 # Reads /proc/PID/cmdline with NULs turned into spaces, into $2 (no fork).
@@ -81,18 +36,18 @@ leak_select_roots() {
       LEAK_ROOT_PIDS+=("$pid")
     done
   elif [[ -n $LEAK_MATCH ]]; then
-    for pid in "${!LEAK_PPID[@]}"; do
+    for pid in "${!GG_PROC_PPID[@]}"; do
       ((pid == $$ || pid == BASHPID)) && continue
       leak_cmdline_into "$pid" cmd
       [[ $cmd =~ $LEAK_MATCH ]] || continue
       # keep only the topmost match: its tree holds the others
-      leak_cmdline_into "${LEAK_PPID[$pid]}" parent_cmd
+      leak_cmdline_into "${GG_PROC_PPID[$pid]}" parent_cmd
       [[ $parent_cmd =~ $LEAK_MATCH ]] && continue
       LEAK_ROOT_PIDS+=("$pid")
     done
   fi
   for pid in "${LEAK_PIDS[@]}"; do
-    if [[ -n ${LEAK_PPID[$pid]:-} || -n ${SMI_PIDS_MEM[$pid]:-} ]]; then
+    if [[ -n ${GG_PROC_PPID[$pid]:-} || -n ${SMI_PIDS_MEM[$pid]:-} ]]; then
       LEAK_ROOT_PIDS+=("$pid")
     fi
   done
@@ -112,20 +67,18 @@ leak_cycle() {
   fi
   ((LEAK_FAILS > 0)) && gg_log info "nvidia-smi answers again after $LEAK_FAILS failed cycles"
   LEAK_FAILS=0
-  leak_scan_procs
+  gg_proc_scan
   leak_select_roots
-  local samples='' root tree pid used free cpu rss key name cmd ticks uuid gfree
+  local samples='' root pid used free cpu rss key name cmd ticks uuid gfree
+  local -a tree
   for root in "${LEAK_ROOT_PIDS[@]}"; do
-    if [[ -n ${LEAK_PPID[$root]:-} ]]; then
-      leak_tree_into "$root" tree
-    else
-      tree=$root # not visible here (another PID namespace): the PID alone
-    fi
+    # a PID not visible here (another PID namespace) is a tree of one
+    gg_proc_tree_into "$root" tree
     used=0 free='' ticks=0 rss=0
-    for pid in $tree; do
+    for pid in "${tree[@]}"; do
       used=$((used + ${SMI_PIDS_MEM[$pid]:-0}))
-      ticks=$((ticks + ${LEAK_TICKS[$pid]:-0}))
-      rss=$((rss + ${LEAK_RSS[$pid]:-0}))
+      ticks=$((ticks + ${GG_PROC_TICKS[$pid]:-0}))
+      rss=$((rss + ${GG_PROC_RSS[$pid]:-0}))
       for uuid in ${SMI_PID_UUIDS[$pid]:-}; do
         [[ -n ${SMI_MEM_TOTAL[$uuid]} && -n ${SMI_MEM_USED[$uuid]} ]] || continue
         gfree=$((${SMI_MEM_TOTAL[$uuid]%.*} - ${SMI_MEM_USED[$uuid]%.*}))
@@ -138,15 +91,15 @@ leak_cycle() {
       ((now > prev_time)) && cpu=$(((ticks - prev_ticks) * 100 / LEAK_CLK_TCK / (now - prev_time)))
     fi
     LEAK_CPU_PREV[$root]="$ticks $now"
-    key="$root-${LEAK_START[$root]:-0}"
-    name=${LEAK_COMM[$root]:-pid$root}
+    key="$root-${GG_PROC_START[$root]:-0}"
+    name=${GG_PROC_COMM[$root]:-pid$root}
     leak_cmdline_into "$root" cmd
     # cmdline goes last: the detector matches per-pattern rules on it
     samples+="$key $now $root $used ${free:--} $cpu $((rss * LEAK_PAGE_KIB / 1024)) $name ${cmd:-$name}"$'\n'
   done
   leak_run_detector "$samples"
   for pid in "${!LEAK_CPU_PREV[@]}"; do
-    [[ -n ${LEAK_PPID[$pid]:-} ]] || unset "LEAK_CPU_PREV[$pid]"
+    [[ -n ${GG_PROC_PPID[$pid]:-} ]] || unset "LEAK_CPU_PREV[$pid]"
   done
   if [[ -n ${GPUGUARD_TEXTFILE_DIR:-} ]]; then
     textfile_write_leak || gg_log warn "could not write textfile metrics in $GPUGUARD_TEXTFILE_DIR"
@@ -182,7 +135,8 @@ leak_run_detector() {
 # Applies --on-leak to a process tree: notify (nothing more), signal:SIG
 # (send SIG to the root), kill (SIGTERM to the tree, SIGKILL after --grace).
 leak_act() {
-  local root=$1 tree pid
+  local root=$1 pid
+  local -a tree
   case $LEAK_ACTION in
     notify) return 0 ;;
     signal:*)
@@ -190,16 +144,15 @@ leak_act() {
       kill -s "${LEAK_ACTION#signal:}" "$root" 2>/dev/null || gg_log error "could not signal PID $root"
       ;;
     kill)
-      leak_tree_into "$root" tree
-      gg_log warn "stopping PID $root and its tree ($tree) (--on-leak kill, grace ${LEAK_GRACE}s)"
-      # shellcheck disable=SC2086 # the tree is a list of PIDs
-      kill -TERM $tree 2>/dev/null || true
+      gg_proc_tree_into "$root" tree
+      gg_log warn "stopping PID $root and its tree (${tree[*]}) (--on-leak kill, grace ${LEAK_GRACE}s)"
+      kill -TERM "${tree[@]}" 2>/dev/null || true
       local waited=0
       while ((waited < LEAK_GRACE)) && kill -0 "$root" 2>/dev/null; do
         sleep 1
         waited=$((waited + 1))
       done
-      for pid in $tree; do
+      for pid in "${tree[@]}"; do
         kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" 2>/dev/null
       done
       ;;
@@ -250,7 +203,7 @@ leak_watch_loop() {
   fi
   gg_log info "watching every ${LEAK_INTERVAL}s, threshold ${LEAK_THRESHOLD_MIB_H} MiB/h"
   while ((!stop)); do
-    leak_cycle "$(leak_now)"
+    leak_cycle "$(gg_now)"
     if leak_all_targets_gone; then
       gg_log info "every watched process has ended; stopping"
       return 0
@@ -287,14 +240,6 @@ leak_all_targets_gone() {
   return 0
 }
 
-# Prints the time in unix seconds; GPUGUARD_NOW pins it (tests).
-leak_now() {
-  if [[ -n ${GPUGUARD_NOW:-} ]]; then
-    printf '%s\n' "$GPUGUARD_NOW"
-  else
-    printf '%(%s)T\n' -1
-  fi
-}
 
 # True when $1 is a valid extended regular expression.
 leak_regex_ok() {

@@ -355,22 +355,9 @@ lowprio_run() {
 # nice value and I/O class, and the processes move into the cgroup.
 lowprio_attach() {
   local root=$1 pid tid count=0
-  local -a pids=("$root")
-  local -A kids=()
-  local f line ppid
-  for f in /proc/[0-9]*/stat; do
-    { read -r line <"$f"; } 2>/dev/null || continue
-    ppid=${line##*) }
-    ppid=${ppid#* }
-    ppid=${ppid%% *}
-    kids[$ppid]+=" ${line%% *}"
-  done
-  local i=0
-  while ((i < ${#pids[@]})); do
-    # shellcheck disable=SC2206 # splitting the list of child PIDs
-    [[ -n ${kids[${pids[i]}]:-} ]] && pids+=(${kids[${pids[i]}]})
-    i=$((i + 1))
-  done
+  local -a pids
+  gg_proc_scan
+  gg_proc_tree_into "$root" pids
   lowprio_report
   for pid in "${pids[@]}"; do
     if [[ $LP_MECHANISM == cgroup-* ]]; then
