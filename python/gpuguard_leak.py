@@ -19,9 +19,14 @@ and at short steps (>= 256 MiB within <= 3 buckets: a new batch shape, a
 re-warm), after which a warm-up is skipped; four or more steps with no drop
 between them are a staircase leak and are analysed uncut. A tail window of
 3, 6, 12 or 24 h is leaking when all gates pass: one-sided Mann-Kendall
-Z >= 2.326, Theil-Sen slope >= threshold, net growth >= 64 MiB, and the
-second half still rising (slope >= 0.7 of the whole). Two leaking
-evaluations in a row fire; growth stopping for two evaluations resolves.
+Z >= 2.326, Theil-Sen slope >= threshold, net growth >= 64 MiB spread over
+at least 5 rising buckets with no jump carrying 40 % of it, and the second
+half still rising (slope >= 0.7 of the whole). Near OOM there is
+no time for hours of evidence: when free memory is known, the last hour of
+floors rising in every step, by at least 64 MiB, with no single step
+carrying half of it and the second half keeping the pace, above the threshold and with OOM projected within
+6 h, also counts as leaking. Two leaking evaluations in a row fire; growth
+stopping for two evaluations resolves.
 """
 import csv
 import html
@@ -46,7 +51,10 @@ DEFAULTS = {
     "staircase_steps": 4,       # this many steps ...
     "staircase_buckets": 36,    # ... within this many buckets: a staircase leak
     "max_jump_share": 0.4,      # one bucket's jump may carry at most this of the growth
+    "min_rises": 5,             # a leak raises the floor in at least this many buckets
     "gap_s": 300.0,             # no sample for this long: the process restarted
+    "fast_buckets": 6,          # near-OOM tier: the last hour of floors ...
+    "fast_oom_h": 6.0,          # ... rising steadily with OOM this close
 }
 
 
@@ -187,8 +195,9 @@ class Series:
             return False, theil_sen(xs[-6:], ys[-6:]), 0.0     # cheap gate first
         # A leak grows in many increments; one or two jumps (a new batch
         # shape, a cache that filled) carry most of a step's growth.
-        biggest = max(b - a for a, b in zip(ys, ys[1:]))
-        if biggest > self.p["max_jump_share"] * (ys[-1] - ys[0] if ys[-1] > ys[0] else growth):
+        jumps = [b - a for a, b in zip(ys, ys[1:])]
+        if max(jumps) > self.p["max_jump_share"] * (ys[-1] - ys[0] if ys[-1] > ys[0] else growth) \
+                or sum(1 for d in jumps if d > 0) < self.p["min_rises"]:
             return False, theil_sen(xs[-6:], ys[-6:]), 0.0
         z = mann_kendall_z(ys)
         beta = theil_sen(xs, ys)
@@ -197,6 +206,29 @@ class Series:
         ok = (z >= self.p["z_min"] and beta >= threshold and growth >= self.p["min_growth"]
               and tail >= self.p["tail_ratio"] * beta)
         return ok, beta, z
+
+    def near_oom_verdict(self, xs, ys, threshold):
+        """The slope when the last hour of floors says OOM comes within
+        fast_oom_h hours; None otherwise (or when free memory is unknown)."""
+        p = self.p
+        free = self.last.get("free")
+        n = p["fast_buckets"]
+        if free is None or len(xs) < n:
+            return None
+        fx, fy = xs[-n:], ys[-n:]
+        steps = [b - a for a, b in zip(fy, fy[1:])]
+        growth = fy[-1] - fy[0]
+        # A leak fast enough to matter this close to OOM (more than free/6 h)
+        # raises the floor in every bucket; a filling cache does not.
+        if min(steps) <= 0 or growth < p["min_growth"] \
+                or max(steps) > 0.5 * growth:
+            return None
+        beta = theil_sen(fx, fy)
+        # a warm-up ramp decelerates; a leak keeps its pace
+        tail = theil_sen(fx[n // 2:], fy[n // 2:])
+        if beta >= threshold and free / beta <= p["fast_oom_h"] and tail >= p["tail_ratio"] * beta:
+            return beta
+        return None
 
     def evaluate(self):
         p = self.p
@@ -214,6 +246,10 @@ class Series:
                 leaking, slope, window = True, beta, w
                 break
             slope, window = beta, w
+        if not leaking:
+            fast = self.near_oom_verdict(xs, ys, threshold)
+            if fast is not None:
+                leaking, slope, window = True, fast, p["fast_buckets"]
         self.last["slope"] = slope
         self.last["window_s"] = window * p["bucket_s"]
         if self.firing:

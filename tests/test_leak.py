@@ -1,6 +1,7 @@
 """gpu-leak-watch: the detector on the shapes that fool naive rules, the
 replay CLI, and the live watcher on a real local process tree."""
 import json
+import math
 import os
 import random
 import signal
@@ -378,3 +379,40 @@ def test_replay_of_real_h200_traces(tmp_path, name, expected):
             env={"GPUGUARD_STATE_DIR": str(tmp_path)})
     assert r.returncode == 0, r.stderr
     assert [json.loads(line)["state"] for line in r.stdout.splitlines()] == expected
+
+
+def near_full_trace(rng, rate, headroom_mib):
+    trace = bench.base_trace(rng, 6, "plateau")
+    total = max(v for t, v in trace if t < 2 * 3600) + headroom_mib
+    leaking = [(t, v) for t, v in bench.add_leak(trace, rate, 2.0) if v <= total]
+    return leaking, total
+
+
+def test_near_oom_leak_fires_within_about_an_hour():
+    """2000 MiB/h with 6 GiB free leaves about 3 h: the hours-long windows
+    would alert too late; the near-OOM tier does not wait for them."""
+    trace, total = near_full_trace(random.Random(11), 2000, 6 * 1024)
+    s = leak.Series(dict(leak.DEFAULTS), "k", 1)
+    fired = [t for t, v in trace if (lambda ev: ev and ev["state"] == "firing")(s.add(t, v, total - v))]
+    assert fired, "no alert before OOM"
+    delay_h = fired[0] / 3600 - 2.0
+    assert delay_h < 1.5
+    assert 6 * 1024 / 2000 - delay_h > 1.5      # well over an hour left to act
+
+
+def test_warm_up_after_a_quick_restart_on_a_nearly_full_gpu_is_not_a_leak():
+    """Seen in the bench: a restart with a 2-minute gap (no gap cut, floors do
+    not halve), then the new process's warm-up ramp right under OOM, before
+    the hours-long windows have data. It decelerates; a leak does not. The
+    near-OOM tier's tail gate is what tells them apart."""
+    flat = [(i * 60.0, 40000) for i in range(70)]
+    ramp = [(70 * 60.0 + 120 + i * 60.0, 39000 + int(8000 * (1 - math.exp(-i / 20.0))) // 20 * 20)
+            for i in range(240)]
+    total = 48500
+
+    def alerts(**params):
+        s = leak.Series(dict(leak.DEFAULTS, **params), "k", 1)
+        return [ev for ev in (s.add(t, v, total - v) for t, v in flat + ramp) if ev]
+
+    assert alerts() == []
+    assert [ev["state"] for ev in alerts(tail_ratio=0.0)][:1] == ["firing"]
