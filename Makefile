@@ -8,7 +8,7 @@ test:
 	$(PYTHON) -m pytest -q tests
 
 lint:
-	shellcheck bin/* lib/*.sh install.sh .ci/run tests/*.sh tests/bats/*.bats bench/*.sh
+	shellcheck -x bin/* lib/*.sh install.sh .ci/run tests/*.sh tests/bats/*.bats bench/*.sh bench/h200/*.sh
 
 demo:
 	bash tests/demo.sh
