@@ -49,6 +49,10 @@ PROVIDER_TEXT_BYTES = {"dingtalk": 18000, "wecom": 3900, "feishu": 18000,
 RETRY_CODES = {"dingtalk": {130101}, "wecom": {45009}, "feishu": {11232}}
 PERMANENT_RETRY_AFTER = 600.0
 MAX_RETRY_AFTER = 300.0
+# After a cycle's retries are spent on a target that is down, later cycles
+# wait 30 s, 60 s, 120 s ... (at most MAX_RETRY_AFTER) before trying it again,
+# so a dead receiver does not eat every watchdog cycle.
+DOWN_BACKOFF = 30.0
 SECRET_QUERY_KEYS = ("access_token", "key", "token", "sign", "secret")
 # The environment in force: os.environ when run as a command; flush() and
 # test_alert() take another one (tests), which logging and scrubbing follow.
@@ -504,7 +508,7 @@ class State:
             self.data = {}
 
     def target(self, tid):
-        return self.data.setdefault(tid, {"sent": [], "not_before": 0, "reported": ""})
+        return self.data.setdefault(tid, {"sent": [], "not_before": 0, "reported": "", "failures": 0})
 
     def save(self):
         tmp = self.path + ".tmp"
@@ -617,6 +621,7 @@ def flush(env=None, now=None):
             outcome = send(target, url, body, env)
             if outcome.kind == Outcome.SENT:
                 tstate["sent"].append(now)
+                tstate["failures"] = 0
                 if tstate.get("reported"):
                     log("info", "%s: delivering again" % target.label())
                 tstate["reported"] = ""
@@ -632,7 +637,10 @@ def flush(env=None, now=None):
                         % (target.label(), outcome.detail, len(pending), PERMANENT_RETRY_AFTER))
                     tstate["reported"] = outcome.detail
             else:
-                log("warn", "%s: %s; %d events stay queued" % (target.label(), outcome.detail, len(pending)))
+                tstate["failures"] = tstate.get("failures", 0) + 1
+                wait = max(wait, DOWN_BACKOFF * 2 ** (tstate["failures"] - 1))
+                log("warn", "%s: %s; %d events stay queued (next try in %d s)"
+                    % (target.label(), outcome.detail, len(pending), min(wait, MAX_RETRY_AFTER)))
             tstate["not_before"] = now + min(wait, MAX_RETRY_AFTER if outcome.kind == Outcome.RETRY else PERMANENT_RETRY_AFTER)
             break
     ids = {t.id for t in targets}

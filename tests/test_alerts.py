@@ -387,3 +387,18 @@ def test_render_languages():
     assert alert.language({"LANG": "zh_CN.UTF-8"}) == "zh"
     assert alert.language({"LANG": "en_US.UTF-8", "NOTIFY_LANG": "zh"}) == "zh"
     assert alert.language({}) == "en"
+
+
+def test_a_dead_receiver_is_tried_less_and_less_often(outbox_env):
+    env = dict(outbox_env, NOTIFY_URL="http://127.0.0.1:%d/generic" % free_port(), NOTIFY_RETRIES="0")
+    queue(env, IDLE_EVENT)
+    now = time.time()
+    tries = []
+    for second in range(0, 900, 10):                   # a cycle every 10 s for 15 min
+        before = log_text(env).count("stay queued")
+        alert.flush(env, now=now + second)
+        if log_text(env).count("stay queued") > before:
+            tries.append(second)
+    assert tries[:5] == [0, 30, 90, 210, 450]          # 30, 60, 120, 240 s apart
+    assert all(b - a <= 300 for a, b in zip(tries, tries[1:]))
+    assert "next try in 30 s" in log_text(env)
