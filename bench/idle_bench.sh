@@ -2,8 +2,8 @@
 # Summary: run gpuguard's watchdog cycle back to back and report its cost
 # Usage: idle_bench.sh CYCLES [RSS_EVERY]
 # Sources the real libraries and calls idle_cycle CYCLES times with no sleep;
-# prints "cycles self_ms children_ms" and, with RSS_EVERY, "rss CYCLE KIB"
-# lines taken from /proc while PIDs come and go.
+# with RSS_EVERY, prints "rss CYCLE KIB" lines taken from /proc while PIDs
+# come and go (bench/idle.py measures the CPU through rusage).
 
 GPUGUARD_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 for lib in common config smi events textfile idle; do
@@ -23,14 +23,6 @@ main() {
       printf 'rss %d %s\n' "$((i + 1))" "$(awk '/^VmRSS/ {print $2}' /proc/$$/status)"
     fi
   done
-  bench_cpu "$cycles"
-}
-
-# Prints cycles, this shell's CPU ms and its children's CPU ms (from times).
-bench_cpu() {
-  local t
-  t=$(times | tr '\n' ' ')
-  printf 'cpu %s %s\n' "$1" "$t"
 }
 
 if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then

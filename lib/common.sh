@@ -208,6 +208,10 @@ gg_lock() {
     return 1
   fi
   printf '%s\n' "$$" >"$lockfile.pid"
-  # shellcheck disable=SC2034 # kept so the lock's descriptor stays named
-  GG_LOCK_FD=$fd
+}
+
+# True when the kernel groups tasks by session (autogroup): nice then only
+# orders processes within one session of the root cgroup.
+gg_autogroup_enabled() {
+  [[ $(cat /proc/sys/kernel/sched_autogroup_enabled 2>/dev/null) == 1 ]]
 }

@@ -72,7 +72,7 @@ doctor_host() {
   local controllers=''
   [[ $CG_MODE == v2 ]] && controllers=" ($(cg_v2_controllers))"
   doctor_line INFO "cgroup mode: $CG_MODE$controllers${CG_WHY:+: $CG_WHY}"
-  if [[ $(cat /proc/sys/kernel/sched_autogroup_enabled 2>/dev/null) == 1 ]]; then
+  if gg_autogroup_enabled; then
     doctor_line INFO "autogroup on: plain nice does not protect services in other sessions (lowprio-run uses cgroups)"
   fi
   local disk sched

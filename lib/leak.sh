@@ -9,19 +9,23 @@
 # Declares the watcher's state (empty).
 leak_init() {
   declare -ga LEAK_ROOT_PIDS=() LEAK_PIDS=()
-  declare -gA LEAK_CPU_PREV=() LEAK_STATUS=()
+  declare -gA LEAK_CPU_PREV=() LEAK_STATUS=() LEAK_CMDLINES=()
   declare -g LEAK_MATCH='' LEAK_ALL=0 LEAK_FAILS=0 LEAK_ACTION=notify LEAK_GRACE=30
   LEAK_CLK_TCK=100
   LEAK_PAGE_KIB=4
 }
 
-# Reads /proc/PID/cmdline with NULs turned into spaces, into $2 (no fork).
+# Reads /proc/PID/cmdline with NULs turned into spaces, into $2 (no fork);
+# each PID is read once a cycle (leak_cycle empties LEAK_CMDLINES).
+# shellcheck disable=SC2034 # nameref: assigns the caller's variable
 leak_cmdline_into() {
   local -n cmd_ref=$2
-  local -a parts=()
-  { mapfile -d '' -t parts <"/proc/$1/cmdline"; } 2>/dev/null || parts=()
-  # shellcheck disable=SC2034 # nameref: assigns the caller's variable
-  cmd_ref="${parts[*]}"
+  if [[ -z ${LEAK_CMDLINES[$1]+set} ]]; then
+    local -a parts=()
+    { mapfile -d '' -t parts <"/proc/$1/cmdline"; } 2>/dev/null || parts=()
+    LEAK_CMDLINES[$1]="${parts[*]}"
+  fi
+  cmd_ref=${LEAK_CMDLINES[$1]}
 }
 
 # Picks the processes to watch this cycle into LEAK_ROOT_PIDS.
@@ -68,6 +72,7 @@ leak_cycle() {
   ((LEAK_FAILS > 0)) && gg_log info "nvidia-smi answers again after $LEAK_FAILS failed cycles"
   LEAK_FAILS=0
   gg_proc_scan
+  LEAK_CMDLINES=()
   leak_select_roots
   local samples='' root pid used free cpu rss key name cmd ticks uuid gfree
   local -a tree

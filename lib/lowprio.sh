@@ -232,7 +232,7 @@ lowprio_setup() {
       [[ $key == cpu_weight ]] && continue
       LP_NOTES+=("$key=${LP_SET[$key]} needs a cgroup: not in force")
     done
-    if [[ $(cat /proc/sys/kernel/sched_autogroup_enabled 2>/dev/null) != 1 ]]; then
+    if ! gg_autogroup_enabled; then
       LP_NOTES+=("autogroup is off: nice alone orders the job against others")
     fi
   fi
@@ -394,7 +394,7 @@ lowprio_explain() {
   cg_describe
   printf 'systemd as PID 1: %s\n' "$(cg_systemd_running && echo yes || echo no)"
   printf 'autogroup: %s (this session: %s)\n' \
-    "$([[ $(cat /proc/sys/kernel/sched_autogroup_enabled 2>/dev/null) == 1 ]] && echo on || echo off)" \
+    "$(gg_autogroup_enabled && echo on || echo off)" \
     "$(cat /proc/self/autogroup 2>/dev/null || echo '?')"
   local disk sched
   while read -r disk sched; do

@@ -44,7 +44,7 @@ smi_describe_failure() {
 # Globals (set):
 #   SMI_UUIDS (array, in index order); SMI_INDEX, SMI_UTIL, SMI_MEM_USED,
 #   SMI_MEM_TOTAL, SMI_POWER, SMI_POWER_LIMIT (assoc, by UUID; "" = no value);
-#   SMI_APPS_OK (1 when the process list was read); SMI_NPROCS (assoc, by
+#   SMI_NPROCS (assoc, by
 #   UUID); SMI_PROCS (assoc, by UUID: lines "pid<TAB>name<TAB>MiB");
 #   SMI_PIDS_MEM (assoc, by PID: MiB summed over GPUs); SMI_PID_UUIDS;
 #   SMI_BAD_LINES (lines skipped as unparseable); SMI_ERROR (why it failed)
@@ -55,7 +55,6 @@ smi_sample() {
   declare -gA SMI_INDEX=() SMI_UTIL=() SMI_MEM_USED=() SMI_MEM_TOTAL=() \
     SMI_POWER=() SMI_POWER_LIMIT=() SMI_NPROCS=() SMI_PROCS=() SMI_PIDS_MEM=() \
     SMI_PID_UUIDS=()
-  SMI_APPS_OK=0
   SMI_BAD_LINES=0
   SMI_ERROR=''
   local output rc=0
@@ -71,11 +70,12 @@ smi_sample() {
   fi
   rc=0
   output=$(smi_run --query-compute-apps="$SMI_APP_FIELDS" --format=csv,noheader,nounits) || rc=$?
-  if ((rc == 0)) && smi_parse_apps "$output"; then
-    SMI_APPS_OK=1
-  else
-    ((rc == 0)) || SMI_ERROR="process list: $(smi_describe_failure "$rc" "$output")"
-    ((rc != 0)) || SMI_ERROR="process list: unparseable output"
+  # An unreadable process list leaves SMI_NPROCS at 0: the idle rule then
+  # judges occupancy by memory.used, as for hidden (container) processes.
+  if ((rc != 0)); then
+    SMI_ERROR="process list: $(smi_describe_failure "$rc" "$output")"
+  elif ! smi_parse_apps "$output"; then
+    SMI_ERROR="process list: unparseable output"
   fi
   return 0
 }
