@@ -104,6 +104,18 @@ def sink():
     server.shutdown()
 
 
+def recording_wrapper(folder, name, log):
+    """Writes a fake wrapper command (systemd-run, cpulimit) into folder:
+    it records its arguments, one per line, in log, then runs what follows
+    its "--"."""
+    folder.mkdir(exist_ok=True)
+    path = folder / name
+    path.write_text('#!/bin/sh\nprintf "%%s\\n" "$@" > %s\n'
+                    'while [ "$1" != "--" ]; do shift; done\nshift\nexec "$@"\n' % log)
+    path.chmod(0o755)
+    return folder
+
+
 def free_port():
     """A TCP port on 127.0.0.1 that nothing listens on (for "receiver down")."""
     s = socket.socket()

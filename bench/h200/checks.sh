@@ -47,17 +47,9 @@ check_idle() {
     NOTIFY_URL="http://127.0.0.1:$(<"$w/port")/generic" GPUGUARD_TEXTFILE_DIR="$out" \
     "$root/bin/yichuidingyin.sh" 2>"$out/idle_watchdog.log" &
   local dog=$!
-  for ((i = 0; i < 150; i++)); do
-    grep -q '"state":"firing"' "$w/state/events.jsonl" 2>/dev/null && break
-    sleep 0.2
-  done
-  echo "firing after $((i / 5)) s"
+  echo "firing after $(wait_event "$w/state/events.jsonl" firing) s"
   touch "$w/flags/busy"
-  for ((i = 0; i < 150; i++)); do
-    grep -q '"state":"resolved"' "$w/state/events.jsonl" 2>/dev/null && break
-    sleep 0.2
-  done
-  echo "resolved $((i / 5)) s after the job got busy"
+  echo "resolved $(wait_event "$w/state/events.jsonl" resolved) s after the job got busy"
   touch "$w/flags/stop"
   wait "$job"
   sleep 5
@@ -83,6 +75,17 @@ check_idle() {
       smi_run --query-compute-apps="$SMI_APP_FIELDS" --format=csv,noheader,nounits >/dev/null
     done
   )
+}
+
+# Waits up to 30 s for an event of the given state in an events.jsonl;
+# prints the seconds waited.
+wait_event() {
+  local file=$1 state=$2 i
+  for ((i = 0; i < 150; i++)); do
+    grep -q "\"state\":\"$state\"" "$file" 2>/dev/null && break
+    sleep 0.2
+  done
+  echo "$((i / 5))"
 }
 
 # gpu-leak-watch on a leaking and a healthy training loop, each behind a
