@@ -393,9 +393,13 @@ lowprio_explain() {
   printf 'mechanism: %s\n' "$LP_MECHANISM"
   cg_describe
   printf 'systemd as PID 1: %s\n' "$(cg_systemd_running && echo yes || echo no)"
+  # The kernel prints nothing for a task in the boot-time autogroup or in a
+  # non-root cgroup: neither is a session group of its own.
+  local own_autogroup
+  own_autogroup=$(cat /proc/self/autogroup 2>/dev/null) || own_autogroup='?'
   printf 'autogroup: %s (this session: %s)\n' \
     "$(gg_autogroup_enabled && echo on || echo off)" \
-    "$(cat /proc/self/autogroup 2>/dev/null || echo '?')"
+    "${own_autogroup:-none of its own}"
   local disk sched
   while read -r disk sched; do
     printf 'disk %s scheduler: %s\n' "$disk" "$sched"

@@ -125,8 +125,10 @@ def test_autogroup_fallback_puts_the_job_in_its_own_niced_autogroup():
             env={"LOWPRIO_MECHANISM": "autogroup"})
     assert r.returncode == 0, r.stderr
     assert re.match(r"/autogroup-\d+ nice 19$", r.stdout.strip())
-    mine = open("/proc/self/autogroup").read().split()[0]
-    assert r.stdout.split()[0] != mine
+    # A process in the boot-time autogroup (never under setsid, e.g. a CI
+    # container's runner) reads an empty file: any named autogroup differs.
+    mine = open("/proc/self/autogroup").read().split()
+    assert not mine or r.stdout.split()[0] != mine[0]
     assert "via autogroup" in r.stderr
 
 
