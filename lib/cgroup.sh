@@ -276,42 +276,33 @@ cg_populated() {
 }
 
 # Kills what the job left behind in its cgroup, waits until it is empty and
-# removes it. v2: cgroup.kill (race-free against forks); v1: SIGKILL each
-# listed process.
+# removes it. v2: cgroup.kill (race-free against forks) where the kernel has
+# it; otherwise SIGKILL each listed process.
 cg_remove() {
-  local tries=0 pid f
+  local tries=0 pid leaf rc=0
+  local -a leaves=()
   case $CG_MODE in
-    v2)
-      [[ -n ${CG_LEAF:-} && -d $CG_LEAF ]] || return 0
-      if cg_populated; then
-        if [[ -e $CG_LEAF/cgroup.kill ]]; then
-          cg_write "$CG_LEAF/cgroup.kill" 1 || true
-        else
-          while read -r pid; do kill -KILL "$pid" 2>/dev/null; done <"$CG_LEAF/cgroup.procs"
-        fi
-      fi
-      while cg_populated && ((tries < 50)); do
-        sleep 0.1
-        tries=$((tries + 1))
-      done
-      rmdir -- "$CG_LEAF" 2>/dev/null
-      ;;
-    v1)
-      for f in "${CG_V1[@]}"; do
-        [[ -d $f ]] || continue
-        while read -r pid; do kill -KILL "$pid" 2>/dev/null; done <"$f/cgroup.procs"
-      done
-      while cg_populated && ((tries < 50)); do
-        sleep 0.1
-        tries=$((tries + 1))
-      done
-      local rc=0
-      for f in "${CG_V1[@]}"; do
-        [[ -d $f ]] && { rmdir -- "$f" 2>/dev/null || rc=1; }
-      done
-      return "$rc"
-      ;;
+    v2) [[ -n ${CG_LEAF:-} && -d $CG_LEAF ]] && leaves=("$CG_LEAF") ;;
+    v1) for leaf in "${CG_V1[@]}"; do [[ -d $leaf ]] && leaves+=("$leaf"); done ;;
   esac
+  ((${#leaves[@]})) || return 0
+  if cg_populated; then
+    if [[ $CG_MODE == v2 && -e $CG_LEAF/cgroup.kill ]]; then
+      cg_write "$CG_LEAF/cgroup.kill" 1 || true
+    else
+      for leaf in "${leaves[@]}"; do
+        while read -r pid; do kill -KILL "$pid" 2>/dev/null; done <"$leaf/cgroup.procs"
+      done
+    fi
+  fi
+  while cg_populated && ((tries < 50)); do
+    sleep 0.1
+    tries=$((tries + 1))
+  done
+  for leaf in "${leaves[@]}"; do
+    rmdir -- "$leaf" 2>/dev/null || rc=1
+  done
+  return "$rc"
 }
 
 # Removes leaves of earlier runs whose owner is gone and that are empty.
@@ -337,8 +328,7 @@ cg_clean_stale() {
 cg_systemd_running() {
   [[ ${LOWPRIO_SYSTEMD:-auto} == 1 ]] && return 0
   [[ ${LOWPRIO_SYSTEMD:-auto} == 0 ]] && return 1
-  [[ -d /run/systemd/system && $(cat /proc/1/comm 2>/dev/null) == systemd ]] &&
-    command -v systemd-run >/dev/null
+  gg_systemd_is_init && command -v systemd-run >/dev/null
 }
 
 # Builds the systemd-run --scope prefix into the array named $1 from the

@@ -102,25 +102,12 @@ gg_state_dir_init() {
   mkdir -p -- "$dir/outbox" "$dir/history"
 }
 
-# Writes stdin to a file atomically: a temporary file in the same folder,
-# then rename, so a reader or a crash never sees half a file.
-# Arguments:
-#   $1 destination path
-gg_write_atomic() {
-  local dest=$1 tmp
-  tmp=$(mktemp -- "${dest}.tmp.XXXXXX") || return 1
-  if cat >"$tmp" && mv -f -- "$tmp" "$dest"; then
-    return 0
-  fi
-  rm -f -- "$tmp"
-  return 1
-}
-
-# Writes a string to a file atomically with a single fork (mv): for state
-# written every cycle.
+# Writes a string to a file atomically: a temporary file in the same folder,
+# then rename, so a reader or a crash never sees half a file. One fork (mv):
+# state and textfiles are written every cycle.
 # Arguments:
 #   $1 destination path, $2 content
-gg_write_atomic_string() {
+gg_write_atomic() {
   local dest=$1 tmp="$1.tmp.$$"
   if printf '%s' "$2" >"$tmp" && mv -f -- "$tmp" "$dest"; then
     return 0
@@ -214,4 +201,9 @@ gg_lock() {
 # orders processes within one session of the root cgroup.
 gg_autogroup_enabled() {
   [[ $(cat /proc/sys/kernel/sched_autogroup_enabled 2>/dev/null) == 1 ]]
+}
+
+# True when systemd is PID 1: it then owns the cgroup tree and runs units.
+gg_systemd_is_init() {
+  [[ -d /run/systemd/system && $(cat /proc/1/comm 2>/dev/null) == systemd ]]
 }

@@ -22,7 +22,7 @@ events_emit() {
     # and a per-process sequence for events of the same microsecond.
     EVENTS_SEQ=$((${EVENTS_SEQ:-0} + 1))
     printf -v name '%s/outbox/%s-%s-%06d.json' "$dir" "${EPOCHREALTIME/[.,]/}" "$$" "$EVENTS_SEQ"
-    printf '%s\n' "$event" | gg_write_atomic "$name" ||
+    gg_write_atomic "$name" "$event"$'\n' ||
       gg_log error "could not write $name; the event stays in events.jsonl only"
     events_flush
   fi

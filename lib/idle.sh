@@ -69,7 +69,7 @@ idle_state_save() {
     [[ -n ${IDLE_CYCLES[$uuid]+set} ]] && state+="history $uuid ${IDLE_HISTORY[$uuid]}"$'\n'
   done
   [[ $state == "${IDLE_SAVED_STATE:-}" ]] && return 0
-  gg_write_atomic_string "$GPUGUARD_STATE_DIR/idle.state" "$state" || return
+  gg_write_atomic "$GPUGUARD_STATE_DIR/idle.state" "$state" || return
   IDLE_SAVED_STATE=$state
 }
 

@@ -41,16 +41,12 @@ install_parse() {
   if ((INSTALL_SYSTEMD && INSTALL_USER)); then
     gg_usage_error "--systemd installs system units: not with --user (use --cron)" || return
   fi
-  if ((INSTALL_SYSTEMD)) && [[ -z ${DESTDIR:-} ]] && ! install_systemd_running; then
+  if ((INSTALL_SYSTEMD)) && [[ -z ${DESTDIR:-} ]] && ! gg_systemd_is_init; then
     gg_usage_error "systemd is not running here (PID 1 is $(cat /proc/1/comm 2>/dev/null)): use --cron, or nohup yichuidingyin.sh &" || return
   fi
   INSTALL_DEST=${DESTDIR:-}
   INSTALL_HOME=$INSTALL_PREFIX/lib/gpuguard
   INSTALL_MANIFEST=$INSTALL_DEST$INSTALL_HOME/.install-manifest
-}
-
-install_systemd_running() {
-  [[ -d /run/systemd/system && $(cat /proc/1/comm 2>/dev/null) == systemd ]]
 }
 
 # Records a path (as installed, without DESTDIR) in the manifest.
@@ -76,17 +72,9 @@ install_apply() {
   local d=$INSTALL_DEST home=$INSTALL_DEST$INSTALL_HOME
   local previous=''
   [[ -f $INSTALL_MANIFEST ]] && previous=$(<"$INSTALL_MANIFEST")
-  local -a created=()
-  local path=$INSTALL_HOME
-  while [[ $path != / && ! -d $d$path ]]; do
-    created+=("$path")
-    path=$(dirname "$path")
-  done
-  mkdir -p "$home"
-  : >"$INSTALL_MANIFEST.new"
-  for path in "${created[@]}"; do
-    install_record "$path"
-  done
+  # a run that died half-way may have left its list: start a fresh one
+  rm -f -- "$INSTALL_MANIFEST.new"
+  install_mkdir "$INSTALL_HOME"
   install_mkdir "$INSTALL_PREFIX/bin"
   # The tree, replaced as a whole so that files removed upstream go too.
   local part
@@ -180,7 +168,7 @@ install_remove() {
     gg_usage_error "nothing to uninstall: no $INSTALL_MANIFEST" || return
   fi
   local path
-  if grep -q '^/etc/systemd/system/' "$INSTALL_MANIFEST" && [[ -z $INSTALL_DEST ]] && install_systemd_running; then
+  if grep -q '^/etc/systemd/system/' "$INSTALL_MANIFEST" && [[ -z $INSTALL_DEST ]] && gg_systemd_is_init; then
     systemctl disable --now gpuguard-idle.service gpuguard-leak.service 2>/dev/null || true
   fi
   # Longest paths first: files before the folders that hold them.

@@ -245,7 +245,6 @@ leak_all_targets_gone() {
   return 0
 }
 
-
 # True when $1 is a valid extended regular expression.
 leak_regex_ok() {
   local rc=0

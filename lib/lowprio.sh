@@ -283,17 +283,26 @@ lowprio_io_scheduler_note() {
   fi
 }
 
+# Puts ionice's options for the plan's I/O class into the array named $1.
+# shellcheck disable=SC2034 # nameref: assigns the caller's variable
+lowprio_ionice_opts_into() {
+  local -n opts_ref=$1
+  if [[ $LP_IO_CLASS == 3 ]]; then
+    opts_ref=(-c 3)
+  else
+    opts_ref=(-c 2 -n "$LP_IO_LEVEL")
+  fi
+}
+
 # The command prefix that applies nice and ionice before exec (inherited by
 # every thread and child), and cpulimit when asked.
 lowprio_wrapper_into() {
   local -n wrap_ref=$1
   wrap_ref=(nice -n "$LP_NICE")
   if command -v ionice >/dev/null; then
-    if [[ $LP_IO_CLASS == 3 ]]; then
-      wrap_ref+=(ionice -c 3)
-    else
-      wrap_ref+=(ionice -c 2 -n "$LP_IO_LEVEL")
-    fi
+    local -a io_opts
+    lowprio_ionice_opts_into io_opts
+    wrap_ref+=(ionice "${io_opts[@]}")
   else
     LP_NOTES+=("ionice not installed")
   fi
@@ -355,7 +364,8 @@ lowprio_run() {
 # nice value and I/O class, and the processes move into the cgroup.
 lowprio_attach() {
   local root=$1 pid tid count=0
-  local -a pids
+  local -a pids io_opts
+  lowprio_ionice_opts_into io_opts
   gg_proc_scan
   gg_proc_tree_into "$root" pids
   lowprio_report
@@ -366,11 +376,7 @@ lowprio_attach() {
     for tid in /proc/"$pid"/task/*; do
       tid=${tid##*/}
       renice -n "$LP_NICE" -p "$tid" >/dev/null 2>&1 || renice "$LP_NICE" -p "$tid" >/dev/null 2>&1 || true
-      if [[ $LP_IO_CLASS == 3 ]]; then
-        ionice -c 3 -p "$tid" 2>/dev/null || true
-      else
-        ionice -c 2 -n "$LP_IO_LEVEL" -p "$tid" 2>/dev/null || true
-      fi
+      ionice "${io_opts[@]}" -p "$tid" 2>/dev/null || true
       count=$((count + 1))
     done
   done

@@ -86,7 +86,8 @@ smi_sample() {
 # GPU.
 smi_parse_gpus() {
   local re='^ *([0-9]+), *((GPU|MIG)-[0-9A-Za-z/-]+), *([^,]*), *([^,]*), *([^,]*), *([^,]*), *([^,]*)$'
-  local line uuid util used total power limit bad
+  local line uuid bad i
+  local -a value
   while IFS= read -r line; do
     line=${line%$'\r'}
     [[ -z ${line//[[:space:]]/} ]] && continue
@@ -95,28 +96,26 @@ smi_parse_gpus() {
       continue
     fi
     uuid=${BASH_REMATCH[2]}
-    util=${BASH_REMATCH[4]} used=${BASH_REMATCH[5]} total=${BASH_REMATCH[6]}
-    power=${BASH_REMATCH[7]} limit=${BASH_REMATCH[8]}
-    limit=${limit%"${limit##*[![:space:]]}"}
+    # utilization, memory used, memory total, power draw, power limit
+    value=("${BASH_REMATCH[@]:4:5}")
+    value[4]=${value[4]%"${value[4]##*[![:space:]]}"}
     bad=0
     # A placeholder ([N/A], [Not Supported], N/A) becomes an empty value;
     # anything else that is not a plain number makes the line garbage.
-    case $util in '' | '['*']' | N/A) util='' ;; *[!0-9.]* | .* | *. | *.*.*) bad=1 ;; esac
-    case $used in '' | '['*']' | N/A) used='' ;; *[!0-9.]* | .* | *. | *.*.*) bad=1 ;; esac
-    case $total in '' | '['*']' | N/A) total='' ;; *[!0-9.]* | .* | *. | *.*.*) bad=1 ;; esac
-    case $power in '' | '['*']' | N/A) power='' ;; *[!0-9.]* | .* | *. | *.*.*) bad=1 ;; esac
-    case $limit in '' | '['*']' | N/A) limit='' ;; *[!0-9.]* | .* | *. | *.*.*) bad=1 ;; esac
+    for i in 0 1 2 3 4; do
+      case ${value[i]} in '' | '['*']' | N/A) value[i]='' ;; *[!0-9.]* | .* | *. | *.*.*) bad=1 ;; esac
+    done
     if ((bad)); then
       SMI_BAD_LINES=$((SMI_BAD_LINES + 1))
       continue
     fi
     SMI_UUIDS+=("$uuid")
     SMI_INDEX[$uuid]=${BASH_REMATCH[1]}
-    SMI_UTIL[$uuid]=$util
-    SMI_MEM_USED[$uuid]=$used
-    SMI_MEM_TOTAL[$uuid]=$total
-    SMI_POWER[$uuid]=$power
-    SMI_POWER_LIMIT[$uuid]=$limit
+    SMI_UTIL[$uuid]=${value[0]}
+    SMI_MEM_USED[$uuid]=${value[1]}
+    SMI_MEM_TOTAL[$uuid]=${value[2]}
+    SMI_POWER[$uuid]=${value[3]}
+    SMI_POWER_LIMIT[$uuid]=${value[4]}
     SMI_NPROCS[$uuid]=0
     SMI_PROCS[$uuid]=''
   done <<<"$1"

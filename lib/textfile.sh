@@ -83,7 +83,7 @@ textfile_write_idle() {
     "{} ${MON_LAST_OK:-0}"
   textfile_family out gpuguard_monitor_last_cycle_timestamp_seconds gauge 'Time of the last cycle.' "{} $now"
   [[ -d $dir ]] || mkdir -p -- "$dir" || return
-  gg_write_atomic_string "$dir/gpuguard_idle.prom" "$out"
+  gg_write_atomic "$dir/gpuguard_idle.prom" "$out"
 }
 
 # Writes gpuguard_leak.prom from the leak watcher's last cycle.
@@ -106,5 +106,5 @@ textfile_write_leak() {
     'Robust GPU memory trend of a watched process tree (Theil-Sen on 10-minute floors).' "$slope"
   textfile_family out gpuguard_process_leak gauge '1 while the leak alert fires for the process tree.' "$firing"
   [[ -d $dir ]] || mkdir -p -- "$dir" || return
-  gg_write_atomic_string "$dir/gpuguard_leak.prom" "$out"
+  gg_write_atomic "$dir/gpuguard_leak.prom" "$out"
 }

@@ -158,7 +158,8 @@ class Series:
         return self.evaluate()
 
     def segment(self):
-        """Index where the analysed part of the floors starts, after cuts."""
+        """Index where the analysed part of the floors starts: after the last
+        cut and the warm-up that follows it."""
         f = [v for _, v in self.floors]
         p = self.p
         start = 0
@@ -187,7 +188,7 @@ class Series:
         recent = [s for s in short if s[1] >= len(f) - p["staircase_buckets"]]
         if short and len(recent) < p["staircase_steps"]:
             start = max(start, short[-1][1])
-        return start + p["skip_buckets"], start
+        return start + p["skip_buckets"]
 
     def window_verdict(self, xs, ys, threshold):
         growth = median(ys[-3:]) - median(ys[:3])
@@ -233,7 +234,7 @@ class Series:
     def evaluate(self):
         p = self.p
         threshold = p["threshold"]
-        first, _ = self.segment()
+        first = self.segment()
         pts = self.floors[first:]
         xs = [b * p["bucket_s"] / 3600.0 for b, _ in pts]
         ys = [float(v) for _, v in pts]
@@ -394,13 +395,7 @@ def check(env, stdin, stdout):
     state_dir = env.get("GPUGUARD_STATE_DIR") or "."
     params = params_from(env)
     rules = load_rules(env.get("LEAK_RULES") or "")
-    path = os.path.join(state_dir, "leak-state.json")
-    try:
-        with open(path, encoding="utf-8") as f:
-            saved = json.load(f)
-    except (OSError, ValueError):
-        saved = {}
-    series = {k: Series.from_json(params, v) for k, v in saved.items()}
+    series = {k: Series.from_json(params, v) for k, v in load_state(state_dir).items()}
     seen = set()
     max_rows = int(env.get("LEAK_HISTORY_MAX_ROWS") or 20000)
     loss_log = env.get("LEAK_LOSS_LOG") or ""
@@ -444,9 +439,27 @@ def check(env, stdin, stdout):
                 ev = s.event("resolved")
                 ev.update({"host": host, "reason": "gone"})
                 stdout.write("event resolved %d %s\n" % (s.pid, json.dumps(ev)))
+    write_atomic(state_path(state_dir), json.dumps({k: s.to_json() for k, s in series.items()}))
+
+
+def state_path(state_dir):
+    return os.path.join(state_dir, "leak-state.json")
+
+
+def load_state(state_dir):
+    """The saved series by key; empty when there is none or it is unreadable."""
+    try:
+        with open(state_path(state_dir), encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
+
+
+def write_atomic(path, text):
+    """Writes through a temporary file and a rename: readers never see half."""
     tmp = path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:
-        json.dump({k: s.to_json() for k, s in series.items()}, f)
+        f.write(text)
     os.replace(tmp, path)
 
 
@@ -564,10 +577,7 @@ def report(state_dir, out_path, params):
             html.escape(key), len(rows), (rows[-1][0] - rows[0][0]) / 3600, rows[0][1], rows[-1][1]))
         body.append(svg_chart(rows, evs, params))
     body.append("</body></html>")
-    tmp = out_path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write("\n".join(body))
-    os.replace(tmp, out_path)
+    write_atomic(out_path, "\n".join(body))
     return len(history)
 
 
@@ -588,12 +598,7 @@ def main(argv):
             return 0
         if cmd == "slopes":
             # for gpuguard status: "PID SLOPE FIRING" per watched series
-            try:
-                with open(os.path.join(env.get("GPUGUARD_STATE_DIR") or ".", "leak-state.json"), encoding="utf-8") as f:
-                    saved = json.load(f)
-            except (OSError, ValueError):
-                saved = {}
-            for data in saved.values():
+            for data in load_state(env.get("GPUGUARD_STATE_DIR") or ".").values():
                 print("%s %.0f %d" % (data.get("pid"), (data.get("last") or {}).get("slope", 0.0), data.get("firing", False)))
             return 0
         if cmd == "loss" and len(argv) >= 3:
