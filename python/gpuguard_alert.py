@@ -638,7 +638,9 @@ def flush(env=None, now=None):
                     tstate["reported"] = outcome.detail
             else:
                 tstate["failures"] = tstate.get("failures", 0) + 1
-                wait = max(wait, DOWN_BACKOFF * 2 ** (tstate["failures"] - 1))
+                # the exponent is capped: a float overflows past 2**1023, and
+                # the pause is capped at MAX_RETRY_AFTER long before that
+                wait = max(wait, DOWN_BACKOFF * 2 ** min(tstate["failures"] - 1, 16))
                 log("warn", "%s: %s; %d events stay queued (next try in %d s)"
                     % (target.label(), outcome.detail, len(pending), min(wait, MAX_RETRY_AFTER)))
             tstate["not_before"] = now + min(wait, MAX_RETRY_AFTER if outcome.kind == Outcome.RETRY else PERMANENT_RETRY_AFTER)

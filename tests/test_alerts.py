@@ -402,3 +402,29 @@ def test_a_dead_receiver_is_tried_less_and_less_often(outbox_env):
     assert tries[:5] == [0, 30, 90, 210, 450]          # 30, 60, 120, 240 s apart
     assert all(b - a <= 300 for a, b in zip(tries, tries[1:]))
     assert "next try in 30 s" in log_text(env)
+
+
+def test_a_receiver_down_for_days_still_gets_its_alert(outbox_env):
+    """Thousands of failed attempts (about four days at the 5-minute pause)
+    must not break the back-off arithmetic: the receiver gets the alert once
+    it is back."""
+    port = free_port()
+    env = dict(outbox_env, NOTIFY_URL="http://127.0.0.1:%d/generic" % port, NOTIFY_RETRIES="0")
+    queue(env, IDLE_EVENT)
+    now = time.time()
+    assert alert.flush(env, now=now) == 1
+    path = os.path.join(env["GPUGUARD_STATE_DIR"], "alert-state.json")
+    with open(path) as f:
+        state = json.load(f)
+    (tstate,) = state.values()
+    tstate["failures"] = 1200
+    with open(path, "w") as f:
+        json.dump(state, f)
+    assert alert.flush(env, now=now + 400) == 1        # still down: kept
+    assert "next try in 300 s" in log_text(env)
+    server, sink = webhook_sink.serve(port=port, quiet=True)
+    try:
+        assert alert.flush(env, now=now + 800) == 0
+        assert [r["body"]["uuid"] for r in sink.requests] == [IDLE_EVENT["uuid"]]
+    finally:
+        server.shutdown()
