@@ -207,3 +207,8 @@ gg_autogroup_enabled() {
 gg_systemd_is_init() {
   [[ -d /run/systemd/system && $(cat /proc/1/comm 2>/dev/null) == systemd ]]
 }
+
+# Prints "PROG VERSION" for every command's --version.
+gg_print_version() {
+  printf '%s %s\n' "${GG_PROG:-gpuguard}" "$(<"$GPUGUARD_ROOT/VERSION")"
+}
