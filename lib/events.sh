@@ -42,7 +42,7 @@ events_emit() {
   fi
   declare -ga EVENTS_PENDING
   EVENTS_PENDING+=("$event")
-  events_enqueue_pending
+  events_enqueue_pending || true
 }
 
 # Writes the events kept in memory (EVENTS_PENDING) to the outbox, oldest
