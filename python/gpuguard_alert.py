@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """gpuguard's alert module: every event leaves through here.
 
 Commands:
@@ -101,7 +100,7 @@ def log(level, msg):
     if LOG_RANK.get(level, 1) < minimum:
         return
     text = scrub(msg).replace("\n", " ")
-    line = "%s %-5s alert: %s\n" % (time.strftime("%Y-%m-%d %H:%M:%S"), level.upper(), text)
+    line = f"{time.strftime('%Y-%m-%d %H:%M:%S')} {level.upper():<5} alert: {text}\n"
     path = ENV.get("GPUGUARD_LOG")
     with LOG_LOCK:
         written = False
@@ -154,14 +153,14 @@ def scrub(text):
     for s in secrets():
         text = text.replace(s, "***")
         text = text.replace(urllib.parse.quote(s, safe=""), "***")
-    return re.sub(r"((?:%s)=)[^&\s\"']+" % "|".join(SECRET_QUERY_KEYS),
+    return re.sub(r"((?:{})=)[^&\s\"']+".format("|".join(SECRET_QUERY_KEYS)),
                   r"\1***", text)
 
 
 def mask_url(url):
     """A URL fit for a log line: scheme, host and a masked path."""
     parts = urllib.parse.urlsplit(url)
-    return "%s://%s/***" % (parts.scheme, parts.hostname or "?")
+    return "{}://{}/***".format(parts.scheme, parts.hostname or "?")
 
 
 def one_line(exc):
@@ -237,12 +236,11 @@ def state_dir_problem(folder):
     try:
         st = os.stat(folder)
     except OSError as e:
-        return "state folder %s: %s" % (folder, e.strerror)
+        return f"state folder {folder}: {e.strerror}"
     if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
-        return "state folder %s is owned by uid %d, not by us (uid %d): refusing it" % (
-            folder, st.st_uid, os.geteuid())
+        return f"state folder {folder} is owned by uid {st.st_uid}, not by us (uid {os.geteuid()}): refusing it"
     if st.st_mode & 0o022:
-        return "state folder %s is writable by others (mode %o): refusing it" % (folder, st.st_mode & 0o777)
+        return f"state folder {folder} is writable by others (mode {st.st_mode & 0o777:o}): refusing it"
     return ""
 
 
@@ -259,7 +257,7 @@ class FlushLock:
         try:
             self.fd = open_nofollow(self.path, os.O_RDWR | os.O_CREAT)
         except OSError as e:
-            self.error = "cannot open %s: %s" % (self.path, e.strerror)
+            self.error = f"cannot open {self.path}: {e.strerror}"
             return False
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -299,7 +297,7 @@ class Target:
         self.id = hashlib.sha256(url.encode()).hexdigest()[:12]
 
     def label(self):
-        return "%s %s" % (self.provider, mask_url(self.url))
+        return f"{self.provider} {mask_url(self.url)}"
 
 
 def targets_from_env(env=None):
@@ -319,7 +317,7 @@ def targets_from_env(env=None):
             elif part in allowed:
                 provider = part
             else:
-                raise ValueError("unknown provider or language '%s' in a target prefix" % part)
+                raise ValueError(f"unknown provider or language '{part}' in a target prefix")
         return url, provider, lang
 
     for i, raw in enumerate(urls):
@@ -340,7 +338,7 @@ def dingtalk_sign(secret, ts_ms):
     """DingTalk 加签: HMAC-SHA256 keyed by the secret over "ts\\nsecret",
     base64, URL-encoded once."""
     digest = hmac.new(secret.encode("utf-8"),
-                      ("%s\n%s" % (ts_ms, secret)).encode("utf-8"),
+                      (f"{ts_ms}\n{secret}").encode(),
                       hashlib.sha256).digest()
     return urllib.parse.quote_plus(base64.b64encode(digest))
 
@@ -348,7 +346,7 @@ def dingtalk_sign(secret, ts_ms):
 def feishu_sign(secret, ts_s):
     """Feishu: HMAC-SHA256 keyed by "ts\\nsecret" over the empty message,
     base64, not URL-encoded (it goes in the JSON body)."""
-    digest = hmac.new(("%s\n%s" % (ts_s, secret)).encode("utf-8"), b"",
+    digest = hmac.new((f"{ts_s}\n{secret}").encode(), b"",
                       hashlib.sha256).digest()
     return base64.b64encode(digest).decode("ascii")
 
@@ -434,7 +432,7 @@ def ranges(numbers):
             out[-1][1] = n
         else:
             out.append([n, n])
-    text = ",".join(str(a) if a == b else "%d-%d" % (a, b) for a, b in out)
+    text = ",".join(str(a) if a == b else f"{a}-{b}" for a, b in out)
     if None in converted:
         text = (text + ",?") if text else "?"
     return text
@@ -446,8 +444,8 @@ def span(values, unit=""):
     if not nums:
         return None
     lo, hi = min(nums), max(nums)
-    fmt = (lambda x: "%d" % x) if all(n == int(n) for n in nums) else (lambda x: "%.0f" % x)
-    return (fmt(lo) if lo == hi else "%s-%s" % (fmt(lo), fmt(hi))) + unit
+    fmt = (lambda x: str(int(x))) if all(n == int(n) for n in nums) else (lambda x: f"{x:.0f}")
+    return (fmt(lo) if lo == hi else f"{fmt(lo)}-{fmt(hi)}") + unit
 
 
 def jobs_of(event):
@@ -503,7 +501,7 @@ def job_label(events, lang):
     if procs:
         names = sorted({defuse(proc_name(p))[:48] for p in procs})
         pids = ranges([p.get("pid") for p in procs])
-        return "%s (%s)" % (", ".join(names[:3]), msg(lang, "job_pids", pids=pids))
+        return "{} ({})".format(", ".join(names[:3]), msg(lang, "job_pids", pids=pids))
     return msg(lang, "job_unknown")
 
 
@@ -547,7 +545,7 @@ def job_lines(events, lang):
     if more:
         lines.append(" · ".join(more))
     if not jobs and procs:
-        items = ["%s %s (%s MiB)" % (p.get("pid"), defuse(proc_name(p))[:48], p.get("used_memory_mib"))
+        items = ["{} {} ({} MiB)".format(p.get("pid"), defuse(proc_name(p))[:48], p.get("used_memory_mib"))
                  for p in procs[:10]]
         if len(procs) > 10:
             items.append(msg(lang, "more", n=len(procs) - 10))
@@ -569,17 +567,17 @@ def parse_price(value):
 
 def money(amount, currency, lang):
     currency = currency or msg(lang, "currency")
-    number = "%.0f" % amount if amount >= 100 else "%.2f" % amount
+    number = f"{amount:.0f}" if amount >= 100 else f"{amount:.2f}"
     if not currency:
         return number
-    return ("%s %s" % (currency, number)) if not currency.isalpha() else ("%s %s" % (number, currency))
+    return (f"{currency} {number}") if not currency.isalpha() else (f"{number} {currency}")
 
 
 def idle_group_lines(events, lang, env, digest):
     """The lines for GPUs of one job going idle (firing/reminder)."""
     gpus = ranges([e.get("gpu") for e in events])
     names = sorted({str(e["gpu_name"]) for e in events if e.get("gpu_name")})
-    model = " (%s)" % defuse(", ".join(names)) if names else ""
+    model = " ({})".format(defuse(", ".join(names))) if names else ""
     idle_s = max((as_int(e.get("idle_seconds")) or 0) for e in events)
     lines = [msg(lang, "idle_head", gpus=gpus, model=model, idle=duration(idle_s, lang),
                  job=job_label(events, lang))]
@@ -610,7 +608,7 @@ def idle_group_lines(events, lang, env, digest):
     if price:
         gpu_hours = sum((as_int(e.get("idle_seconds")) or 0) for e in events) / 3600.0
         lines.append(msg(lang, "idle_cost", cost=money(gpu_hours * price[0], price[1], lang),
-                         gpu_hours="%.1f" % gpu_hours, price=money(price[0], price[1], lang)))
+                         gpu_hours=f"{gpu_hours:.1f}", price=money(price[0], price[1], lang)))
     pids = [p.get("pid") for e in events for p in procs_of(e)] + \
         [j.get("pid") for e in events for j in jobs_of(e)]
     pid = next((p for p in pids if as_int(p) is not None), "PID")
@@ -676,7 +674,7 @@ def group_render(group, lang, env, digest=False):
         pid = defuse(e.get("pid"))
         name = defuse(os.path.basename(str(e.get("name") or "")))
         slope = e.get("slope_mib_per_hour")
-        slope_text = "%+.0f" % slope if isinstance(slope, (int, float)) else unknown
+        slope_text = f"{slope:+.0f}" if isinstance(slope, (int, float)) else unknown
         if state == "resolved":
             return msg(lang, "what_leak_resolved", pid=pid), [
                 msg(lang, "leak_resolved", used=gib(e.get("used_memory_mib"), lang), slope=slope_text)]
@@ -732,7 +730,7 @@ def render_digest(events, lang, env=None):
     for g, what, lines in sections:
         head = lines[0] if lines else what
         if mixed:
-            head = "[%s] %s" % (msg(lang, "tag_" + state_class(g[0])) if state_class(g[0]) in
+            head = "[{}] {}".format(msg(lang, "tag_" + state_class(g[0])) if state_class(g[0]) in
                                 ("firing", "resolved", "test") else state_class(g[0]), head)
         out.append((head, lines[1:]))
     if len(groups) > DIGEST_MAX_GROUPS:
@@ -777,24 +775,24 @@ def plain_text(title, sections):
 def chat_text(provider, title, sections, who):
     """The message text as each platform formats it."""
     if provider == "dingtalk":
-        text = "### %s\n\n" % title + "\n\n".join(
-            "**%s**\n" % h + "".join("\n- %s" % d for d in ds) for h, ds in sections)
+        text = f"### {title}\n\n" + "\n\n".join(
+            f"**{h}**\n" + "".join(f"\n- {d}" for d in ds) for h, ds in sections)
         if who:
-            text += "\n\n" + " ".join("@%s" % m for m in who)
+            text += "\n\n" + " ".join(f"@{m}" for m in who)
         return text
     if provider == "wecom":
-        text = "**%s**\n" % title + "\n".join(
-            "**%s**" % h + "".join("\n> %s" % d for d in ds) for h, ds in sections)
+        text = f"**{title}**\n" + "\n".join(
+            f"**{h}**" + "".join(f"\n> {d}" for d in ds) for h, ds in sections)
         if who:
-            text += "\n" + " ".join("<@%s>" % m for m in who)
+            text += "\n" + " ".join(f"<@{m}>" for m in who)
         return text
     if provider == "slack":
-        text = "*%s*\n" % title + "\n".join(
-            "*%s*" % h + "".join("\n• %s" % d for d in ds) for h, ds in sections)
+        text = f"*{title}*\n" + "\n".join(
+            f"*{h}*" + "".join(f"\n• {d}" for d in ds) for h, ds in sections)
         return text.replace("&", "&amp;").replace("\u2039", "&lt;").replace("\u203a", "&gt;")
     text = plain_text(title, sections)
     if provider == "feishu" and who:
-        text += "\n" + "".join('<at user_id="%s"></at>' % m for m in who)
+        text += "\n" + "".join(f'<at user_id="{m}"></at>' for m in who)
     return text
 
 
@@ -826,7 +824,7 @@ def chat_body(target, events, lang=None, now=None, env=None):
         if target.secret:
             ts = str(int(now * 1000))
             sep = "&" if "?" in url else "?"
-            url = "%s%stimestamp=%s&sign=%s" % (url, sep, ts, dingtalk_sign(target.secret, ts))
+            url = f"{url}{sep}timestamp={ts}&sign={dingtalk_sign(target.secret, ts)}"
         return url, body
     if target.provider == "feishu":
         body = {"msg_type": "text", "content": {"text": text}}
@@ -890,7 +888,7 @@ def alertmanager_alert(event, lang="en", now=None):
         alert["endsAt"] = iso(now + 2 * repeat + 300)
     host = str(event.get("host") or "")
     if re.match(r"^[A-Za-z0-9.-]+$", host):
-        alert["generatorURL"] = "http://%s/gpuguard" % host
+        alert["generatorURL"] = f"http://{host}/gpuguard"
     return alert
 
 
@@ -933,28 +931,28 @@ def classify(provider, status, body, headers):
     text = body.decode("utf-8", "replace") if isinstance(body, bytes) else str(body)
     if status == 429 or status >= 500:
         ra = retry_after_seconds(headers.get("Retry-After")) if headers else None
-        return Outcome(Outcome.RETRY, "HTTP %d %s" % (status, text[:120]), ra)
+        return Outcome(Outcome.RETRY, f"HTTP {status} {text[:120]}", ra)
     if not 200 <= status < 300:
-        return Outcome(Outcome.PERMANENT, "HTTP %d %s" % (status, text[:200]))
+        return Outcome(Outcome.PERMANENT, f"HTTP {status} {text[:200]}")
     if provider in ("dingtalk", "wecom", "feishu"):
         try:
             data = json.loads(text)
         except ValueError:
-            return Outcome(Outcome.RETRY, "unreadable reply %r" % text[:120])
+            return Outcome(Outcome.RETRY, f"unreadable reply {text[:120]!r}")
         if not isinstance(data, dict):
-            return Outcome(Outcome.RETRY, "unreadable reply %r" % text[:120])
+            return Outcome(Outcome.RETRY, f"unreadable reply {text[:120]!r}")
         code = data.get("errcode", data.get("code", data.get("StatusCode")))
         msg_text = data.get("errmsg", data.get("msg", data.get("StatusMessage", "")))
         if code == 0:
             return Outcome(Outcome.SENT, "ok")
         if code in RETRY_CODES.get(provider, set()):
-            return Outcome(Outcome.RETRY, "rate limited: %s %s" % (code, msg_text), 60.0)
-        return Outcome(Outcome.PERMANENT, "error %s: %s" % (code, msg_text))
+            return Outcome(Outcome.RETRY, f"rate limited: {code} {msg_text}", 60.0)
+        return Outcome(Outcome.PERMANENT, f"error {code}: {msg_text}")
     if provider == "slack":
         if text.strip() == "ok":
             return Outcome(Outcome.SENT, "ok")
-        return Outcome(Outcome.PERMANENT, "reply %r" % text[:120])
-    return Outcome(Outcome.SENT, "HTTP %d" % status)
+        return Outcome(Outcome.PERMANENT, f"reply {text[:120]!r}")
+    return Outcome(Outcome.SENT, f"HTTP {status}")
 
 
 def post_json(url, body, timeout, key=None):
@@ -987,7 +985,7 @@ def post_json(url, body, timeout, key=None):
             resp = conn.getresponse()
             return resp.status, resp.read(65536), dict(resp.headers)
         except (OSError, http.client.HTTPException) as e:
-            raise MaybeSent("no answer within %g s (%s)" % (timeout, one_line(e)))
+            raise MaybeSent(f"no answer within {timeout:g} s ({one_line(e)})")
     finally:
         conn.close()
 
@@ -1009,10 +1007,10 @@ def send(target, url, body, env=None, sleep=time.sleep, maybe_before=False, on_m
             status, reply, headers = post_json(url, body, timeout, key)
             outcome = classify(target.provider, status, reply, headers)
         except NotSent as e:
-            outcome = Outcome(Outcome.RETRY, "network: %s" % e)
+            outcome = Outcome(Outcome.RETRY, f"network: {e}")
         except MaybeSent as e:
             if maybe_before:
-                return Outcome(Outcome.MAYBE, "%s twice; counted as delivered to stay under 2 copies" % e)
+                return Outcome(Outcome.MAYBE, f"{e} twice; counted as delivered to stay under 2 copies")
             maybe_before = True
             if on_maybe:
                 on_maybe()
@@ -1049,9 +1047,9 @@ class State:
             pass
         except OSError as e:
             if e.errno == errno.ELOOP:
-                log("error", "%s is a symlink: not read (it is replaced on save)" % path)
+                log("error", f"{path} is a symlink: not read (it is replaced on save)")
         except ValueError:
-            log("warn", "%s unreadable: delivery state starts afresh" % path)
+            log("warn", f"{path} unreadable: delivery state starts afresh")
 
     def target(self, target):
         t = self.data.setdefault(target.id, {})
@@ -1067,7 +1065,7 @@ class State:
             write_atomic(self.path, json.dumps(self.data, sort_keys=True).encode("utf-8"))
             return True
         except OSError as e:
-            log("error", "could not save %s (%s): the previous copy is kept" % (self.path, e.strerror or e))
+            log("error", f"could not save {self.path} ({e.strerror or e}): the previous copy is kept")
             return False
 
 
@@ -1100,7 +1098,7 @@ def parse_event(raw):
     except ValueError:
         event = json.loads(LEADING_ZEROS.sub(r"\1\2", text))
     if not isinstance(event, dict):
-        raise ValueError("not a JSON object")
+        raise ValueError("not a JSON object")  # noqa: TRY004 (callers set bad files aside on ValueError)
     return event
 
 
@@ -1132,11 +1130,10 @@ def read_item(path):
 
 def mark(path, kind, tid):
     try:
-        touch_marker("%s.%s-%s" % (path, kind, tid))
+        touch_marker(f"{path}.{kind}-{tid}")
         return True
     except OSError as e:
-        log("error", "could not record %s for %s (%s): it may be sent again" % (kind, os.path.basename(path),
-                                                                               e.strerror or e))
+        log("error", f"could not record {kind} for {os.path.basename(path)} ({e.strerror or e}): it may be sent again")
         return False
 
 
@@ -1180,8 +1177,7 @@ def enforce_bound(outbox, limit):
     last = os.path.basename(dropped[-1])
     for path in dropped:
         remove_item(path)
-    log("error", "outbox over OUTBOX_MAX=%d: dropped the %d oldest undelivered events (%s .. %s)"
-        % (limit, excess, first, last))
+    log("error", f"outbox over OUTBOX_MAX={limit}: dropped the {excess} oldest undelivered events ({first} .. {last})")
 
 
 def deliver_target(target, tstate, items, env, now):
@@ -1193,9 +1189,8 @@ def deliver_target(target, tstate, items, env, now):
     while pending:
         budget = rate_budget(target, tstate, now, env)
         if budget <= 0:
-            log("warn", "%s: rate limit reached (%d a minute); %d events wait"
-                % (target.label(), int(env.get("NOTIFY_RATE_PER_MIN") or 0) or PROVIDER_RATE[target.provider],
-                   len(pending)))
+            per_min = int(env.get("NOTIFY_RATE_PER_MIN") or 0) or PROVIDER_RATE[target.provider]
+            log("warn", f"{target.label()}: rate limit reached ({per_min} a minute); {len(pending)} events wait")
             return
         batch = pending[:200]
         events = [e for _, e in batch]
@@ -1218,9 +1213,9 @@ def deliver_target(target, tstate, items, env, now):
             tstate["sent"].append(now)
             tstate["failures"] = 0
             if outcome.kind == Outcome.MAYBE:
-                log("warn", "%s: %s" % (target.label(), outcome.detail))
+                log("warn", f"{target.label()}: {outcome.detail}")
             elif tstate.get("reported"):
-                log("info", "%s: delivering again" % target.label())
+                log("info", f"{target.label()}: delivering again")
             tstate["reported"] = ""
             pending = pending[len(batch):]
             continue
@@ -1229,16 +1224,16 @@ def deliver_target(target, tstate, items, env, now):
             wait = max(wait, PERMANENT_RETRY_AFTER)
             detail = scrub(outcome.detail)
             if tstate.get("reported") != detail:
-                log("error", "%s rejected the alert: %s; %d events stay queued, retried every %d s until the "
-                    "target is fixed" % (target.label(), detail, len(pending), PERMANENT_RETRY_AFTER))
+                log("error", f"{target.label()} rejected the alert: {detail}; {len(pending)} events stay queued, "
+                    f"retried every {PERMANENT_RETRY_AFTER:.0f} s until the target is fixed")
                 tstate["reported"] = detail
         else:
             tstate["failures"] = tstate.get("failures", 0) + 1
             # the exponent is capped: a float overflows past 2**1023, and
             # the pause is capped at MAX_RETRY_AFTER long before that
             wait = max(wait, DOWN_BACKOFF * 2 ** min(tstate["failures"] - 1, 16))
-            log("warn", "%s: %s; %d events stay queued (next try in %d s)"
-                % (target.label(), outcome.detail, len(pending), min(wait, MAX_RETRY_AFTER)))
+            log("warn", f"{target.label()}: {outcome.detail}; {len(pending)} events stay queued "
+                f"(next try in {min(wait, MAX_RETRY_AFTER):.0f} s)")
         tstate["not_before"] = now + min(wait, MAX_RETRY_AFTER if outcome.kind == Outcome.RETRY
                                          else PERMANENT_RETRY_AFTER)
         return
@@ -1252,7 +1247,7 @@ def load_items(outbox):
         except FileNotFoundError:
             continue
         except (OSError, ValueError) as e:
-            log("error", "unreadable outbox file %s moved aside (%s)" % (os.path.basename(path), one_line(e)))
+            log("error", f"unreadable outbox file {os.path.basename(path)} moved aside ({one_line(e)})")
             try:
                 os.replace(path, path + ".bad")
             except OSError:
@@ -1282,7 +1277,7 @@ def flush(env=None, now=None):
         if lock.error:
             log("error", lock.error + "; nothing sent")
         else:
-            log("debug", "another flush holds %s: it delivers these events" % lock.path)
+            log("debug", f"another flush holds {lock.path}: it delivers these events")
         return len(outbox_items(outbox))
     try:
         enforce_bound(outbox, int(env.get("OUTBOX_MAX") or 1000))
@@ -1316,8 +1311,8 @@ def run_targets(targets, tstates, items, env, now):
     def work(target):
         try:
             deliver_target(target, tstates[target.id], items, env, time.time() if now is None else now)
-        except Exception as e:       # one target's bug never stops the others
-            log("error", "%s: %s: %s" % (target.label(), e.__class__.__name__, one_line(e)))
+        except Exception as e:  # noqa: BLE001 (one target's bug never stops the others)
+            log("error", f"{target.label()}: {e.__class__.__name__}: {one_line(e)}")
 
     threads = [threading.Thread(target=work, args=(t,), daemon=True) for t in targets]
     for t in threads:
@@ -1349,9 +1344,9 @@ def test_alert(env=None):
             else:
                 url, body = chat_body(target, [event], target.lang, env=env)
             outcome = send(target, url, body, env)
-        except Exception as e:       # one line per target, never a traceback
+        except Exception as e:  # noqa: BLE001 (one line per target, never a traceback)
             outcome = Outcome(Outcome.PERMANENT, one_line(e))
-        print(scrub("%-8s %s: %s" % (outcome.kind, target.label(), outcome.detail)))
+        print(scrub(f"{outcome.kind:<8} {target.label()}: {outcome.detail}"))
         failed += outcome.kind != Outcome.SENT
     return 1 if failed else 0
 
@@ -1380,7 +1375,7 @@ def check_target(target, timeout=2.0):
         path_re, query_key, example = shape
         query = dict(urllib.parse.parse_qsl(parts.query))
         if not re.match(path_re, parts.path) or (query_key and not query.get(query_key)):
-            return "FAIL", "URL does not look like a %s webhook (%s)" % (target.provider, example)
+            return "FAIL", f"URL does not look like a {target.provider} webhook ({example})"
         if parts.scheme != "https":
             notes.append("plain http to a public webhook")
     if target.provider == "dingtalk" and target.secret and not target.secret.startswith("SEC"):
@@ -1397,9 +1392,9 @@ def check_target(target, timeout=2.0):
     t.start()
     t.join(timeout)
     if t.is_alive():
-        return "FAIL", "name %s does not resolve within %g s" % (parts.hostname, timeout)
+        return "FAIL", f"name {parts.hostname} does not resolve within {timeout:g} s"
     if "error" in result:
-        return "FAIL", "name %s does not resolve: %s" % (parts.hostname, result["error"])
+        return "FAIL", "name {} does not resolve: {}".format(parts.hostname, result["error"])
     family, socktype, proto, _, addr = result["addrs"][0]
     start = time.time()
     try:
@@ -1407,9 +1402,9 @@ def check_target(target, timeout=2.0):
             s.settimeout(timeout)
             s.connect(addr)
     except OSError as e:
-        return "FAIL", "TCP connect to %s port %d: %s" % (parts.hostname, port, e.strerror or one_line(e))
-    detail = "reachable (TCP %d ms), language %s; nothing sent (gpuguard notify --test sends a test message)" % (
-        (time.time() - start) * 1000, target.lang)
+        return "FAIL", f"TCP connect to {parts.hostname} port {port}: {e.strerror or one_line(e)}"
+    ms = (time.time() - start) * 1000
+    detail = f"reachable (TCP {ms:.0f} ms), language {target.lang}; nothing sent (gpuguard notify --test sends one)"
     if notes:
         return "WARN", "; ".join(notes) + "; " + detail
     return "OK", detail
@@ -1421,16 +1416,16 @@ def check_targets(env=None):
     try:
         targets = targets_from_env(env)
     except ValueError as e:
-        print("FAIL\tNOTIFY_URL\t%s" % scrub(e))
+        print(f"FAIL\tNOTIFY_URL\t{scrub(e)}")
         return 1
     failed = 0
     for target in targets:
         try:
             level, detail = check_target(target, min(2.0, float(env.get("NOTIFY_TIMEOUT") or 2)))
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 (one line per target, never a traceback)
             level, detail = "FAIL", one_line(e)
         failed += level == "FAIL"
-        print(scrub("%s\t%s\t%s" % (level, target.label(), detail)))
+        print(scrub(f"{level}\t{target.label()}\t{detail}"))
     return 1 if failed else 0
 
 
@@ -1447,7 +1442,7 @@ def recorded_events(source, env):
         try:
             lines = read_bytes(path, 64 << 20).splitlines()[-1:]
         except OSError as e:
-            raise ValueError("no recorded event: %s: %s" % (path, e.strerror))
+            raise ValueError(f"no recorded event: {path}: {e.strerror}")
     events = [parse_event(ln) for ln in lines if ln.strip()]
     if not events:
         raise ValueError("no event to preview")
@@ -1465,7 +1460,7 @@ def preview(source, env=None):
     for provider in PROVIDERS + ("alertmanager",):
         target = configured.get(provider) or Target("http://preview.invalid/", provider, "",
                                                     language(env))
-        print("===== %s (%s)%s =====" % (provider, target.lang, "" if provider in configured else " [not configured]"))
+        print("===== {} ({}){} =====".format(provider, target.lang, "" if provider in configured else " [not configured]"))
         if provider == "alertmanager":
             alerts = [alertmanager_alert(e, target.lang) for e in events]
             print(json.dumps([{"labels": a["labels"], "annotations": a["annotations"], "startsAt": a["startsAt"],
@@ -1498,10 +1493,10 @@ def main(argv):
             print(plain_text(title, sections))
             return 0
     except (ValueError, OSError) as e:
-        print("gpuguard_alert: %s" % one_line(e), file=sys.stderr)
+        print(f"gpuguard_alert: {one_line(e)}", file=sys.stderr)
         return 2
-    except Exception as e:           # a bug: one line, never a traceback
-        log("error", "%s %s: %s: %s" % (os.path.basename(argv[0]), cmd, e.__class__.__name__, one_line(e)))
+    except Exception as e:  # noqa: BLE001 (a bug: one line, never a traceback)
+        log("error", f"{os.path.basename(argv[0])} {cmd}: {e.__class__.__name__}: {one_line(e)}")
         return 1
     print("usage: gpuguard_alert.py flush|test|check|preview [FILE|-]|render", file=sys.stderr)
     return 2

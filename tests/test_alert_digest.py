@@ -8,11 +8,10 @@ import string
 import subprocess
 import time
 
-import pytest
-
 import gpuguard_alert as alert
 import gpuguard_messages_en
 import gpuguard_messages_zh
+import pytest
 import webhook_sink
 from conftest import ROOT, app, idle_gpu
 
@@ -49,21 +48,21 @@ def env(tmp_path):
 def queue(env, events):
     outbox = os.path.join(env["GPUGUARD_STATE_DIR"], "outbox")
     for n, e in enumerate(events):
-        with open(os.path.join(outbox, "%d-1-%06d.json" % (time.time() * 1e6, n)), "w") as f:
+        with open(os.path.join(outbox, f"{int(time.time() * 1e6)}-1-{n:06d}.json"), "w") as f:
             f.write(json.dumps(e) + "\n")
 
 
 @pytest.fixture
 def sink():
     server, rec = webhook_sink.serve(quiet=True)
-    rec.url = "http://127.0.0.1:%d" % server.server_address[1]
+    rec.url = f"http://127.0.0.1:{server.server_address[1]}"
     yield rec
     server.shutdown()
 
 
 def all_targets(url):
-    return ("dingtalk+{u}/dingtalk/robot/send?access_token=t1 feishu+{u}/feishu/hook/abc "
-            "wecom+{u}/wecom/send?key=k1 slack+{u}/slack/services/T/B/C {u}/generic").format(u=url)
+    return (f"dingtalk+{url}/dingtalk/robot/send?access_token=t1 feishu+{url}/feishu/hook/abc "
+            f"wecom+{url}/wecom/send?key=k1 slack+{url}/slack/services/T/B/C {url}/generic")
 
 
 def by_provider(sink):
@@ -96,7 +95,7 @@ def test_no_user_visible_string_outside_the_tables():
     """Every English or Chinese sentence of a message comes from a table:
     the renderer holds no Chinese text at all."""
     src = (ROOT / "python" / "gpuguard_alert.py").read_text()
-    code = re.sub(r'""".*?"""', "", src, flags=re.S)
+    code = re.sub(r'""".*?"""', "", src, flags=re.DOTALL)
     code = "\n".join(ln.split("#")[0] for ln in code.splitlines())
     assert not re.search(r"[\u4e00-\u9fff]", code)
 
@@ -160,7 +159,7 @@ def test_two_jobs_and_a_resolved_gpu_are_one_post_with_a_line_each(env, sink):
         e["job"] = dict(JOB, slurm_job="5151", user="bob")
     events.append(dict(idle8("resolved")[0], gpu=9, uuid="GPU-9", job=None,
                        processes=[{"pid": 99, "name": "infer", "used_memory_mib": 10}]))
-    env = dict(env, NOTIFY_URL="slack+%s/slack/x" % sink.url)
+    env = dict(env, NOTIFY_URL=f"slack+{sink.url}/slack/x")
     queue(env, events)
     assert alert.flush(env) == 0
     (req,) = sink.requests
@@ -172,8 +171,8 @@ def test_two_jobs_and_a_resolved_gpu_are_one_post_with_a_line_each(env, sink):
 
 
 def test_language_follows_the_target_not_LANG(env, sink):
-    env = dict(env, LANG="C", LC_ALL="C", NOTIFY_URL="dingtalk+{u}/dingtalk/a feishu:en+{u}/feishu/b "
-                                                    "slack:zh+{u}/slack/c".format(u=sink.url))
+    env = dict(env, LANG="C", LC_ALL="C", NOTIFY_URL=f"dingtalk+{sink.url}/dingtalk/a feishu:en+{sink.url}/feishu/b "
+                                                    f"slack:zh+{sink.url}/slack/c")
     queue(env, idle8()[:1])
     assert alert.flush(env) == 0
     posts = by_provider(sink)
@@ -202,7 +201,7 @@ def test_missing_fields_render_gracefully_in_both_languages():
         for e in sparse:
             title, lines = alert.render(e, lang)
             assert title.startswith("[gpuguard") and all(isinstance(x, str) for x in lines)
-        title, sections = alert.render_digest(sparse, lang, {"GPU_HOUR_PRICE": "junk"})
+        title, _sections = alert.render_digest(sparse, lang, {"GPU_HOUR_PRICE": "junk"})
         assert "gpuguard" in title
     title, lines = alert.render(sparse[3], "en")
     assert "held by container c0ffee" in lines[0]
@@ -233,7 +232,7 @@ def test_untrusted_job_fields_cannot_mention_anyone(env):
 def gpuguard(args, env, input=None):
     full = dict(os.environ, GPUGUARD_CONFIG="/dev/null")
     full.update(env)
-    return subprocess.run([str(ROOT / "bin/gpuguard")] + args, env=full, capture_output=True, text=True,
+    return subprocess.run([str(ROOT / "bin/gpuguard")] + args, env=full, capture_output=True, text=True, check=False,
                           timeout=60, input=input)
 
 
@@ -269,13 +268,13 @@ def test_notify_test_posts_once_per_target(env, sink):
 
 def test_doctor_checks_targets_without_posting(box, sink):
     box.write_scenario([{"gpus": [idle_gpu()], "apps": [app(1410)]}] * 3)
-    env = {"NOTIFY_URL": "%s/generic dingtalk+https://oapi.dingtalk.com/robot/oops?access_token=tok12345 "
-                         "http://no-such-host.invalid/hook" % sink.url}
+    env = {"NOTIFY_URL": f"{sink.url}/generic dingtalk+https://oapi.dingtalk.com/robot/oops?access_token=tok12345 "
+                         "http://no-such-host.invalid/hook"}
     r = box.run("doctor", env=env, cmd="bin/gpuguard")
     out = r.stdout
-    assert re.search(r"^OK +target generic http://127\.0\.0\.1/\*\*\*: reachable", out, re.M), out
-    assert re.search(r"^FAIL +target dingtalk https://oapi\.dingtalk\.com/\*\*\*: URL does not look like", out, re.M)
-    assert re.search(r"^FAIL +target generic http://no-such-host\.invalid/\*\*\*: name", out, re.M)
+    assert re.search(r"^OK +target generic http://127\.0\.0\.1/\*\*\*: reachable", out, re.MULTILINE), out
+    assert re.search(r"^FAIL +target dingtalk https://oapi\.dingtalk\.com/\*\*\*: URL does not look like", out, re.MULTILINE)
+    assert re.search(r"^FAIL +target generic http://no-such-host\.invalid/\*\*\*: name", out, re.MULTILINE)
     assert sink.requests == []
     assert "tok12345" not in out + r.stderr
 
@@ -310,9 +309,9 @@ events_flush
     server, rec = webhook_sink.serve(quiet=True, record=str(record))
     env = dict(os.environ, GPUGUARD_ROOT=str(ROOT), GPUGUARD_STATE_DIR=str(state), RECORD=str(record),
                GPUGUARD_LOG=str(tmp_path / "log"),
-               NOTIFY_URL="http://127.0.0.1:%d/generic" % server.server_address[1])
+               NOTIFY_URL=f"http://127.0.0.1:{server.server_address[1]}/generic")
     try:
-        r = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=60)
+        r = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=60, check=False)
     finally:
         server.shutdown()
     assert r.returncode == 0, r.stderr
