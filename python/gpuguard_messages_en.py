@@ -48,7 +48,7 @@ MESSAGES = {
     "job_cwd": "cwd: {cwd}",
     "job_rank": "rank {rank}",
     "job_host": "host {host}",
-    "procs": "processes: {procs}",
+    "procs": "Processes: {procs}",
     "procs_hidden": "(process list not visible: container?)",
     "more": "... and {n} more",
     "digest_more": "... and {n} more alerts (see events.jsonl)",
