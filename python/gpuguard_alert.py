@@ -81,6 +81,8 @@ DOWN_BACKOFF = 30.0
 # A receiver that got the request but did not answer in time is tried once
 # more with this many times the timeout (issue 13: <= 2 deliveries).
 MAYBE_TIMEOUT_FACTOR = 3
+# The longest one flush waits for its targets (s).
+FLUSH_DEADLINE = 240.0
 # Groups shown in one digest; the rest are counted in a last line.
 DIGEST_MAX_GROUPS = 40
 SECRET_QUERY_KEYS = ("access_token", "key", "token", "sign", "secret")
@@ -1314,11 +1316,17 @@ def run_targets(targets, tstates, items, env, now):
         except Exception as e:  # noqa: BLE001 (one target's bug never stops the others)
             log("error", f"{target.label()}: {e.__class__.__name__}: {one_line(e)}")
 
-    threads = [threading.Thread(target=work, args=(t,), daemon=True) for t in targets]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    threads = [(t, threading.Thread(target=work, args=(t,), daemon=True)) for t in targets]
+    for _, thread in threads:
+        thread.start()
+    # every request is bounded by its timeout; name resolution is not, so
+    # the flush as a whole is: a target still busy then is left behind (its
+    # events stay queued) rather than holding up the watchdog's cycle
+    deadline = time.time() + FLUSH_DEADLINE
+    for target, thread in threads:
+        thread.join(max(0.0, deadline - time.time()))
+        if thread.is_alive():
+            log("warn", f"{target.label()}: still sending after {FLUSH_DEADLINE:.0f} s; its events stay queued")
 
 
 # ---------------------------------------------------------------- commands --
@@ -1462,9 +1470,11 @@ def preview(source, env=None):
                                                     language(env))
         print("===== {} ({}){} =====".format(provider, target.lang, "" if provider in configured else " [not configured]"))
         if provider == "alertmanager":
-            alerts = [alertmanager_alert(e, target.lang) for e in events]
-            print(json.dumps([{"labels": a["labels"], "annotations": a["annotations"], "startsAt": a["startsAt"],
-                               "endsAt": a["endsAt"]} for a in alerts], ensure_ascii=False, indent=1))
+            # one POST of alerts: labels, times and summary a line each
+            for a in (alertmanager_alert(e, target.lang) for e in events):
+                print(json.dumps({"labels": a["labels"], "startsAt": a["startsAt"], "endsAt": a["endsAt"],
+                                  "summary": a["annotations"]["summary"]}, ensure_ascii=False))
+            print()
             continue
         _, body = chat_body(target, events, target.lang, env=env)
         text = {"dingtalk": lambda b: b["markdown"]["text"], "feishu": lambda b: b["content"]["text"],

@@ -319,3 +319,17 @@ events_flush
     (req,) = rec.requests
     assert [e["gpu"] for e in req["body"]["events"]] == [0, 1, 2, 3]
     assert len((state / "events.jsonl").read_text().splitlines()) == 4
+
+
+def test_dingtalk_gets_at_most_20_posts_a_minute_and_the_rest_later_in_one(env, sink):
+    """A cycle every 2 s, each with a new alert: the robot's own limit (20 a
+    minute; it throttles for 10 minutes past it) holds without any setting."""
+    env = dict(env, NOTIFY_URL=f"dingtalk+{sink.url}/dingtalk/robot/send?access_token=t")
+    now = time.time()
+    for cycle in range(30):
+        queue(env, [dict(idle8()[0], gpu=cycle, uuid=f"GPU-{cycle}")])
+        alert.flush(env, now=now + 2 * cycle)
+    assert len(sink.requests) == 20
+    assert alert.flush(env, now=now + 61) == 0
+    assert len(sink.requests) == 21
+    assert "GPU 20-29" in sink.requests[-1]["body"]["markdown"]["title"]
