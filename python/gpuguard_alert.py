@@ -791,7 +791,10 @@ def chat_text(provider, title, sections, who):
     if provider == "slack":
         text = f"*{title}*\n" + "\n".join(
             f"*{h}*" + "".join(f"\n• {d}" for d in ds) for h, ds in sections)
-        return text.replace("&", "&amp;").replace("\u2039", "&lt;").replace("\u203a", "&gt;")
+        text = text.replace("&", "&amp;").replace("\u2039", "&lt;").replace("\u203a", "&gt;")
+        if who:
+            text += "\n" + " ".join(f"<@{m}>" for m in who)
+        return text
     text = plain_text(title, sections)
     if provider == "feishu" and who:
         text += "\n" + "".join(f'<at user_id="{m}"></at>' for m in who)
@@ -1104,18 +1107,15 @@ def parse_event(raw):
     return event
 
 
-def markers(path, kind):
-    """Target ids with a marker of this kind (done, maybe) for an item."""
+def markers(path, kind, names=None):
+    """Target ids with a marker of this kind (done, maybe) for an item;
+    names: the outbox listing already read (one listing per pass, not one
+    per item, for a full outbox)."""
     folder, base = os.path.split(path)
     prefix = base + "." + kind + "-"
-    found = set()
-    try:
-        for n in os.listdir(folder):
-            if n.startswith(prefix):
-                found.add(n[len(prefix):])
-    except OSError:
-        pass
-    if kind == "done":
+    names = list_names(folder) if names is None else names
+    found = {n[len(prefix):] for n in names if n.startswith(prefix)}
+    if kind == "done" and base[:-5] + ".sent" in names:
         # files written by older versions: one target id a line
         try:
             found |= set(read_bytes(path[:-5] + ".sent").decode("ascii", "replace").split())
@@ -1124,10 +1124,10 @@ def markers(path, kind):
     return found
 
 
-def read_item(path):
+def read_item(path, names=None):
     """(event, set of target ids already delivered)."""
     event = parse_event(read_bytes(path))
-    return event, markers(path, "done")
+    return event, markers(path, "done", names)
 
 
 def mark(path, kind, tid):
@@ -1139,10 +1139,11 @@ def mark(path, kind, tid):
         return False
 
 
-def remove_item(path):
+def remove_item(path, names=None):
     """The item first (it is then never sent again), then its markers."""
     folder, base = os.path.split(path)
-    for p in [path, path[:-5] + ".sent"] + [os.path.join(folder, n) for n in list_names(folder)
+    names = list_names(folder) if names is None else names
+    for p in [path, path[:-5] + ".sent"] + [os.path.join(folder, n) for n in names
                                             if n.startswith(base + ".")]:
         try:
             os.remove(p)
@@ -1177,8 +1178,9 @@ def enforce_bound(outbox, limit):
     dropped = items[:excess]
     first = os.path.basename(dropped[0])
     last = os.path.basename(dropped[-1])
+    names = list_names(outbox)
     for path in dropped:
-        remove_item(path)
+        remove_item(path, names)
     log("error", f"outbox over OUTBOX_MAX={limit}: dropped the {excess} oldest undelivered events ({first} .. {last})")
 
 
@@ -1201,7 +1203,8 @@ def deliver_target(target, tstate, items, env, now):
             body = [alertmanager_alert(e, target.lang, now=time.time()) for e in events]
         else:
             url, body = chat_body(target, events, target.lang, now, env)
-        maybe_before = any(target.id in markers(p, "maybe") for p, _ in batch)
+        names = list_names(os.path.dirname(batch[0][0]))
+        maybe_before = any(target.id in markers(p, "maybe", names) for p, _ in batch)
 
         def on_maybe(batch=batch):
             for p, _ in batch:
@@ -1243,9 +1246,10 @@ def deliver_target(target, tstate, items, env, now):
 
 def load_items(outbox):
     items = []
+    names = list_names(outbox)
     for path in outbox_items(outbox):
         try:
-            items.append((path,) + read_item(path))
+            items.append((path, *read_item(path, names)))
         except FileNotFoundError:
             continue
         except (OSError, ValueError) as e:
@@ -1291,16 +1295,17 @@ def flush(env=None, now=None):
         # flush (a second pass), so a flush that found the lock taken
         # loses nothing by leaving
         for _ in range(3):
-            items = [it for it in load_items(outbox)]
+            items = load_items(outbox)
             fresh = [it for it in items if it[0] not in seen]
             if not fresh:
                 break
             seen.update(it[0] for it in items)
             run_targets(targets, tstates, items, env, now)
             ids = {t.id for t in targets}
+            names = list_names(outbox)
             for path, _, _ in items:
-                if ids and ids <= markers(path, "done"):
-                    remove_item(path)
+                if ids and ids <= markers(path, "done", names):
+                    remove_item(path, names)
             if not targets:
                 break
         state.save()

@@ -131,6 +131,7 @@ def test_eight_idle_gpus_of_one_job_make_one_post_per_target_in_its_language(env
     assert ding["at"]["atMobiles"] == ["13800000000"] and ding["markdown"]["text"].count("@13800000000") == 1
     assert text_of("wecom", posts["wecom"][0]).count("<@13800000000>") == 1
     assert text_of("feishu", posts["feishu"][0]).count('<at user_id="13800000000">') == 1
+    assert text_of("slack", posts["slack"][0]).count("<@13800000000>") == 1
     # Alertmanager: one POST with 8 alerts, labels as the shipped rules
     alerts = posts["api"][0]
     assert sorted(a["labels"]["gpu"] for a in alerts) == [str(i) for i in range(8)]
