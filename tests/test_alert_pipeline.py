@@ -378,3 +378,21 @@ def test_outbox_bound_removes_markers_with_the_items(env):
     alert.flush(env)
     assert len(queued(env)) == 3
     assert not [n for n in os.listdir(outbox) if n.startswith(first)]
+
+
+def test_syslog_gets_the_same_lines_when_asked(env, monkeypatch):
+    import types
+    sent = []
+    fake = types.SimpleNamespace(LOG_DEBUG=7, LOG_INFO=6, LOG_WARNING=4, LOG_ERR=3, LOG_USER=8,
+                                 openlog=lambda *a: None, syslog=lambda prio, text: sent.append((prio, text)))
+    monkeypatch.setitem(sys.modules, "syslog", fake)
+    env = dict(env, NOTIFY_URL=f"dingtalk+http://127.0.0.1:{free_port()}/x?access_token=tokSECRET77",
+               NOTIFY_RETRIES="0", GPUGUARD_SYSLOG="1")
+    queue(env, idle_event(0))
+    alert.flush(env)
+    assert sent and sent[0][0] == 4 and "stay queued" in sent[0][1]
+    assert not any("tokSECRET77" in text for _, text in sent)
+    env["GPUGUARD_SYSLOG"] = "0"
+    os.remove(os.path.join(env["GPUGUARD_STATE_DIR"], "alert-state.json"))
+    alert.flush(env)
+    assert len(sent) == 1
