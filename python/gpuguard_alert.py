@@ -1267,7 +1267,10 @@ def flush(env=None, now=None):
     Returns the number of events still queued."""
     global ENV
     env = ENV = os.environ if env is None else env
-    state_dir = env.get("GPUGUARD_STATE_DIR") or "."
+    state_dir = env.get("GPUGUARD_STATE_DIR") or ""
+    if not state_dir:
+        log("error", "GPUGUARD_STATE_DIR is not set: nothing to flush")
+        return 0
     outbox = os.path.join(state_dir, "outbox")
     problem = state_dir_problem(state_dir)
     if problem:
