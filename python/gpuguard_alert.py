@@ -715,7 +715,7 @@ def render_digest(events, lang, env=None):
     states = [state_class(g[0]) for g in groups]
     lead = "firing" if "firing" in states else ("test" if "test" in states else "resolved")
     tag = msg(lang, "tag_" + lead) if lead in ("firing", "resolved", "test") else lead
-    if any(g[0].get("state") == "reminder" for g in groups) and states.count("firing") == len(states):
+    if all(e.get("state") == "reminder" for g in groups for e in g):
         tag = msg(lang, "tag_reminder")
     if len(groups) == 1:
         title = msg(lang, "title_one", tag=tag, host=host, what=sections[0][1])

@@ -334,3 +334,11 @@ def test_dingtalk_gets_at_most_20_posts_a_minute_and_the_rest_later_in_one(env, 
     assert alert.flush(env, now=now + 61) == 0
     assert len(sink.requests) == 21
     assert "GPU 20-29" in sink.requests[-1]["body"]["markdown"]["title"]
+
+
+def test_reminders_are_tagged_as_such_unless_something_new_fires():
+    first = idle8()[0]
+    title, _ = alert.render(dict(first, state="reminder"), "en")
+    assert title.startswith("[gpuguard REMINDER] node7: GPU 0 idle")
+    title, _ = alert.render_digest([dict(first, state="reminder"), dict(idle8()[1], job=None)], "zh")
+    assert title.startswith("[gpuguard 告警]")
