@@ -469,6 +469,9 @@ def proc_name(p):
     return os.path.basename(str(p.get("name") or "?")) or "?"
 
 
+RANK_ARG = re.compile(r"\s--local[-_]rank[= ]\d+")
+
+
 def job_key(event):
     """What "the same job" means when grouping GPUs into one digest line:
     the Slurm job, else the container, else user + command + folder (the
@@ -479,7 +482,10 @@ def job_key(event):
         for key in ("slurm_job", "container"):
             if j.get(key):
                 return (key, str(j[key]))
-        return ("job", str(j.get("user")), str(j.get("cmdline")), str(j.get("cwd")))
+        # ranks launched by the older torch.distributed.launch differ only
+        # in --local_rank=N: still one job
+        cmd = RANK_ARG.sub("", str(j.get("cmdline")))
+        return ("job", str(j.get("user")), cmd, str(j.get("cwd")))
     procs = procs_of(event)
     if procs:
         return ("procs",) + tuple(sorted({proc_name(p) for p in procs}))

@@ -342,3 +342,12 @@ def test_reminders_are_tagged_as_such_unless_something_new_fires():
     assert title.startswith("[gpuguard REMINDER] node7: GPU 0 idle")
     title, _ = alert.render_digest([dict(first, state="reminder"), dict(idle8()[1], job=None)], "zh")
     assert title.startswith("[gpuguard 告警]")
+
+
+def test_ranks_of_one_job_without_slurm_are_one_line():
+    events = idle8(job=dict(JOB, slurm_job=None))
+    for i, e in enumerate(events):
+        e["job"]["cmdline"] = f"python -m torch.distributed.launch train.py --local_rank={i}"
+    title, sections = alert.render_digest(events, "en", {})
+    assert len(sections) == 1 and "GPU 0-7 idle but occupied" in title
+    assert "held by python -m torch.distributed.launch train.py --local_rank=0" in sections[0][0]
