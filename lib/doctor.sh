@@ -106,19 +106,20 @@ doctor_state() {
   fi
 }
 
-# Sends a test message to each target.
+# Checks each target without posting anything (URL shape, name resolution,
+# a TCP connect with a short timeout); `gpuguard notify --test` posts.
 doctor_targets() {
   if ! events_targets_configured; then
     doctor_line WARN "no alert target: set NOTIFY_URL or ALERTMANAGER_URL (events still go to events.jsonl)"
     return 0
   fi
-  local line
-  while IFS= read -r line; do
-    case $line in
-      sent*) doctor_line OK "target: $line" ;;
-      *) doctor_line FAIL "target: $line" ;;
+  local level label detail
+  while IFS=$'\t' read -r level label detail; do
+    case $level in
+      OK | WARN | FAIL) doctor_line "$level" "target $label: $detail" ;;
+      *) doctor_line FAIL "target check: $level${label:+ $label}${detail:+ $detail}" ;;
     esac
-  done < <(events_test_alert 2>&1)
+  done < <(events_helper check 2>&1)
 }
 
 # Prints one row per GPU and its processes, with sparklines of recent

@@ -103,6 +103,8 @@ leak_cycle() {
     samples+="$key $now $root $used ${free:--} $cpu $((rss * LEAK_PAGE_KIB / 1024)) $name ${cmd:-$name}"$'\n'
   done
   leak_run_detector "$samples"
+  # contract 4: events_emit only enqueues; one digest per target a cycle
+  events_flush
   for pid in "${!LEAK_CPU_PREV[@]}"; do
     [[ -n ${GG_PROC_PPID[$pid]:-} ]] || unset "LEAK_CPU_PREV[$pid]"
   done

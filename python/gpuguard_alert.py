@@ -1,36 +1,57 @@
-#!/usr/bin/env python3
 """gpuguard's alert module: every event leaves through here.
 
 Commands:
-  flush        deliver what waits in $GPUGUARD_STATE_DIR/outbox, oldest first
-  test         send a test message to every target and print one line each
-  render       print the human message for an event read on stdin
+  flush          deliver what waits in $GPUGUARD_STATE_DIR/outbox: one digest
+                 per target, then record each delivery
+  test           send a test message to every target and print one line each
+  check          check every target without sending anything (URL shape,
+                 DNS, TCP connect): one tab-separated line per target
+  preview [FILE] print each provider's message for recorded events (FILE,
+                 "-" for stdin, default the last line of events.jsonl)
+  render         print the message for the events read on stdin
 
-Targets come from the environment (set from the config file by the bash
-side, never from argv): NOTIFY_URL (one or more URLs, separated by spaces,
-commas or semicolons; a "dingtalk+" / "feishu+" / "wecom+" / "slack+" /
-"generic+" prefix forces the provider), NOTIFY_TYPE (provider for URLs whose
-host says nothing), NOTIFY_SECRET (signing secret; one for all, or one per
-URL in the same order), NOTIFY_LANG (zh|en; default from LANG),
-NOTIFY_TIMEOUT (s), NOTIFY_RETRIES, NOTIFY_RATE_PER_MIN (0: the provider's
-own limit), NOTIFY_MENTION (mobiles or user ids to mention on firing
-alerts), ALERTMANAGER_URL, OUTBOX_MAX.
+Targets come from the environment only (never argv): NOTIFY_URL (one or more
+URLs, separated by spaces, commas or semicolons; a "PROVIDER+", "LANG+" or
+"PROVIDER:LANG+" prefix forces the provider (dingtalk, feishu, wecom, slack,
+generic) and the language (zh, en)), NOTIFY_TYPE (provider for URLs whose host
+says nothing), NOTIFY_SECRET (signing secret; one for all, or one per URL in
+the same order), NOTIFY_LANG (zh|en for every target; default: Chinese for
+DingTalk, Feishu and WeCom, English for the others), NOTIFY_TIMEOUT (s),
+NOTIFY_RETRIES, NOTIFY_RATE_PER_MIN (0: the provider's own limit),
+NOTIFY_MENTION (mobiles or user ids mentioned once per firing digest),
+ALERTMANAGER_URL, OUTBOX_MAX, REPEAT_INTERVAL, GPU_HOUR_PRICE (e.g. "30",
+"¥30", "2.5 USD": the idle cost line). Logging: GPUGUARD_LOG,
+GPUGUARD_LOG_LEVEL, GPUGUARD_SYSLOG, as the bash side.
+
+Delivery is at-least-once with a bound: a send is recorded (an empty marker
+file beside the outbox file) right after the receiver accepts it, so a kill
+between the two sends that digest once more; a receiver that takes the
+request but answers after the timeout is tried once more with a longer
+timeout and then counted as delivered, never more than twice.
 
 Standard library only: it must run on a bare GPU box.
 """
 import base64
+import errno
+import fcntl
 import hashlib
 import hmac
+import http.client
 import json
 import os
 import random
 import re
+import socket
 import sys
+import tempfile
+import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 
+import gpuguard_messages_en
+import gpuguard_messages_zh
+
+TABLES = {"en": gpuguard_messages_en.MESSAGES, "zh": gpuguard_messages_zh.MESSAGES}
 PROVIDER_HOSTS = {
     "oapi.dingtalk.com": "dingtalk",
     "open.feishu.cn": "feishu",
@@ -39,12 +60,16 @@ PROVIDER_HOSTS = {
     "hooks.slack.com": "slack",
 }
 PROVIDERS = ("dingtalk", "feishu", "wecom", "slack", "generic")
+# The language a target gets unless NOTIFY_LANG or its own prefix says
+# otherwise: the Chinese platforms get Chinese, whatever LANG the daemon has.
+PROVIDER_LANG = {"dingtalk": "zh", "feishu": "zh", "wecom": "zh", "slack": "en",
+                 "generic": "en", "alertmanager": "en"}
 # Messages per minute each provider accepts from one robot / webhook.
 PROVIDER_RATE = {"dingtalk": 20, "wecom": 20, "feishu": 100, "slack": 60,
                  "generic": 600, "alertmanager": 600}
 # Body size limits, in UTF-8 bytes, with a margin for the JSON envelope.
 PROVIDER_TEXT_BYTES = {"dingtalk": 18000, "wecom": 3900, "feishu": 18000,
-                       "slack": 35000, "generic": 1 << 30}
+                       "slack": 35000, "generic": 1 << 20}
 # Business error codes: retry later (rate limited) versus permanent.
 RETRY_CODES = {"dingtalk": {130101}, "wecom": {45009}, "feishu": {11232}}
 PERMANENT_RETRY_AFTER = 600.0
@@ -53,27 +78,55 @@ MAX_RETRY_AFTER = 300.0
 # wait 30 s, 60 s, 120 s ... (at most MAX_RETRY_AFTER) before trying it again,
 # so a dead receiver does not eat every watchdog cycle.
 DOWN_BACKOFF = 30.0
+# A receiver that got the request but did not answer in time is tried once
+# more with this many times the timeout (issue 13: <= 2 deliveries).
+MAYBE_TIMEOUT_FACTOR = 3
+# The longest one flush waits for its targets (s).
+FLUSH_DEADLINE = 240.0
+# Groups shown in one digest; the rest are counted in a last line.
+DIGEST_MAX_GROUPS = 40
 SECRET_QUERY_KEYS = ("access_token", "key", "token", "sign", "secret")
+LOG_RANK = {"debug": 0, "info": 1, "warn": 2, "error": 3}
 # The environment in force: os.environ when run as a command; flush() and
 # test_alert() take another one (tests), which logging and scrubbing follow.
 ENV = os.environ
+LOG_LOCK = threading.Lock()
 
 
 # ---------------------------------------------------------------- logging --
 
 def log(level, msg):
-    """One log line in the format the bash side writes."""
-    line = "%s %-5s alert: %s\n" % (time.strftime("%Y-%m-%d %H:%M:%S"),
-                                   level.upper(), scrub(msg))
+    """One log line in the format the bash side writes, filtered by
+    GPUGUARD_LOG_LEVEL and copied to syslog when GPUGUARD_SYSLOG=1."""
+    minimum = LOG_RANK.get(ENV.get("GPUGUARD_LOG_LEVEL") or "info", 1)
+    if LOG_RANK.get(level, 1) < minimum:
+        return
+    text = scrub(msg).replace("\n", " ")
+    line = f"{time.strftime('%Y-%m-%d %H:%M:%S')} {level.upper():<5} alert: {text}\n"
     path = ENV.get("GPUGUARD_LOG")
-    try:
+    with LOG_LOCK:
+        written = False
         if path:
-            with open(path, "a", encoding="utf-8") as f:
-                f.write(line)
-            return
-    except OSError:
-        pass
-    sys.stderr.write(line)
+            try:
+                with open(path, "a", encoding="utf-8", errors="replace") as f:
+                    f.write(line)
+                written = True
+            except OSError:
+                pass
+        if not written:
+            try:
+                sys.stderr.write(line)
+            except (OSError, ValueError):
+                pass
+        if ENV.get("GPUGUARD_SYSLOG") == "1":
+            try:
+                import syslog
+                prio = {"debug": syslog.LOG_DEBUG, "info": syslog.LOG_INFO,
+                        "warn": syslog.LOG_WARNING, "error": syslog.LOG_ERR}[level]
+                syslog.openlog("gpuguard/alert", 0, syslog.LOG_USER)
+                syslog.syslog(prio, text)
+            except (ImportError, OSError, KeyError):
+                pass
 
 
 def secrets():
@@ -84,7 +137,7 @@ def secrets():
             found.add(s)
     for url in split_urls(ENV.get("NOTIFY_URL", "")) + \
             split_urls(ENV.get("ALERTMANAGER_URL", "")):
-        parts = urllib.parse.urlsplit(url.split("+", 1)[-1] if "+" in url.split("://")[0] else url)
+        parts = urllib.parse.urlsplit(strip_prefix(url)[1])
         for key, value in urllib.parse.parse_qsl(parts.query):
             if key.lower() in SECRET_QUERY_KEYS and len(value) >= 4:
                 found.add(value)
@@ -102,14 +155,124 @@ def scrub(text):
     for s in secrets():
         text = text.replace(s, "***")
         text = text.replace(urllib.parse.quote(s, safe=""), "***")
-    return re.sub(r"((?:%s)=)[^&\s\"']+" % "|".join(SECRET_QUERY_KEYS),
+    return re.sub(r"((?:{})=)[^&\s\"']+".format("|".join(SECRET_QUERY_KEYS)),
                   r"\1***", text)
 
 
 def mask_url(url):
     """A URL fit for a log line: scheme, host and a masked path."""
     parts = urllib.parse.urlsplit(url)
-    return "%s://%s/***" % (parts.scheme, parts.hostname or "?")
+    return "{}://{}/***".format(parts.scheme, parts.hostname or "?")
+
+
+def one_line(exc):
+    """An exception as one short line (never a traceback)."""
+    text = str(exc) or exc.__class__.__name__
+    return scrub(text.replace("\n", " "))[:200]
+
+
+# ------------------------------------------------------------------ files --
+
+def open_nofollow(path, flags, mode=0o600):
+    return os.open(path, flags | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), mode)
+
+
+def read_bytes(path, limit=1 << 20):
+    """Reads a file without following a symlink planted at its path."""
+    fd = open_nofollow(path, os.O_RDONLY)
+    with os.fdopen(fd, "rb") as f:
+        return f.read(limit)
+
+
+def fsync_dir(folder):
+    try:
+        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path, data):
+    """Writes a file crash-consistently: a mkstemp file in the same folder
+    (O_EXCL: a planted symlink is never followed), fsync, rename over the
+    destination (which replaces a symlink there, never writes through it),
+    fsync of the folder. The previous file stays whole on any error."""
+    folder = os.path.dirname(path) or "."
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    fsync_dir(folder)
+
+
+def touch_marker(path):
+    """Creates an empty marker file: no data block, so it works on a full
+    disk; O_EXCL|O_NOFOLLOW: never through a planted link."""
+    try:
+        fd = open_nofollow(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    except FileExistsError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    os.close(fd)
+
+
+def state_dir_problem(folder):
+    """Why the state folder must not be used, or ''."""
+    try:
+        st = os.stat(folder)
+    except OSError as e:
+        return f"state folder {folder}: {e.strerror}"
+    if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
+        return f"state folder {folder} is owned by uid {st.st_uid}, not by us (uid {os.geteuid()}): refusing it"
+    if st.st_mode & 0o022:
+        return f"state folder {folder} is writable by others (mode {st.st_mode & 0o777:o}): refusing it"
+    return ""
+
+
+class FlushLock:
+    """One flush at a time per state folder (daemon, cron and a manual run
+    may overlap): a non-blocking flock on state/flush.lock."""
+
+    def __init__(self, folder):
+        self.path = os.path.join(folder, "flush.lock")
+        self.fd = None
+        self.error = ""
+
+    def acquire(self):
+        try:
+            self.fd = open_nofollow(self.path, os.O_RDWR | os.O_CREAT)
+        except OSError as e:
+            self.error = f"cannot open {self.path}: {e.strerror}"
+            return False
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(self.fd)
+            self.fd = None
+            return False
+        return True
+
+    def release(self):
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
 
 # ---------------------------------------------------------------- targets --
@@ -118,15 +281,25 @@ def split_urls(value):
     return [u for u in re.split(r"[\s,;]+", value or "") if u]
 
 
+def strip_prefix(raw):
+    """("provider:lang" prefix or "", URL) of one NOTIFY_URL entry."""
+    head = raw.split("://", 1)[0]
+    if "+" in head:
+        prefix, url = raw.split("+", 1)
+        return prefix, url
+    return "", raw
+
+
 class Target:
-    def __init__(self, url, provider, secret):
+    def __init__(self, url, provider, secret, lang=None):
         self.url = url
         self.provider = provider
         self.secret = secret
+        self.lang = lang or PROVIDER_LANG.get(provider, "en")
         self.id = hashlib.sha256(url.encode()).hexdigest()[:12]
 
     def label(self):
-        return "%s %s" % (self.provider, mask_url(self.url))
+        return f"{self.provider} {mask_url(self.url)}"
 
 
 def targets_from_env(env=None):
@@ -134,21 +307,30 @@ def targets_from_env(env=None):
     urls = split_urls(env.get("NOTIFY_URL", ""))
     sec = [s for s in re.split(r"[\s,;]+", env.get("NOTIFY_SECRET", "")) if s]
     default_type = env.get("NOTIFY_TYPE", "") or None
+    global_lang = env.get("NOTIFY_LANG", "") if env.get("NOTIFY_LANG", "") in TABLES else None
     out = []
+
+    def parse(raw, allowed):
+        prefix, url = strip_prefix(raw)
+        provider = lang = None
+        for part in [p for p in prefix.split(":") if p]:
+            if part in TABLES:
+                lang = part
+            elif part in allowed:
+                provider = part
+            else:
+                raise ValueError(f"unknown provider or language '{part}' in a target prefix")
+        return url, provider, lang
+
     for i, raw in enumerate(urls):
-        provider = None
-        url = raw
-        scheme = raw.split("://", 1)[0]
-        if "+" in scheme:
-            provider, url = raw.split("+", 1)
-            if provider not in PROVIDERS:
-                raise ValueError("unknown provider '%s' in NOTIFY_URL" % provider)
+        url, provider, lang = parse(raw, PROVIDERS)
         host = (urllib.parse.urlsplit(url).hostname or "").lower()
         provider = provider or PROVIDER_HOSTS.get(host) or default_type or "generic"
         secret = sec[i] if len(sec) == len(urls) else (sec[0] if len(sec) == 1 else "")
-        out.append(Target(url, provider, secret))
+        out.append(Target(url, provider, secret, lang or global_lang))
     for raw in split_urls(env.get("ALERTMANAGER_URL", "")):
-        out.append(Target(raw.rstrip("/"), "alertmanager", ""))
+        url, _, lang = parse(raw, ())
+        out.append(Target(url.rstrip("/"), "alertmanager", "", lang))
     return out
 
 
@@ -158,7 +340,7 @@ def dingtalk_sign(secret, ts_ms):
     """DingTalk 加签: HMAC-SHA256 keyed by the secret over "ts\\nsecret",
     base64, URL-encoded once."""
     digest = hmac.new(secret.encode("utf-8"),
-                      ("%s\n%s" % (ts_ms, secret)).encode("utf-8"),
+                      (f"{ts_ms}\n{secret}").encode(),
                       hashlib.sha256).digest()
     return urllib.parse.quote_plus(base64.b64encode(digest))
 
@@ -166,7 +348,7 @@ def dingtalk_sign(secret, ts_ms):
 def feishu_sign(secret, ts_s):
     """Feishu: HMAC-SHA256 keyed by "ts\\nsecret" over the empty message,
     base64, not URL-encoded (it goes in the JSON body)."""
-    digest = hmac.new(("%s\n%s" % (ts_s, secret)).encode("utf-8"), b"",
+    digest = hmac.new((f"{ts_s}\n{secret}").encode(), b"",
                       hashlib.sha256).digest()
     return base64.b64encode(digest).decode("ascii")
 
@@ -174,138 +356,413 @@ def feishu_sign(secret, ts_s):
 # --------------------------------------------------------------- messages --
 
 def language(env=None):
+    """The language for every target when NOTIFY_LANG says one, else None
+    (each target then speaks its provider's default). LANG is not read: a
+    daemon under LANG=C still writes Chinese to a DingTalk group."""
     env = os.environ if env is None else env
     lang = env.get("NOTIFY_LANG", "")
-    if lang in ("zh", "en"):
-        return lang
-    return "zh" if env.get("LANG", "").lower().startswith("zh") else "en"
+    return lang if lang in TABLES else None
+
+
+def msg(lang, key, **fields):
+    return TABLES[lang][key].format(**fields)
 
 
 def duration(seconds, lang):
-    seconds = int(seconds or 0)
+    try:
+        seconds = max(0, int(float(seconds or 0)))
+    except (TypeError, ValueError):
+        return msg(lang, "unknown")
     h, rest = divmod(seconds, 3600)
     m, s = divmod(rest, 60)
-    if lang == "zh":
-        return ("%d小时" % h if h else "") + ("%d分" % m if h or m else "") + "%d秒" % s
-    return ("%dh " % h if h else "") + ("%dm " % m if h or m else "") + "%ds" % s
+    if h:
+        return msg(lang, "dur_hm", h=h, m=m)
+    if m:
+        return msg(lang, "dur_m", m=m)
+    return msg(lang, "dur_s", s=s)
 
 
 def defuse(text):
-    """Makes untrusted text (process names) unable to mention anyone on any
-    platform: @all, <at ...>, <@id>, <!channel>, @everyone."""
+    """Makes untrusted text (process names, command lines) unable to mention
+    anyone on any platform: @all, <at ...>, <@id>, <!channel>, @everyone."""
     text = str(text)
     text = text.replace("@", "\uff20")          # fullwidth at sign
     text = text.replace("<", "\u2039").replace(">", "\u203a")
     return text
 
 
-def fmt_procs(procs, lang, limit=10):
-    if not procs:
-        return "（进程列表不可见：容器？）" if lang == "zh" else "(process list not visible: container?)"
-    items = []
-    for p in procs[:limit]:
-        name = defuse(os.path.basename(str(p.get("name", "?"))) or "?")
-        if len(name) > 48:
-            name = name[:47] + "…"
-        items.append("%s %s (%s MiB)" % (p.get("pid"), name, p.get("used_memory_mib")))
-    more = len(procs) - limit
-    if more > 0:
-        items.append(("……另有 %d 个" % more) if lang == "zh" else ("... and %d more" % more))
-    return ", ".join(items)
+SECRET_ARG = re.compile(
+    r"(?i)(--?(?:[\w-]*(?:token|secret|password|passwd|api[-_]?key|apikey|credential)s?)[= ])(\S+)")
+SECRET_ASSIGN = re.compile(r"(?i)\b([\w.-]*(?:token|secret|password|passwd|api[-_]?key|apikey)s?=)([^\s&]+)")
+URL_CREDS = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s:@]+:[^/\s@]+@")
 
 
-def gib(mib):
+def mask_cmdline(cmd, limit=160):
+    """The command line as it may be shown: secrets masked (the job info
+    should be masked already; this holds for events that are not), cut."""
+    cmd = str(cmd)
+    cmd = SECRET_ARG.sub(r"\1***", cmd)
+    cmd = SECRET_ASSIGN.sub(r"\1***", cmd)
+    cmd = URL_CREDS.sub(r"\1***@", cmd)
+    cmd = scrub(cmd)
+    if len(cmd) > limit:
+        cmd = cmd[:limit - 1] + "…"
+    return defuse(cmd)
+
+
+def gib(mib, lang):
     try:
-        return "%.1f GiB" % (float(mib) / 1024)
+        return msg(lang, "gib", v=float(mib) / 1024)
     except (TypeError, ValueError):
-        return "?"
+        return msg(lang, "unknown")
+
+
+def as_int(value):
+    try:
+        return int(float(value))
+    except (TypeError, ValueError):
+        return None
+
+
+def ranges(numbers):
+    """"0-3,5,7" for [0, 1, 2, 3, 5, 7]; "?" for unknown indices."""
+    converted = [as_int(x) for x in numbers]
+    known = sorted({n for n in converted if n is not None})
+    out = []
+    for n in known:
+        if out and out[-1][1] == n - 1:
+            out[-1][1] = n
+        else:
+            out.append([n, n])
+    text = ",".join(str(a) if a == b else f"{a}-{b}" for a, b in out)
+    if None in converted:
+        text = (text + ",?") if text else "?"
+    return text
+
+
+def span(values, unit=""):
+    """"6%" or "0-6%" over a group's values; None when none is known."""
+    nums = [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    if not nums:
+        return None
+    lo, hi = min(nums), max(nums)
+    fmt = (lambda x: str(int(x))) if all(n == int(n) for n in nums) else (lambda x: f"{x:.0f}")
+    return (fmt(lo) if lo == hi else f"{fmt(lo)}-{fmt(hi)}") + unit
+
+
+def jobs_of(event):
+    """The holding jobs of an event (contract 5: "job" object or list)."""
+    j = event.get("jobs")
+    if j is None:
+        j = event.get("job")
+    if isinstance(j, dict):
+        j = [j]
+    return [x for x in j if isinstance(x, dict)] if isinstance(j, list) else []
+
+
+def procs_of(event):
+    p = event.get("processes")
+    return [x for x in p if isinstance(x, dict)] if isinstance(p, list) else []
+
+
+def proc_name(p):
+    return os.path.basename(str(p.get("name") or "?")) or "?"
+
+
+RANK_ARG = re.compile(r"\s--local[-_]rank[= ]\d+")
+
+
+def job_key(event):
+    """What "the same job" means when grouping GPUs into one digest line:
+    the Slurm job, else the container, else user + command + folder (the
+    ranks of one torchrun), else the process names."""
+    jobs = jobs_of(event)
+    if jobs:
+        j = jobs[0]
+        for key in ("slurm_job", "container"):
+            if j.get(key):
+                return (key, str(j[key]))
+        # ranks launched by the older torch.distributed.launch differ only
+        # in --local_rank=N: still one job
+        cmd = RANK_ARG.sub("", str(j.get("cmdline")))
+        return ("job", str(j.get("user")), cmd, str(j.get("cwd")))
+    procs = procs_of(event)
+    if procs:
+        return ("procs",) + tuple(sorted({proc_name(p) for p in procs}))
+    return ("none",)
+
+
+def job_label(events, lang):
+    """A short name for the job holding a group's GPUs."""
+    jobs = [j for e in events for j in jobs_of(e)]
+    if jobs:
+        j = jobs[0]
+        if j.get("slurm_job"):
+            return msg(lang, "job_slurm", id=defuse(j["slurm_job"]))
+        if j.get("container"):
+            return msg(lang, "job_container", id=defuse(j["container"]))
+        if j.get("cmdline"):
+            return msg(lang, "job_cmd", cmd=mask_cmdline(j["cmdline"], 60))
+        if j.get("pid") is not None:
+            return msg(lang, "job_pid", pid=defuse(j["pid"]))
+    procs = [p for e in events for p in procs_of(e)]
+    if procs:
+        names = sorted({defuse(proc_name(p))[:48] for p in procs})
+        pids = ranges([p.get("pid") for p in procs])
+        return "{} ({})".format(", ".join(names[:3]), msg(lang, "job_pids", pids=pids))
+    return msg(lang, "job_unknown")
+
+
+def when(ts):
+    try:
+        return time.strftime("%Y-%m-%d %H:%M", time.localtime(float(ts)))
+    except (TypeError, ValueError, OverflowError, OSError):
+        return None
+
+
+def job_lines(events, lang):
+    """Who and what: user, PIDs, start and elapsed, command, folder."""
+    jobs = [j for e in events for j in jobs_of(e)]
+    procs = [p for e in events for p in procs_of(e)]
+    first = jobs[0] if jobs else {}
+    parts = []
+    users = sorted({str(j["user"]) for j in jobs if j.get("user")})
+    if users:
+        parts.append(msg(lang, "job_user", user=defuse(", ".join(users))))
+    pids = []
+    for j in jobs:
+        pids += [p for p in (j.get("pids") or []) if as_int(p) is not None] if isinstance(j.get("pids"), list) else []
+        if as_int(j.get("pid")) is not None:
+            pids.append(j.get("pid"))
+    if pids:
+        parts.append(msg(lang, "job_pids", pids=ranges(pids)))
+    ranks = sorted({as_int(j.get("rank")) for j in jobs if as_int(j.get("rank")) is not None})
+    if ranks:
+        parts.append(msg(lang, "job_rank", rank=ranges(ranks)))
+    start = when(first.get("start_ts")) if first.get("start_ts") is not None else None
+    if start:
+        elapsed = first.get("elapsed_s")
+        parts.append(msg(lang, "job_started", start=start,
+                         elapsed=duration(elapsed, lang) if elapsed is not None else msg(lang, "unknown")))
+    lines = [" · ".join(parts)] if parts else []
+    more = []
+    if first.get("cmdline"):
+        more.append(msg(lang, "job_cmdline", cmd=mask_cmdline(first["cmdline"])))
+    if first.get("cwd"):
+        more.append(msg(lang, "job_cwd", cwd=defuse(mask_cmdline(first["cwd"], 100))))
+    if more:
+        lines.append(" · ".join(more))
+    if not jobs and procs:
+        items = ["{} {} ({} MiB)".format(p.get("pid"), defuse(proc_name(p))[:48], p.get("used_memory_mib"))
+                 for p in procs[:10]]
+        if len(procs) > 10:
+            items.append(msg(lang, "more", n=len(procs) - 10))
+        lines.append(msg(lang, "procs", procs=", ".join(items)))
+    return lines
+
+
+def parse_price(value):
+    """(number, currency) from "30", "¥30", "2.5 USD"; None when unset/bad."""
+    text = str(value or "").strip()
+    m = re.match(r"^([^\d.\s]*)\s*(\d+(?:\.\d+)?)\s*([^\d\s]*)$", text)
+    if not text or not m:
+        return None
+    price = float(m.group(2))
+    if price <= 0 or price > 1e6:
+        return None
+    return price, (m.group(1) or m.group(3) or "")
+
+
+def money(amount, currency, lang):
+    currency = currency or msg(lang, "currency")
+    number = f"{amount:.0f}" if amount >= 100 else f"{amount:.2f}"
+    if not currency:
+        return number
+    return (f"{currency} {number}") if not currency.isalpha() else (f"{number} {currency}")
+
+
+def idle_group_lines(events, lang, env, digest):
+    """The lines for GPUs of one job going idle (firing/reminder)."""
+    gpus = ranges([e.get("gpu") for e in events])
+    names = sorted({str(e["gpu_name"]) for e in events if e.get("gpu_name")})
+    model = " ({})".format(defuse(", ".join(names))) if names else ""
+    idle_s = max((as_int(e.get("idle_seconds")) or 0) for e in events)
+    lines = [msg(lang, "idle_head", gpus=gpus, model=model, idle=duration(idle_s, lang),
+                 job=job_label(events, lang))]
+    reasons = {str(e.get("reason")) for e in events}
+    if reasons & {"spin", "spinning", "stuck"}:
+        lines.append(msg(lang, "idle_spin"))
+    elif "power" in reasons:
+        lines.append(msg(lang, "idle_power"))
+    lines += job_lines(events, lang)
+    unknown = msg(lang, "unknown")
+    used = [e.get("memory_used_mib") for e in events]
+    if all(isinstance(u, (int, float)) for u in used) and len(set(used)) == 1 and len(used) > 1:
+        memory = msg(lang, "mem_each", n=len(used), each=gib(used[0], lang))
+    elif any(isinstance(u, (int, float)) for u in used):
+        memory = gib(sum(u for u in used if isinstance(u, (int, float))), lang)
+    else:
+        memory = unknown
+    threshold = span([e.get("threshold") for e in events]) or unknown
+    lines.append(msg(lang, "idle_values", util=span([e.get("utilization") for e in events], "%") or unknown,
+                     threshold=threshold, power=span([e.get("power_draw_w") for e in events], " W") or unknown,
+                     memory=memory))
+    uuids = [str(e["uuid"]) for e in events if e.get("uuid")]
+    if uuids:
+        shown = uuids if len(uuids) <= 2 else [u[:12] + "…" for u in uuids]
+        lines.append(msg(lang, "idle_uuids", uuids=defuse(", ".join(shown))))
+    price = parse_price(next((e.get("gpu_hour_price") for e in events if e.get("gpu_hour_price")), None)
+                        or env.get("GPU_HOUR_PRICE"))
+    if price:
+        gpu_hours = sum((as_int(e.get("idle_seconds")) or 0) for e in events) / 3600.0
+        lines.append(msg(lang, "idle_cost", cost=money(gpu_hours * price[0], price[1], lang),
+                         gpu_hours=f"{gpu_hours:.1f}", price=money(price[0], price[1], lang)))
+    pids = [p.get("pid") for e in events for p in procs_of(e)] + \
+        [j.get("pid") for e in events for j in jobs_of(e)]
+    pid = next((p for p in pids if as_int(p) is not None), "PID")
+    lines.append(msg(lang, "idle_hint", pid=pid))
+    return lines
+
+
+def idle_resolved_lines(events, lang):
+    gpus = ranges([e.get("gpu") for e in events])
+    idle = duration(max((as_int(e.get("idle_seconds")) or 0) for e in events), lang)
+    job = job_label(events, lang)
+    reason = str(events[0].get("reason") or "")
+    util = span([e.get("utilization") for e in events], "%") or msg(lang, "unknown")
+    key = {"busy": "idle_busy", "released": "idle_released", "gone": "idle_gone"}.get(reason, "idle_resolved_other")
+    return [msg(lang, key, gpus=gpus, idle=idle, job=job, util=util, reason=defuse(reason))]
+
+
+def state_class(event):
+    s = event.get("state", "firing")
+    return "firing" if s in ("firing", "reminder") else s
+
+
+def group_events(events):
+    """Groups a flush's events for one digest: per host, kind, state and job
+    (idle: the GPUs of one job together), in order of first appearance."""
+    groups = {}
+    for e in events:
+        kind = e.get("event")
+        if kind == "gpu_idle":
+            extra = job_key(e) + ((str(e.get("reason")),) if state_class(e) == "resolved" else ())
+        elif kind == "gpu_memory_leak":
+            extra = (str(e.get("pid")),)
+        elif kind == "monitor_degraded":
+            extra = ()
+        else:
+            extra = (id(e),)
+        key = (str(e.get("host", "?")), kind, state_class(e)) + extra
+        groups.setdefault(key, []).append(e)
+    # a later event about the same GPU/PID replaces an earlier one of the
+    # same group (a reminder after a firing in one flush)
+    out = []
+    for evs in groups.values():
+        seen = {}
+        for e in evs:
+            seen[(e.get("uuid"), e.get("gpu"), e.get("pid"))] = e
+        out.append(list(seen.values()))
+    firing = [g for g in out if state_class(g[0]) == "firing"]
+    return firing + [g for g in out if state_class(g[0]) != "firing"]
+
+
+def group_render(group, lang, env, digest=False):
+    """(what, lines) for one group: the short subject and its lines."""
+    e = group[0]
+    kind = e.get("event")
+    state = state_class(e)
+    unknown = msg(lang, "unknown")
+    if kind == "gpu_idle":
+        gpus = ranges([x.get("gpu") for x in group])
+        if state == "resolved":
+            return msg(lang, "what_idle_resolved", gpus=gpus), idle_resolved_lines(group, lang)
+        return msg(lang, "what_idle", gpus=gpus), idle_group_lines(group, lang, env, digest)
+    if kind == "gpu_memory_leak":
+        pid = defuse(e.get("pid"))
+        name = defuse(os.path.basename(str(e.get("name") or "")))
+        slope = e.get("slope_mib_per_hour")
+        slope_text = f"{slope:+.0f}" if isinstance(slope, (int, float)) else unknown
+        if state == "resolved":
+            return msg(lang, "what_leak_resolved", pid=pid), [
+                msg(lang, "leak_resolved", used=gib(e.get("used_memory_mib"), lang), slope=slope_text)]
+        oom = e.get("projected_oom_hours")
+        oom_text = duration(oom * 3600, lang) if isinstance(oom, (int, float)) else unknown
+        lines = [msg(lang, "leak_values", slope=slope_text, window=duration(e.get("window_seconds"), lang),
+                     used=gib(e.get("used_memory_mib"), lang), free=gib(e.get("free_memory_mib"), lang)),
+                 msg(lang, "leak_oom", oom=oom_text)]
+        lines += job_lines([e], lang)
+        if e.get("loss_plateau") is not None:
+            lines.append(msg(lang, "leak_plateau" if e["loss_plateau"] else "leak_falling"))
+        lines.append(msg(lang, "leak_hint"))
+        return msg(lang, "what_leak", pid=pid, name=name), lines
+    if kind == "monitor_degraded":
+        if state == "resolved":
+            return msg(lang, "what_monitor_resolved"), [msg(lang, "monitor_resolved", failures=e.get("failures"))]
+        return msg(lang, "what_monitor"), [
+            msg(lang, "monitor_failed", failures=e.get("failures"), error=defuse(e.get("error", ""))),
+            msg(lang, "monitor_hint")]
+    if kind == "test":
+        return msg(lang, "what_test"), [msg(lang, "test_body")]
+    return msg(lang, "what_other", kind=defuse(kind)), [defuse(json.dumps(e, ensure_ascii=False))[:500]]
+
+
+def render_digest(events, lang, env=None):
+    """(title, sections) of one message for all of a flush's events; each
+    section is (head, detail lines), one per group (job/GPUs)."""
+    env = ENV if env is None else env
+    groups = group_events(events)
+    hosts = sorted({str(e.get("host", "?")) for e in events})
+    host = defuse(", ".join(hosts))
+    sections = []
+    for g in groups[:DIGEST_MAX_GROUPS]:
+        what, lines = group_render(g, lang, env, digest=len(groups) > 1)
+        sections.append((g, what, lines))
+    states = [state_class(g[0]) for g in groups]
+    lead = "firing" if "firing" in states else ("test" if "test" in states else "resolved")
+    tag = msg(lang, "tag_" + lead) if lead in ("firing", "resolved", "test") else lead
+    if all(e.get("state") == "reminder" for g in groups for e in g):
+        tag = msg(lang, "tag_reminder")
+    if len(groups) == 1:
+        title = msg(lang, "title_one", tag=tag, host=host, what=sections[0][1])
+        lines = sections[0][2]
+        return title, ([(lines[0], lines[1:])] if lines else [])
+    summary = []
+    if states.count("firing"):
+        summary.append(msg(lang, "summary_firing", n=states.count("firing")))
+    if states.count("resolved"):
+        summary.append(msg(lang, "summary_resolved", n=states.count("resolved")))
+    title = msg(lang, "title_digest", tag=tag, host=host, n=len(groups), summary=", ".join(summary) or len(groups))
+    out = []
+    mixed = len(set(states)) > 1
+    for g, what, lines in sections:
+        head = lines[0] if lines else what
+        if mixed:
+            head = "[{}] {}".format(msg(lang, "tag_" + state_class(g[0])) if state_class(g[0]) in
+                                ("firing", "resolved", "test") else state_class(g[0]), head)
+        out.append((head, lines[1:]))
+    if len(groups) > DIGEST_MAX_GROUPS:
+        out.append((msg(lang, "digest_more", n=len(groups) - DIGEST_MAX_GROUPS), []))
+    return title, out
 
 
 def render(event, lang):
-    """(title, lines) of the human message for one event."""
-    kind = event.get("event")
-    state = event.get("state", "firing")
-    host = defuse(event.get("host", "?"))
-    zh = lang == "zh"
-    tag = {"firing": "告警" if zh else "ALERT", "reminder": "提醒" if zh else "REMINDER",
-           "resolved": "恢复" if zh else "RESOLVED", "test": "测试" if zh else "TEST"}.get(state, state)
-    if kind == "gpu_idle":
-        gpu = event.get("gpu")
-        util = event.get("utilization")
-        idle = duration(event.get("idle_seconds"), lang)
-        if state == "resolved":
-            why = event.get("reason")
-            if zh:
-                what = {"busy": "已恢复繁忙（利用率 %s%%）" % util, "released": "进程已退出，显存已释放",
-                        "gone": "GPU 已不在列表中"}.get(why, why)
-                title = "[gpuguard %s] %s GPU %s 不再空闲占用" % (tag, host, gpu)
-                return title, ["%s，此前空闲 %s。" % (what, idle)]
-            what = {"busy": "busy again (utilization %s%%)" % util, "released": "released: processes gone",
-                    "gone": "no longer listed"}.get(why, why)
-            title = "[gpuguard %s] %s GPU %s no longer idle" % (tag, host, gpu)
-            return title, ["%s after %s idle." % (what, idle)]
-        procs = fmt_procs(event.get("processes") or [], lang)
-        power = event.get("power_draw_w")
-        if zh:
-            title = "[gpuguard %s] %s GPU %s 占用但空闲" % (tag, host, gpu)
-            lines = ["利用率 %s%%（阈值 %s%%），已持续 %s 个周期（%s）" % (util, event.get("threshold"), event.get("idle_cycles"), idle),
-                     "显存 %s / %s MiB%s" % (event.get("memory_used_mib"), event.get("memory_total_mib"),
-                                            "，功耗 %s W" % power if power is not None else ""),
-                     "进程：%s" % procs,
-                     "建议：查看任务日志（数据卡住？NCCL rank 失联？），确认卡死后结束进程，别为空转的 GPU 付费。"]
-        else:
-            title = "[gpuguard %s] %s GPU %s idle but occupied" % (tag, host, gpu)
-            lines = ["Utilization %s%% (threshold %s%%) for %s cycles (%s)" % (util, event.get("threshold"), event.get("idle_cycles"), idle),
-                     "Memory %s / %s MiB%s" % (event.get("memory_used_mib"), event.get("memory_total_mib"),
-                                              ", power %s W" % power if power is not None else ""),
-                     "Processes: %s" % procs,
-                     "What to do: check the job's log (stuck data loader? dead NCCL rank?); if it hangs, stop it rather than pay for an idle GPU."]
-        if event.get("reason") == "power":
-            lines.insert(1, "功耗低于上限的设定比例：可能在自旋等待" if zh else
-                         "Power draw is under the set share of its limit: kernels may be spin-waiting")
-        return title, lines
-    if kind == "gpu_memory_leak":
-        pid = event.get("pid")
-        name = defuse(os.path.basename(str(event.get("name") or "")))
-        slope = event.get("slope_mib_per_hour")
-        oom = event.get("projected_oom_hours")
-        if state == "resolved":
-            title = ("[gpuguard %s] %s PID %s 显存不再增长" if zh else "[gpuguard %s] %s PID %s GPU memory stopped growing") % (tag, host, pid)
-            return title, [("当前 %s，斜率 %s MiB/h" if zh else "Now %s, slope %s MiB/h") % (gib(event.get("used_memory_mib")), slope)]
-        title = ("[gpuguard %s] %s PID %s %s 疑似显存泄漏" if zh else "[gpuguard %s] %s PID %s %s GPU memory leak suspected") % (tag, host, pid, name)
-        oom_text = ("%.1f 小时" % oom if zh else "%.1f h" % oom) if isinstance(oom, (int, float)) else ("未知" if zh else "unknown")
-        if zh:
-            lines = ["增长 %+.0f MiB/h（窗口 %s），当前 %s，GPU 剩余 %s" % (slope or 0, duration(event.get("window_seconds"), lang), gib(event.get("used_memory_mib")), gib(event.get("free_memory_mib"))),
-                     "预计 %s 后 OOM" % oom_text]
-            if event.get("loss_plateau") is not None:
-                lines.append("loss 已平台期、显存仍在涨：很可能是泄漏" if event["loss_plateau"] else "loss 仍在下降")
-            lines.append("建议：检查是否保留了带计算图的张量（如累加 loss 未 .item()），或缓存无限增长；必要时先保存 checkpoint。")
-        else:
-            lines = ["Growing %+.0f MiB/h (window %s), now %s, GPU free %s" % (slope or 0, duration(event.get("window_seconds"), lang), gib(event.get("used_memory_mib")), gib(event.get("free_memory_mib"))),
-                     "Projected OOM in %s" % oom_text]
-            if event.get("loss_plateau") is not None:
-                lines.append("Loss has plateaued while memory still grows: likely a leak" if event["loss_plateau"] else "Loss is still falling")
-            lines.append("What to do: look for tensors kept with their graph (loss summed without .item()) or caches that never shrink; save a checkpoint first.")
-        return title, lines
-    if kind == "monitor_degraded":
-        if state == "resolved":
-            return (("[gpuguard %s] %s nvidia-smi 已恢复" if zh else "[gpuguard %s] %s nvidia-smi answers again") % (tag, host),
-                    [("此前连续失败 %s 个周期" if zh else "after %s failed cycles") % event.get("failures")])
-        return (("[gpuguard %s] %s 无法读取 GPU 状态" if zh else "[gpuguard %s] %s cannot read GPU state") % (tag, host),
-                [("nvidia-smi 连续失败 %s 个周期：%s" if zh else "nvidia-smi failed %s cycles in a row: %s") % (event.get("failures"), defuse(event.get("error", ""))),
-                 "空闲告警暂停，直到恢复；检查驱动（dmesg 中的 Xid）。" if zh else "Idle alerts are paused until it recovers; check the driver (Xid in dmesg)."])
-    if kind == "test":
-        return (("[gpuguard %s] %s 告警通道测试" if zh else "[gpuguard %s] %s alert channel test") % (tag, host),
-                ["如果你看到这条消息，GPU 告警可以送达。" if zh else "If you can read this, GPU alerts reach you."])
-    return "[gpuguard] %s %s" % (host, kind), [defuse(json.dumps(event, ensure_ascii=False))]
+    """(title, lines) of the message for one event."""
+    title, sections = render_digest([event], lang)
+    lines = []
+    for head, details in sections:
+        lines.append(head)
+        lines += details
+    return title, lines
 
 
-def truncate_bytes(text, limit):
+def truncate_bytes(text, limit, lang="en"):
     raw = text.encode("utf-8")
     if len(raw) <= limit:
         return text
-    cut = raw[:max(0, limit - 20)].decode("utf-8", "ignore")
-    return cut + "\n…(truncated)"
+    tail = "\n" + msg(lang, "truncated")
+    cut = raw[:max(0, limit - len(tail.encode("utf-8")))].decode("utf-8", "ignore")
+    return cut + tail
 
 
 def mentions(env=None):
@@ -315,102 +772,154 @@ def mentions(env=None):
 
 # ----------------------------------------------------------------- bodies --
 
-def chat_body(target, events, lang, now=None):
-    """(url, JSON body) for a chat provider: one event, or a digest."""
+def plain_text(title, sections):
+    out = [title]
+    for head, details in sections:
+        out.append(head)
+        out += ["  " + d for d in details]
+    return "\n".join(out)
+
+
+def chat_text(provider, title, sections, who):
+    """The message text as each platform formats it."""
+    if provider == "dingtalk":
+        text = f"### {title}\n\n" + "\n\n".join(
+            f"**{h}**\n" + "".join(f"\n- {d}" for d in ds) for h, ds in sections)
+        if who:
+            text += "\n\n" + " ".join(f"@{m}" for m in who)
+        return text
+    if provider == "wecom":
+        text = f"**{title}**\n" + "\n".join(
+            f"**{h}**" + "".join(f"\n> {d}" for d in ds) for h, ds in sections)
+        if who:
+            text += "\n" + " ".join(f"<@{m}>" for m in who)
+        return text
+    if provider == "slack":
+        text = f"*{title}*\n" + "\n".join(
+            f"*{h}*" + "".join(f"\n• {d}" for d in ds) for h, ds in sections)
+        text = text.replace("&", "&amp;").replace("\u2039", "&lt;").replace("\u203a", "&gt;")
+        if who:
+            text += "\n" + " ".join(f"<@{m}>" for m in who)
+        return text
+    text = plain_text(title, sections)
+    if provider == "feishu" and who:
+        text += "\n" + "".join(f'<at user_id="{m}"></at>' for m in who)
+    return text
+
+
+def digest_key(events):
+    """A stable id for one digest: receivers that honour Idempotency-Key
+    drop a resend after a timeout or a kill."""
+    h = hashlib.sha256()
+    for e in events:
+        h.update(json.dumps(e, sort_keys=True, ensure_ascii=False).encode("utf-8", "replace"))
+    return h.hexdigest()[:32]
+
+
+def chat_body(target, events, lang=None, now=None, env=None):
+    """(url, JSON body) of one digest for a chat or generic target."""
+    env = ENV if env is None else env
+    lang = lang or target.lang
     now = time.time() if now is None else now
-    if len(events) == 1:
-        title, lines = render(events[0], lang)
-    else:
-        hosts = sorted({str(e.get("host", "?")) for e in events})
-        title = ("[gpuguard 汇总] %d 条事件（%s）" if lang == "zh" else "[gpuguard digest] %d events (%s)") % (len(events), defuse(", ".join(hosts)))
-        lines = []
-        for e in events:
-            t, body = render(e, lang)
-            lines.append(t + ": " + (body[0] if body else ""))
-    firing = any(e.get("state") in ("firing", "test") for e in events)
-    who = mentions() if firing else []
+    title, sections = render_digest(events, lang, env)
+    firing = any(state_class(e) in ("firing", "test") for e in events)
+    who = mentions(env) if firing else []
     limit = PROVIDER_TEXT_BYTES[target.provider]
     url = target.url
+    text = truncate_bytes(chat_text(target.provider, title, sections, who), limit, lang)
     if target.provider == "dingtalk":
-        text = "### %s\n\n" % title + "\n".join("- %s" % ln for ln in lines)
-        if who:
-            text += "\n\n" + " ".join("@%s" % m for m in who)
         body = {"msgtype": "markdown",
-                "markdown": {"title": truncate_bytes(title, 200), "text": truncate_bytes(text, limit)},
+                "markdown": {"title": truncate_bytes(title, 200, lang), "text": text},
                 "at": {"atMobiles": [m for m in who if m.isdigit()],
                        "atUserIds": [m for m in who if not m.isdigit()], "isAtAll": False}}
         if target.secret:
             ts = str(int(now * 1000))
             sep = "&" if "?" in url else "?"
-            url = "%s%stimestamp=%s&sign=%s" % (url, sep, ts, dingtalk_sign(target.secret, ts))
+            url = f"{url}{sep}timestamp={ts}&sign={dingtalk_sign(target.secret, ts)}"
         return url, body
     if target.provider == "feishu":
-        text = title + "\n" + "\n".join(lines)
-        if who:
-            text += "\n" + "".join('<at user_id="%s"></at>' % m for m in who)
-        body = {"msg_type": "text", "content": {"text": truncate_bytes(text, limit)}}
+        body = {"msg_type": "text", "content": {"text": text}}
         if target.secret:
             ts = str(int(now))
             body = dict({"timestamp": ts, "sign": feishu_sign(target.secret, ts)}, **body)
         return url, body
     if target.provider == "wecom":
-        text = "**%s**\n" % title + "\n".join("> %s" % ln for ln in lines)
-        if who:
-            text += "\n" + " ".join("<@%s>" % m for m in who)
-        return url, {"msgtype": "markdown", "markdown": {"content": truncate_bytes(text, limit)}}
+        return url, {"msgtype": "markdown", "markdown": {"content": text}}
     if target.provider == "slack":
-        text = "*%s*\n" % title + "\n".join(lines)
-        text = text.replace("&", "&amp;").replace("\u2039", "&lt;").replace("\u203a", "&gt;")
-        return url, {"text": truncate_bytes(text, limit)}
-    # generic: the event JSON itself (a list for a digest), plus the message
-    if len(events) == 1:
-        body = dict(events[0])
-        body["message"] = title + "\n" + "\n".join(lines)
-        return url, body
-    return url, {"events": events, "message": title + "\n" + "\n".join(lines)}
+        return url, {"text": text}
+    # generic: the events themselves (machine consumers), with the message
+    return url, {"title": title, "message": text, "lang": lang, "id": digest_key(events),
+                 "events": events}
 
 
 def iso(ts):
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
 
 
-ALERTNAMES = {"gpu_idle": "GpuIdleHeld", "gpu_memory_leak": "GpuMemoryLeak",
-              "monitor_degraded": "GpuguardMonitorDegraded", "test": "GpuguardTest"}
+# The alert names and labels of etc/prometheus/gpuguard.rules.yml, so that a
+# silence or an inhibition written for one holds for the other: instance is
+# the host name (the rules strip the scrape port), job is "gpuguard".
+ALERTNAMES = {"gpu_idle": "GpuIdleHeld", "gpu_memory_leak": "GpuMemoryLeakDetected",
+              "monitor_degraded": "GpuguardMonitorDown", "test": "GpuguardTest"}
+SEVERITY = {"monitor_degraded": "critical"}
+LABEL_KEYS = {"gpu_idle": ("gpu", "uuid"), "gpu_memory_leak": ("pid", "name")}
 
 
-def alertmanager_alert(event, lang):
-    labels = {"alertname": ALERTNAMES.get(event.get("event"), "Gpuguard"),
-              "host": str(event.get("host", "")), "severity": "warning"}
-    for key in ("gpu", "uuid", "pid"):
-        if event.get(key) is not None:
-            labels[key] = str(event[key])
+def alertmanager_labels(event):
+    kind = event.get("event")
+    labels = {"alertname": ALERTNAMES.get(kind, "Gpuguard"), "instance": str(event.get("host", "")),
+              "job": "gpuguard", "severity": SEVERITY.get(kind, "warning")}
+    for key in LABEL_KEYS.get(kind, ("gpu", "uuid", "pid")):
+        value = event.get(key)
+        if key == "name" and value is not None:
+            value = os.path.basename(str(value))
+        if value is not None and value != "":
+            labels[key] = str(value)
+    return labels
+
+
+def alertmanager_alert(event, lang="en", now=None):
+    now = time.time() if now is None else now
     title, lines = render(event, lang)
     annotations = {"summary": title, "description": "\n".join(lines)}
     for key in ("utilization", "idle_seconds", "slope_mib_per_hour", "projected_oom_hours",
-                "used_memory_mib", "error"):
+                "used_memory_mib", "error", "reason"):
         if event.get(key) is not None:
             annotations[key] = str(event[key])
-    ts = float(event.get("ts") or time.time())
-    alert = {"labels": labels, "annotations": annotations, "startsAt": iso(float(event.get("since") or ts))}
+    ts = as_int(event.get("ts")) or now
+    idle_s = as_int(event.get("idle_seconds")) or 0
+    since = as_int(event.get("since")) or (ts - idle_s if event.get("event") == "gpu_idle" else ts)
+    alert = {"labels": alertmanager_labels(event), "annotations": annotations, "startsAt": iso(since)}
     if event.get("state") in ("resolved", "test"):
-        alert["endsAt"] = iso(time.time())
+        alert["endsAt"] = iso(max(now, since))
     else:
         # Alertmanager resolves an alert not re-sent within resolve_timeout;
         # the watchdog re-sends at REPEAT_INTERVAL, so keep it open that long.
-        repeat = int(ENV.get("REPEAT_INTERVAL") or 3600) or 86400
-        alert["endsAt"] = iso(time.time() + 2 * repeat + 300)
+        repeat = as_int(ENV.get("REPEAT_INTERVAL") or 3600) or 86400
+        alert["endsAt"] = iso(now + 2 * repeat + 300)
+    host = str(event.get("host") or "")
+    if re.match(r"^[A-Za-z0-9.-]+$", host):
+        alert["generatorURL"] = f"http://{host}/gpuguard"
     return alert
 
 
 # -------------------------------------------------------------- transport --
 
 class Outcome:
-    SENT, RETRY, PERMANENT = "sent", "retry", "permanent"
+    SENT, RETRY, PERMANENT, MAYBE = "sent", "retry", "permanent", "maybe"
 
     def __init__(self, kind, detail, retry_after=None):
         self.kind = kind
         self.detail = detail
         self.retry_after = retry_after
+
+
+class NotSent(Exception):
+    """The request never reached the receiver (DNS, refused, TLS...)."""
+
+
+class MaybeSent(Exception):
+    """The request was sent but no answer came: it may have been delivered."""
 
 
 def retry_after_seconds(value):
@@ -433,62 +942,100 @@ def classify(provider, status, body, headers):
     text = body.decode("utf-8", "replace") if isinstance(body, bytes) else str(body)
     if status == 429 or status >= 500:
         ra = retry_after_seconds(headers.get("Retry-After")) if headers else None
-        return Outcome(Outcome.RETRY, "HTTP %d %s" % (status, text[:120]), ra)
+        return Outcome(Outcome.RETRY, f"HTTP {status} {text[:120]}", ra)
     if not 200 <= status < 300:
-        return Outcome(Outcome.PERMANENT, "HTTP %d %s" % (status, text[:200]))
+        return Outcome(Outcome.PERMANENT, f"HTTP {status} {text[:200]}")
     if provider in ("dingtalk", "wecom", "feishu"):
         try:
             data = json.loads(text)
         except ValueError:
-            return Outcome(Outcome.RETRY, "unreadable reply %r" % text[:120])
+            return Outcome(Outcome.RETRY, f"unreadable reply {text[:120]!r}")
+        if not isinstance(data, dict):
+            return Outcome(Outcome.RETRY, f"unreadable reply {text[:120]!r}")
         code = data.get("errcode", data.get("code", data.get("StatusCode")))
-        msg = data.get("errmsg", data.get("msg", data.get("StatusMessage", "")))
+        msg_text = data.get("errmsg", data.get("msg", data.get("StatusMessage", "")))
         if code == 0:
             return Outcome(Outcome.SENT, "ok")
         if code in RETRY_CODES.get(provider, set()):
-            return Outcome(Outcome.RETRY, "rate limited: %s %s" % (code, msg), 60.0)
-        return Outcome(Outcome.PERMANENT, "error %s: %s" % (code, msg))
+            return Outcome(Outcome.RETRY, f"rate limited: {code} {msg_text}", 60.0)
+        return Outcome(Outcome.PERMANENT, f"error {code}: {msg_text}")
     if provider == "slack":
         if text.strip() == "ok":
             return Outcome(Outcome.SENT, "ok")
-        return Outcome(Outcome.PERMANENT, "reply %r" % text[:120])
-    return Outcome(Outcome.SENT, "HTTP %d" % status)
+        return Outcome(Outcome.PERMANENT, f"reply {text[:120]!r}")
+    return Outcome(Outcome.SENT, f"HTTP {status}")
 
 
-def post_json(url, body, timeout):
-    data = json.dumps(body, ensure_ascii=False).encode("utf-8")
-    req = urllib.request.Request(url, data=data, method="POST",
-                                 headers={"Content-Type": "application/json; charset=utf-8",
-                                          "User-Agent": "gpuguard"})
+def post_json(url, body, timeout, key=None):
+    """POSTs JSON; (status, body, headers). Raises NotSent when the request
+    never left, MaybeSent when it left and no answer came in time."""
+    data = json.dumps(body, ensure_ascii=False).encode("utf-8", "replace")
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise NotSent("not an http(s) URL")
+    cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
+        conn = cls(parts.hostname, parts.port, timeout=timeout)
+    except (ValueError, OSError) as e:
+        raise NotSent(one_line(e))
+    path = (parts.path or "/") + ("?" + parts.query if parts.query else "")
+    headers = {"Content-Type": "application/json; charset=utf-8", "User-Agent": "gpuguard",
+               "Content-Length": str(len(data))}
+    if key:
+        headers["Idempotency-Key"] = key
+    try:
+        try:
+            conn.connect()
+        except (OSError, http.client.HTTPException, ValueError) as e:
+            raise NotSent(getattr(e, "strerror", None) or one_line(e))
+        try:
+            conn.request("POST", path, body=data, headers=headers)
+        except (OSError, http.client.HTTPException) as e:
+            raise NotSent("sending: %s" % (getattr(e, "strerror", None) or one_line(e)))
+        try:
+            resp = conn.getresponse()
             return resp.status, resp.read(65536), dict(resp.headers)
-    except urllib.error.HTTPError as e:
-        return e.code, e.read(65536) if e.fp else b"", dict(e.headers or {})
+        except (OSError, http.client.HTTPException) as e:
+            raise MaybeSent(f"no answer within {timeout:g} s ({one_line(e)})")
+    finally:
+        conn.close()
 
 
-def send(target, url, body, env=None, sleep=time.sleep):
+def send(target, url, body, env=None, sleep=time.sleep, maybe_before=False, on_maybe=None, key=None):
     """POSTs with retries and backoff on network errors, 5xx and 429.
     A Retry-After longer than a short wait ends the attempt: the event stays
-    queued and that target is not tried again before then."""
+    queued and that target is not tried again before then. A request that
+    left without an answer is retried once, with a longer timeout; a second
+    one (maybe_before: an earlier flush had one) counts as delivered."""
     env = os.environ if env is None else env
     timeout = float(env.get("NOTIFY_TIMEOUT") or 5)
     tries = int(env.get("NOTIFY_RETRIES") or 3) + 1
     outcome = None
-    for attempt in range(tries):
+    attempt = 0
+    while attempt < tries:
+        attempt += 1
         try:
-            status, reply, headers = post_json(url, body, timeout)
+            status, reply, headers = post_json(url, body, timeout, key)
             outcome = classify(target.provider, status, reply, headers)
-        except (urllib.error.URLError, OSError, ValueError) as e:
-            reason = getattr(e, "reason", e)
-            outcome = Outcome(Outcome.RETRY, "network: %s" % reason)
+        except NotSent as e:
+            outcome = Outcome(Outcome.RETRY, f"network: {e}")
+        except MaybeSent as e:
+            if maybe_before:
+                return Outcome(Outcome.MAYBE, f"{e} twice; counted as delivered to stay under 2 copies")
+            maybe_before = True
+            if on_maybe:
+                on_maybe()
+            timeout *= MAYBE_TIMEOUT_FACTOR
+            outcome = Outcome(Outcome.RETRY, str(e))
+            tries = max(tries, attempt + 1)      # the one retry, at once
+            continue
         if outcome.kind != Outcome.RETRY:
             return outcome
         wait = outcome.retry_after
         if wait is not None and wait > 10:
             return outcome
-        if attempt + 1 < tries:
-            backoff = wait if wait is not None else min(8.0, 0.5 * 2 ** attempt) * random.uniform(0.5, 1.5)
+        if attempt < tries:
+            backoff = wait if wait is not None else min(8.0, 0.5 * 2 ** (attempt - 1)) * random.uniform(0.5, 1.5)
             sleep(backoff)
     return outcome
 
@@ -497,65 +1044,136 @@ def send(target, url, body, env=None, sleep=time.sleep):
 
 class State:
     """Per-target delivery state: recent send times (rate limit), a
-    not-before time, and whether a permanent error was reported."""
+    not-before time, and whether a permanent error was reported. Targets
+    are known by a hash of their URL and a masked label, never the URL."""
 
     def __init__(self, path):
         self.path = path
+        self.data = {}
         try:
-            with open(path, encoding="utf-8") as f:
-                self.data = json.load(f)
-        except (OSError, ValueError):
-            self.data = {}
+            data = json.loads(read_bytes(path).decode("utf-8", "replace"))
+            if isinstance(data, dict):
+                self.data = {k: v for k, v in data.items() if isinstance(v, dict)}
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                log("error", f"{path} is a symlink: not read (it is replaced on save)")
+        except ValueError:
+            log("warn", f"{path} unreadable: delivery state starts afresh")
 
-    def target(self, tid):
-        return self.data.setdefault(tid, {"sent": [], "not_before": 0, "reported": "", "failures": 0})
+    def target(self, target):
+        t = self.data.setdefault(target.id, {})
+        for key, value in (("sent", []), ("not_before", 0), ("reported", ""), ("failures", 0)):
+            t.setdefault(key, value)
+        t["label"] = target.label()
+        return t
 
     def save(self):
-        tmp = self.path + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(self.data, f)
-        os.replace(tmp, self.path)
+        for t in self.data.values():
+            t["reported"] = scrub(t.get("reported", ""))
+        try:
+            write_atomic(self.path, json.dumps(self.data, sort_keys=True).encode("utf-8"))
+            return True
+        except OSError as e:
+            log("error", f"could not save {self.path} ({e.strerror or e}): the previous copy is kept")
+            return False
 
 
 def rate_budget(target, tstate, now, env=None):
     env = os.environ if env is None else env
     per_min = int(env.get("NOTIFY_RATE_PER_MIN") or 0) or PROVIDER_RATE[target.provider]
-    tstate["sent"] = [t for t in tstate["sent"] if now - t < 60]
+    tstate["sent"] = [t for t in tstate["sent"] if isinstance(t, (int, float)) and now - t < 60]
     return per_min - len(tstate["sent"])
 
 
 def outbox_items(outbox):
     try:
-        names = sorted(n for n in os.listdir(outbox) if n.endswith(".json"))
+        names = sorted(n for n in os.listdir(outbox) if n.endswith(".json") and not n.startswith("."))
     except OSError:
         return []
     return [os.path.join(outbox, n) for n in names]
 
 
-def read_item(path):
-    """(event, set of target ids already delivered)."""
-    with open(path, encoding="utf-8") as f:
-        event = json.loads(f.readline())
-    done = set()
+LEADING_ZEROS = re.compile(r'([:\[,]\s*-?)0+(\d)')
+
+
+def parse_event(raw):
+    """One event from the bytes of an outbox file or an events.jsonl line:
+    names that are not UTF-8 (GBK, raw bytes) become U+FFFD; a number
+    written with leading zeros (07) is read as 7 rather than the event
+    being lost."""
+    text = raw.decode("utf-8", "replace").strip().split("\n", 1)[0]
     try:
-        with open(path[:-5] + ".sent", encoding="utf-8") as f:
-            done = set(f.read().split())
-    except OSError:
-        pass
-    return event, done
+        event = json.loads(text)
+    except ValueError:
+        event = json.loads(LEADING_ZEROS.sub(r"\1\2", text))
+    if not isinstance(event, dict):
+        raise ValueError("not a JSON object")  # noqa: TRY004 (callers set bad files aside on ValueError)
+    return event
 
 
-def mark_sent(path, tid):
-    with open(path[:-5] + ".sent", "a", encoding="utf-8") as f:
-        f.write(tid + "\n")
+def markers(path, kind, names=None):
+    """Target ids with a marker of this kind (done, maybe) for an item;
+    names: the outbox listing already read (one listing per pass, not one
+    per item, for a full outbox)."""
+    folder, base = os.path.split(path)
+    prefix = base + "." + kind + "-"
+    names = list_names(folder) if names is None else names
+    found = {n[len(prefix):] for n in names if n.startswith(prefix)}
+    if kind == "done" and base[:-5] + ".sent" in names:
+        # files written by older versions: one target id a line
+        try:
+            found |= set(read_bytes(path[:-5] + ".sent").decode("ascii", "replace").split())
+        except OSError:
+            pass
+    return found
 
 
-def remove_item(path):
-    for p in (path, path[:-5] + ".sent"):
+def read_item(path, names=None):
+    """(event, set of target ids already delivered)."""
+    event = parse_event(read_bytes(path))
+    return event, markers(path, "done", names)
+
+
+def mark(path, kind, tid):
+    try:
+        touch_marker(f"{path}.{kind}-{tid}")
+        return True
+    except OSError as e:
+        log("error", f"could not record {kind} for {os.path.basename(path)} ({e.strerror or e}): it may be sent again")
+        return False
+
+
+def remove_item(path, names=None):
+    """The item first (it is then never sent again), then its markers."""
+    folder, base = os.path.split(path)
+    names = list_names(folder) if names is None else names
+    for p in [path, path[:-5] + ".sent"] + [os.path.join(folder, n) for n in names
+                                            if n.startswith(base + ".")]:
         try:
             os.remove(p)
         except OSError:
             pass
+
+
+def list_names(folder):
+    try:
+        return os.listdir(folder)
+    except OSError:
+        return []
+
+
+def remove_orphan_markers(outbox):
+    """Markers whose item is gone (a kill between the two removals)."""
+    names = set(list_names(outbox))
+    for n in names:
+        m = re.match(r"^(.*\.json)\.(done|maybe)-[0-9a-f]+$", n)
+        if m and m.group(1) not in names:
+            try:
+                os.remove(os.path.join(outbox, n))
+            except OSError:
+                pass
 
 
 def enforce_bound(outbox, limit):
@@ -566,98 +1184,170 @@ def enforce_bound(outbox, limit):
     dropped = items[:excess]
     first = os.path.basename(dropped[0])
     last = os.path.basename(dropped[-1])
+    names = list_names(outbox)
     for path in dropped:
-        remove_item(path)
-    log("error", "outbox over OUTBOX_MAX=%d: dropped the %d oldest undelivered events (%s .. %s)"
-        % (limit, excess, first, last))
+        remove_item(path, names)
+    log("error", f"outbox over OUTBOX_MAX={limit}: dropped the {excess} oldest undelivered events ({first} .. {last})")
+
+
+def deliver_target(target, tstate, items, env, now):
+    """Sends one target everything it has not had yet, as digests, and
+    records each delivery. Returns nothing; errors are one log line."""
+    if now < tstate.get("not_before", 0):
+        return
+    pending = [(p, e) for p, e, done in items if target.id not in done]
+    while pending:
+        budget = rate_budget(target, tstate, now, env)
+        if budget <= 0:
+            per_min = int(env.get("NOTIFY_RATE_PER_MIN") or 0) or PROVIDER_RATE[target.provider]
+            log("warn", f"{target.label()}: rate limit reached ({per_min} a minute); {len(pending)} events wait")
+            return
+        batch = pending[:200]
+        events = [e for _, e in batch]
+        if target.provider == "alertmanager":
+            url = target.url + "/api/v2/alerts"
+            body = [alertmanager_alert(e, target.lang, now=time.time()) for e in events]
+        else:
+            url, body = chat_body(target, events, target.lang, now, env)
+        names = list_names(os.path.dirname(batch[0][0]))
+        maybe_before = any(target.id in markers(p, "maybe", names) for p, _ in batch)
+
+        def on_maybe(batch=batch):
+            for p, _ in batch:
+                mark(p, "maybe", target.id)
+
+        outcome = send(target, url, body, env, maybe_before=maybe_before, on_maybe=on_maybe,
+                       key=digest_key(events))
+        if outcome.kind in (Outcome.SENT, Outcome.MAYBE):
+            for p, _ in batch:
+                mark(p, "done", target.id)
+            tstate["sent"].append(now)
+            tstate["failures"] = 0
+            if outcome.kind == Outcome.MAYBE:
+                log("warn", f"{target.label()}: {outcome.detail}")
+            elif tstate.get("reported"):
+                log("info", f"{target.label()}: delivering again")
+            tstate["reported"] = ""
+            pending = pending[len(batch):]
+            continue
+        wait = outcome.retry_after or 0
+        if outcome.kind == Outcome.PERMANENT:
+            wait = max(wait, PERMANENT_RETRY_AFTER)
+            detail = scrub(outcome.detail)
+            if tstate.get("reported") != detail:
+                log("error", f"{target.label()} rejected the alert: {detail}; {len(pending)} events stay queued, "
+                    f"retried every {PERMANENT_RETRY_AFTER:.0f} s until the target is fixed")
+                tstate["reported"] = detail
+        else:
+            tstate["failures"] = tstate.get("failures", 0) + 1
+            # the exponent is capped: a float overflows past 2**1023, and
+            # the pause is capped at MAX_RETRY_AFTER long before that
+            wait = max(wait, DOWN_BACKOFF * 2 ** min(tstate["failures"] - 1, 16))
+            log("warn", f"{target.label()}: {outcome.detail}; {len(pending)} events stay queued "
+                f"(next try in {min(wait, MAX_RETRY_AFTER):.0f} s)")
+        tstate["not_before"] = now + min(wait, MAX_RETRY_AFTER if outcome.kind == Outcome.RETRY
+                                         else PERMANENT_RETRY_AFTER)
+        return
+
+
+def load_items(outbox):
+    items = []
+    names = list_names(outbox)
+    for path in outbox_items(outbox):
+        try:
+            items.append((path, *read_item(path, names)))
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError) as e:
+            log("error", f"unreadable outbox file {os.path.basename(path)} moved aside ({one_line(e)})")
+            try:
+                os.replace(path, path + ".bad")
+            except OSError:
+                pass
+    return items
 
 
 def flush(env=None, now=None):
-    """Delivers the outbox, oldest first. Per target: stop at the first
-    failure so order is kept; merge a burst into one digest; respect the
-    provider's rate limit. Returns the number of events still queued."""
+    """Delivers the outbox: one digest per target for everything waiting,
+    each target on its own thread (a slow or dead one delays no other).
+    Returns the number of events still queued."""
     global ENV
     env = ENV = os.environ if env is None else env
-    now = time.time() if now is None else now
-    state_dir = env.get("GPUGUARD_STATE_DIR") or "."
+    state_dir = env.get("GPUGUARD_STATE_DIR") or ""
+    if not state_dir:
+        log("error", "GPUGUARD_STATE_DIR is not set: nothing to flush")
+        return 0
     outbox = os.path.join(state_dir, "outbox")
-    enforce_bound(outbox, int(env.get("OUTBOX_MAX") or 1000))
+    problem = state_dir_problem(state_dir)
+    if problem:
+        log("error", problem)
+        return len(outbox_items(outbox))
     try:
         targets = targets_from_env(env)
     except ValueError as e:
         log("error", str(e))
         return len(outbox_items(outbox))
-    state = State(os.path.join(state_dir, "alert-state.json"))
-    lang = language(env)
-    items = []
-    for path in outbox_items(outbox):
-        try:
-            items.append((path,) + read_item(path))
-        except (OSError, ValueError):
-            log("error", "unreadable outbox file %s moved aside" % os.path.basename(path))
-            os.replace(path, path + ".bad")
-    for target in targets:
-        tstate = state.target(target.id)
-        if now < tstate.get("not_before", 0):
-            continue
-        pending = [(p, e) for p, e, done in items if target.id not in done]
-        while pending:
-            budget = rate_budget(target, tstate, now, env)
-            if budget <= 0:
-                log("warn", "%s: rate limit reached; %d events wait" % (target.label(), len(pending)))
-                break
-            if target.provider == "alertmanager":
-                batch = pending[:64]
-                url = target.url + "/api/v2/alerts"
-                body = [alertmanager_alert(e, lang) for _, e in batch]
-            elif target.provider == "generic":
-                # Machine consumers get the event schema, one per POST.
-                batch = pending[:1]
-                url, body = chat_body(target, [e for _, e in batch], lang, now)
-            else:
-                # A burst (more than one waiting) goes out as one digest.
-                batch = pending[:20]
-                url, body = chat_body(target, [e for _, e in batch], lang, now)
-            outcome = send(target, url, body, env)
-            if outcome.kind == Outcome.SENT:
-                tstate["sent"].append(now)
-                tstate["failures"] = 0
-                if tstate.get("reported"):
-                    log("info", "%s: delivering again" % target.label())
-                tstate["reported"] = ""
-                for path, _ in batch:
-                    mark_sent(path, target.id)
-                pending = pending[len(batch):]
-                continue
-            wait = outcome.retry_after or 0
-            if outcome.kind == Outcome.PERMANENT:
-                wait = max(wait, PERMANENT_RETRY_AFTER)
-                if tstate.get("reported") != outcome.detail:
-                    log("error", "%s rejected the alert: %s; %d events stay queued, retried every %d s until the target is fixed"
-                        % (target.label(), outcome.detail, len(pending), PERMANENT_RETRY_AFTER))
-                    tstate["reported"] = outcome.detail
-            else:
-                tstate["failures"] = tstate.get("failures", 0) + 1
-                # the exponent is capped: a float overflows past 2**1023, and
-                # the pause is capped at MAX_RETRY_AFTER long before that
-                wait = max(wait, DOWN_BACKOFF * 2 ** min(tstate["failures"] - 1, 16))
-                log("warn", "%s: %s; %d events stay queued (next try in %d s)"
-                    % (target.label(), outcome.detail, len(pending), min(wait, MAX_RETRY_AFTER)))
-            tstate["not_before"] = now + min(wait, MAX_RETRY_AFTER if outcome.kind == Outcome.RETRY else PERMANENT_RETRY_AFTER)
-            break
-    ids = {t.id for t in targets}
-    left = 0
-    for path, _, _ in items:
-        try:
-            _, done = read_item(path)
-        except (OSError, ValueError):
-            continue
-        if ids <= done:
-            remove_item(path)
+    lock = FlushLock(state_dir)
+    if not lock.acquire():
+        if lock.error:
+            log("error", lock.error + "; nothing sent")
         else:
-            left += 1
-    state.save()
-    return left
+            log("debug", f"another flush holds {lock.path}: it delivers these events")
+        return len(outbox_items(outbox))
+    try:
+        enforce_bound(outbox, int(env.get("OUTBOX_MAX") or 1000))
+        remove_orphan_markers(outbox)
+        state = State(os.path.join(state_dir, "alert-state.json"))
+        tstates = {t.id: state.target(t) for t in targets}
+        seen = set()
+        # events queued while a digest was on its way go out in the same
+        # flush (a second pass), so a flush that found the lock taken
+        # loses nothing by leaving
+        for _ in range(3):
+            items = load_items(outbox)
+            fresh = [it for it in items if it[0] not in seen]
+            if not fresh:
+                break
+            seen.update(it[0] for it in items)
+            run_targets(targets, tstates, items, env, now)
+            ids = {t.id for t in targets}
+            names = list_names(outbox)
+            for path, _, _ in items:
+                if ids and ids <= markers(path, "done", names):
+                    remove_item(path, names)
+            if not targets:
+                break
+        state.save()
+        return len(outbox_items(outbox))
+    finally:
+        lock.release()
+
+
+def run_targets(targets, tstates, items, env, now):
+    def work(target):
+        try:
+            deliver_target(target, tstates[target.id], items, env, time.time() if now is None else now)
+        except Exception as e:  # noqa: BLE001 (one target's bug never stops the others)
+            log("error", f"{target.label()}: {e.__class__.__name__}: {one_line(e)}")
+
+    threads = [(t, threading.Thread(target=work, args=(t,), daemon=True)) for t in targets]
+    for _, thread in threads:
+        thread.start()
+    # every request is bounded by its timeout; name resolution is not, so
+    # the flush as a whole is: a target still busy then is left behind (its
+    # events stay queued) rather than holding up the watchdog's cycle
+    deadline = time.time() + FLUSH_DEADLINE
+    for target, thread in threads:
+        thread.join(max(0.0, deadline - time.time()))
+        if thread.is_alive():
+            log("warn", f"{target.label()}: still sending after {FLUSH_DEADLINE:.0f} s; its events stay queued")
+
+
+# ---------------------------------------------------------------- commands --
+
+def test_event(env):
+    return {"ts": int(time.time()), "host": env.get("GPUGUARD_HOST") or os.uname().nodename,
+            "event": "test", "state": "test"}
 
 
 def test_alert(env=None):
@@ -667,19 +1357,146 @@ def test_alert(env=None):
     if not targets:
         print("no target configured: set NOTIFY_URL or ALERTMANAGER_URL")
         return 1
-    event = {"ts": int(time.time()), "host": env.get("GPUGUARD_HOST") or os.uname().nodename,
-             "event": "test", "state": "test"}
-    lang = language(env)
+    event = test_event(env)
     failed = 0
     for target in targets:
-        if target.provider == "alertmanager":
-            url, body = target.url + "/api/v2/alerts", [alertmanager_alert(event, lang)]
-        else:
-            url, body = chat_body(target, [event], lang)
-        outcome = send(target, url, body, env)
-        print(scrub("%-8s %s: %s" % (outcome.kind, target.label(), outcome.detail)))
+        try:
+            if target.provider == "alertmanager":
+                url, body = target.url + "/api/v2/alerts", [alertmanager_alert(event, target.lang)]
+            else:
+                url, body = chat_body(target, [event], target.lang, env=env)
+            outcome = send(target, url, body, env)
+        except Exception as e:  # noqa: BLE001 (one line per target, never a traceback)
+            outcome = Outcome(Outcome.PERMANENT, one_line(e))
+        print(scrub(f"{outcome.kind:<8} {target.label()}: {outcome.detail}"))
         failed += outcome.kind != Outcome.SENT
     return 1 if failed else 0
+
+
+URL_SHAPES = {
+    "dingtalk": (r"^/robot/send$", "access_token", "https://oapi.dingtalk.com/robot/send?access_token=..."),
+    "wecom": (r"^/cgi-bin/webhook/send$", "key", "https://qyapi.weixin.qq.com/cgi-bin/webhook/send?key=..."),
+    "feishu": (r"^/open-apis/bot/v2/hook/[\w-]+$", None, "https://open.feishu.cn/open-apis/bot/v2/hook/..."),
+    "slack": (r"^/services/[^/]+/[^/]+/[^/]+$", None, "https://hooks.slack.com/services/T.../B.../..."),
+}
+
+
+def check_target(target, timeout=2.0):
+    """(level, detail) for one target, sending nothing: URL shape, name
+    resolution and a TCP connect, each bounded by the timeout."""
+    parts = urllib.parse.urlsplit(target.url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return "FAIL", "not an http(s) URL"
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        return "FAIL", "bad port in the URL"
+    notes = []
+    shape = URL_SHAPES.get(target.provider)
+    if shape and PROVIDER_HOSTS.get(parts.hostname.lower()) == target.provider:
+        path_re, query_key, example = shape
+        query = dict(urllib.parse.parse_qsl(parts.query))
+        if not re.match(path_re, parts.path) or (query_key and not query.get(query_key)):
+            return "FAIL", f"URL does not look like a {target.provider} webhook ({example})"
+        if parts.scheme != "https":
+            notes.append("plain http to a public webhook")
+    if target.provider == "dingtalk" and target.secret and not target.secret.startswith("SEC"):
+        notes.append("a DingTalk signing secret starts with SEC")
+    result = {}
+
+    def resolve():
+        try:
+            result["addrs"] = socket.getaddrinfo(parts.hostname, port, type=socket.SOCK_STREAM)
+        except (OSError, UnicodeError) as e:
+            result["error"] = getattr(e, "strerror", None) or one_line(e)
+
+    t = threading.Thread(target=resolve, daemon=True)
+    t.start()
+    t.join(timeout)
+    if t.is_alive():
+        return "FAIL", f"name {parts.hostname} does not resolve within {timeout:g} s"
+    if "error" in result:
+        return "FAIL", "name {} does not resolve: {}".format(parts.hostname, result["error"])
+    family, socktype, proto, _, addr = result["addrs"][0]
+    start = time.time()
+    try:
+        with socket.socket(family, socktype, proto) as s:
+            s.settimeout(timeout)
+            s.connect(addr)
+    except OSError as e:
+        return "FAIL", f"TCP connect to {parts.hostname} port {port}: {e.strerror or one_line(e)}"
+    ms = (time.time() - start) * 1000
+    detail = f"reachable (TCP {ms:.0f} ms), language {target.lang}; nothing sent (gpuguard notify --test sends one)"
+    if notes:
+        return "WARN", "; ".join(notes) + "; " + detail
+    return "OK", detail
+
+
+def check_targets(env=None):
+    global ENV
+    env = ENV = os.environ if env is None else env
+    try:
+        targets = targets_from_env(env)
+    except ValueError as e:
+        print(f"FAIL\tNOTIFY_URL\t{scrub(e)}")
+        return 1
+    failed = 0
+    for target in targets:
+        try:
+            level, detail = check_target(target, min(2.0, float(env.get("NOTIFY_TIMEOUT") or 2)))
+        except Exception as e:  # noqa: BLE001 (one line per target, never a traceback)
+            level, detail = "FAIL", one_line(e)
+        failed += level == "FAIL"
+        print(scrub(f"{level}\t{target.label()}\t{detail}"))
+    return 1 if failed else 0
+
+
+def recorded_events(source, env):
+    """Events to preview: a file or stdin ("-"), one JSON object a line, or
+    the last line of events.jsonl."""
+    if source == "-":
+        raw = sys.stdin.buffer.read()
+        lines = raw.splitlines()
+    elif source:
+        lines = read_bytes(source, 64 << 20).splitlines()
+    else:
+        path = os.path.join(env.get("GPUGUARD_STATE_DIR") or ".", "events.jsonl")
+        try:
+            lines = read_bytes(path, 64 << 20).splitlines()[-1:]
+        except OSError as e:
+            raise ValueError(f"no recorded event: {path}: {e.strerror}")
+    events = [parse_event(ln) for ln in lines if ln.strip()]
+    if not events:
+        raise ValueError("no event to preview")
+    return events
+
+
+def preview(source, env=None):
+    """Prints what each provider would receive, sending nothing."""
+    global ENV
+    env = ENV = os.environ if env is None else env
+    events = recorded_events(source, env)
+    configured = {}
+    for t in targets_from_env(env):
+        configured.setdefault(t.provider, t)
+    for provider in PROVIDERS + ("alertmanager",):
+        target = configured.get(provider) or Target("http://preview.invalid/", provider, "",
+                                                    language(env))
+        print("===== {} ({}){} =====".format(provider, target.lang, "" if provider in configured else " [not configured]"))
+        if provider == "alertmanager":
+            # one POST of alerts: labels, times and summary a line each
+            for a in (alertmanager_alert(e, target.lang) for e in events):
+                print(json.dumps({"labels": a["labels"], "startsAt": a["startsAt"], "endsAt": a["endsAt"],
+                                  "summary": a["annotations"]["summary"]}, ensure_ascii=False))
+            print()
+            continue
+        _, body = chat_body(target, events, target.lang, env=env)
+        text = {"dingtalk": lambda b: b["markdown"]["text"], "feishu": lambda b: b["content"]["text"],
+                "wecom": lambda b: b["markdown"]["content"], "slack": lambda b: b["text"],
+                "generic": lambda b: b["message"]}[provider](body)
+        print(text)
+        print()
+    return 0
 
 
 def main(argv):
@@ -690,16 +1507,22 @@ def main(argv):
             return 0
         if cmd == "test":
             return test_alert()
+        if cmd == "check":
+            return check_targets()
+        if cmd == "preview":
+            return preview(argv[2] if len(argv) > 2 else "")
         if cmd == "render":
-            event = json.loads(sys.stdin.readline())
-            title, lines = render(event, language())
-            print(title)
-            print("\n".join(lines))
+            events = recorded_events("-", os.environ)
+            title, sections = render_digest(events, language() or "en")
+            print(plain_text(title, sections))
             return 0
-    except ValueError as e:
-        print("gpuguard_alert: %s" % scrub(e), file=sys.stderr)
+    except (ValueError, OSError) as e:
+        print(f"gpuguard_alert: {one_line(e)}", file=sys.stderr)
         return 2
-    print("usage: gpuguard_alert.py flush|test|render", file=sys.stderr)
+    except Exception as e:  # noqa: BLE001 (a bug: one line, never a traceback)
+        log("error", f"{os.path.basename(argv[0])} {cmd}: {e.__class__.__name__}: {one_line(e)}")
+        return 1
+    print("usage: gpuguard_alert.py flush|test|check|preview [FILE|-]|render", file=sys.stderr)
     return 2
 
 

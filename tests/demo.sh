@@ -54,8 +54,9 @@ main() {
 import json, sys
 for line in open(sys.argv[1], encoding="utf-8"):
     body = json.loads(line)["body"]
-    print("--- %s %s (GPU %s, utilization %s%%, %s processes)" % (
-        body["event"], body["state"], body["gpu"], body["utilization"], len(body["processes"])))
+    for event in body["events"]:  # one digest per target per cycle
+        print("--- %s %s (GPU %s, utilization %s%%, %s processes)" % (
+            event["event"], event["state"], event["gpu"], event["utilization"], len(event["processes"])))
     print(body["message"])
 PY
   local got

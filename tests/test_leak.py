@@ -199,7 +199,7 @@ def test_live_watch_follows_the_tree_and_alerts_with_context(box, tmp_path, sink
     assert event["name"] == "bash" and event["host"]
     assert event["slope_mib_per_hour"] > 50 and event["projected_oom_hours"] > 0
     assert event["free_memory_mib"] < 143771 and event["loss_plateau"] is True
-    assert sink.requests[0]["body"]["event"] == "gpu_memory_leak"
+    assert sink.requests[0]["body"]["events"][0]["event"] == "gpu_memory_leak"
     assert "GPU memory leak suspected" in sink.requests[0]["body"]["message"]
     prom = (tmp_path / "prom" / "gpuguard_leak.prom").read_text()
     assert 'gpuguard_process_leak{pid="%d",name="bash"} 1' % job.proc.pid in prom

@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import subprocess
+import time
 import urllib.request
 
 import pytest
@@ -140,6 +141,120 @@ def test_end_to_end_idle_alert_through_the_real_stack(box, tmp_path):
         for p in procs:
             p.terminate()
         for p in procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        server.shutdown()
+
+
+def am_alerts(port):
+    text = get("http://127.0.0.1:%d/api/v2/alerts?silenced=true&inhibited=true&active=true" % port)
+    return json.loads(text) if text else []
+
+
+def test_alertmanager_silence_from_the_rules_labels_holds_for_gpuguards_own_alerts(box, tmp_path):
+    """Issue 13 point 6 on the real stack: the shipped rule's alert and the
+    one gpuguard pushes (ALERTMANAGER_URL) carry the same name and labels,
+    so Alertmanager holds ONE alert per GPU, a silence written from the
+    rule's labels silences gpuguard's, and gpuguard's resolved event ends
+    it (endsAt) with Prometheus gone."""
+    from conftest import require
+    prometheus, node_exporter, alertmanager = STACK
+    require(None not in STACK, "Debian packages prometheus, prometheus-node-exporter, prometheus-alertmanager")
+    d = tmp_path
+    (d / "textfile").mkdir()
+    ports = {k: free_port() for k in ("node", "prom", "am")}
+    server, sink = webhook_sink.serve(quiet=True)
+    rules = (ROOT / "etc/prometheus/gpuguard.rules.yml").read_text()
+    (d / "rules.yml").write_text(re.sub(r"for: \d+m", "for: 1s", rules))
+    (d / "am.yml").write_text(json.dumps({
+        "route": {"receiver": "hook", "group_by": ["..."], "group_wait": "1s",
+                  "group_interval": "1s", "repeat_interval": "1h"},
+        "receivers": [{"name": "hook", "webhook_configs": [
+            {"url": "http://127.0.0.1:%d/hook" % server.server_address[1], "send_resolved": True}]}]}))
+    # scraped as localhost:PORT: the rule's instance becomes "localhost"
+    (d / "prom.yml").write_text(json.dumps({
+        "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
+        "rule_files": [str(d / "rules.yml")],
+        "alerting": {"alertmanagers": [{"api_version": "v2", "static_configs": [
+            {"targets": ["127.0.0.1:%d" % ports["am"]]}]}]},
+        "scrape_configs": [{"job_name": "node", "static_configs": [
+            {"targets": ["localhost:%d" % ports["node"]]}]}]}))
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    procs = {
+        "node": subprocess.Popen([node_exporter, "--collector.disable-defaults", "--collector.textfile",
+                                  "--collector.textfile.directory=%s" % (d / "textfile"),
+                                  "--web.listen-address=127.0.0.1:%d" % ports["node"]], **quiet),
+        "am": subprocess.Popen([alertmanager, "--config.file=%s" % (d / "am.yml"), "--storage.path=%s" % (d / "am"),
+                                "--web.listen-address=127.0.0.1:%d" % ports["am"], "--cluster.listen-address=",
+                                "--web.external-url=http://127.0.0.1:%d" % ports["am"]], **quiet),
+        "prom": subprocess.Popen([prometheus, "--config.file=%s" % (d / "prom.yml"),
+                                  "--storage.tsdb.path=%s" % (d / "tsdb"),
+                                  "--web.listen-address=127.0.0.1:%d" % ports["prom"]], **quiet),
+    }
+    am_url = "http://127.0.0.1:%d" % ports["am"]
+    try:
+        assert wait_for(lambda: get(am_url + "/-/ready") is not None, timeout=30)
+        assert wait_for(lambda: get("http://127.0.0.1:%d/-/ready" % ports["prom"]) is not None, timeout=30)
+        # two GPUs held and idle; Alertmanager is unreachable for gpuguard at
+        # first, so its events wait in the outbox
+        idle = {"gpus": [idle_gpu(), idle_gpu()], "apps": [app(1410, gpu=0), app(1411, gpu=1)]}
+        busy = {"gpus": [busy_gpu(), busy_gpu()], "apps": [app(1410, gpu=0), app(1411, gpu=1)]}
+        box.write_scenario([idle] * 3 + [busy], gpus=2)
+        env = {"GPUGUARD_TEXTFILE_DIR": str(d / "textfile"), "GPUGUARD_HOST": "localhost",
+               "ALERTMANAGER_URL": "http://127.0.0.1:%d" % free_port(), "NOTIFY_RETRIES": "0"}
+        for t in range(3):
+            box.once(now=t, env=env)
+        assert len(list((box.state / "outbox").glob("*.json"))) == 2
+
+        def rule_alerts():
+            return [a for a in am_alerts(ports["am"]) if a["labels"].get("alertname") == "GpuIdleHeld"]
+
+        assert wait_for(lambda: len(rule_alerts()) == 2, timeout=90), "the rule did not fire for both GPUs"
+        rule_labels = {a["labels"]["gpu"]: a["labels"] for a in rule_alerts()}
+        assert rule_labels["0"]["instance"] == "localhost" and rule_labels["0"]["job"] == "gpuguard"
+        # a silence written from the rule's labels, every one of them
+        now = time.time()
+        silence = {"matchers": [{"name": k, "value": v, "isRegex": False, "isEqual": True}
+                                for k, v in rule_labels["0"].items()],
+                   "startsAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now - 5)),
+                   "endsAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now + 3600)),
+                   "createdBy": "test", "comment": "GPU 0 under maintenance"}
+        req = urllib.request.Request(am_url + "/api/v2/silences", data=json.dumps(silence).encode(),
+                                     headers={"Content-Type": "application/json"}, method="POST")
+        with urllib.request.urlopen(req, timeout=5) as r:
+            silence_id = json.loads(r.read())["silenceID"]
+        # gpuguard delivers its own alerts, as a user would flush them
+        r = box.run("notify", "--flush", env=dict(env, ALERTMANAGER_URL=am_url), cmd="bin/gpuguard")
+        assert r.returncode == 0, r.stderr
+        assert not list((box.state / "outbox").glob("*.json"))
+        pushed = [a for a in am_alerts(ports["am"]) if a["labels"].get("alertname") == "GpuIdleHeld"]
+        # same labels: Alertmanager merged them, one alert per GPU, not two
+        assert sorted(a["labels"]["gpu"] for a in pushed) == ["0", "1"]
+        assert any("held by" in a["annotations"].get("description", "") for a in pushed), \
+            "gpuguard's push did not reach the same alerts"
+        gpu0 = next(a for a in pushed if a["labels"]["gpu"] == "0")
+        assert gpu0["status"]["state"] == "suppressed" and gpu0["status"]["silencedBy"] == [silence_id]
+        gpu1 = next(a for a in pushed if a["labels"]["gpu"] == "1")
+        assert gpu1["status"]["state"] == "active"
+        # Prometheus gone: only gpuguard's resolved event (endsAt) ends GPU 1
+        procs["prom"].terminate()
+        procs["prom"].wait(timeout=20)
+        box.once(now=3, env=dict(env, ALERTMANAGER_URL=am_url))
+
+        def resolved_hooks(gpu):
+            return [a for rq in sink.requests for a in rq["body"].get("alerts", [])
+                    if a["labels"].get("gpu") == gpu and a["status"] == "resolved"]
+
+        assert wait_for(lambda: resolved_hooks("1"), timeout=30), "no resolved notification for GPU 1"
+        assert resolved_hooks("1")[0]["endsAt"] <= time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 1))
+        assert not resolved_hooks("0")                               # silenced
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.terminate()
+        for p in procs.values():
             try:
                 p.wait(timeout=10)
             except subprocess.TimeoutExpired:

@@ -13,6 +13,10 @@ It answers like each chat platform does, by path:
 Every request is appended to --record as one JSON line: method, path, query,
 body (parsed JSON when it is JSON). --script FILE gives canned replies
 (a JSON list of {"status", "body", "headers", "delay"}) used first, in order.
+Misbehaving receivers for the fault tests: --delay S answers every request
+S seconds late (a receiver slower than the client's timeout: the request
+was taken, the answer comes too late); --mode close drops the connection
+without an answer, --mode garbage answers bytes that are not HTTP.
 The signature checks are written here on their own, not imported from
 gpuguard, so a wrong recipe in gpuguard cannot agree with itself.
 """
@@ -39,8 +43,10 @@ def feishu_expected(secret, ts):
 
 
 class Sink:
-    def __init__(self, record=None, secret=None, script=None, quiet=False):
+    def __init__(self, record=None, secret=None, script=None, quiet=False, delay=0.0, mode=None):
         self.record = record
+        self.delay = float(delay or 0)
+        self.mode = mode
         self.secret = secret
         self.script = list(script or [])
         self.quiet = quiet
@@ -97,8 +103,17 @@ def make_handler(sink):
             if not sink.quiet:
                 summary = body.get("message", "").split("\n")[0] if isinstance(body, dict) else ""
                 print("sink: POST %s -> %s %s" % (parts.path, reply.get("status", 200), summary), flush=True)
-            if reply.get("delay"):
-                time.sleep(float(reply["delay"]))
+            if reply.get("delay") or sink.delay:
+                time.sleep(float(reply.get("delay") or sink.delay))
+            if sink.mode == "close":
+                self.close_connection = True
+                self.wfile.flush()
+                self.connection.shutdown(2)
+                return
+            if sink.mode == "garbage":
+                self.wfile.write(b"\x00\xffnot http at all\r\n\r\n")
+                self.close_connection = True
+                return
             payload = reply.get("body", "")
             data = payload.encode() if isinstance(payload, str) else json.dumps(payload).encode()
             self.send_response(int(reply.get("status", 200)))
@@ -114,10 +129,19 @@ def make_handler(sink):
     return Handler
 
 
+class QuietServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address):
+        # a client that gave up (timeout) before a slow answer: expected here
+        if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+            super().handle_error(request, client_address)
+
+
 def serve(port=0, **kwargs):
     """Starts a sink in a thread; returns (server, sink). For tests."""
     sink = Sink(**kwargs)
-    server = ThreadingHTTPServer(("127.0.0.1", port), make_handler(sink))
+    server = QuietServer(("127.0.0.1", port), make_handler(sink))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server, sink
 
@@ -130,6 +154,8 @@ def main():
     ap.add_argument("--secret-file", help="file holding the signing secret to check")
     ap.add_argument("--script")
     ap.add_argument("--quiet", action="store_true")
+    ap.add_argument("--delay", type=float, default=0.0, help="answer every request this late (s)")
+    ap.add_argument("--mode", choices=("close", "garbage"), help="misbehave: drop the connection or answer garbage")
     ap.add_argument("--seconds", type=float, default=600, help="stop after this long")
     args = ap.parse_args()
     secret = None
@@ -140,7 +166,8 @@ def main():
     if args.script:
         with open(args.script, encoding="utf-8") as f:
             script = json.load(f)
-    server, _ = serve(args.port, record=args.record, secret=secret, script=script, quiet=args.quiet)
+    server, _ = serve(args.port, record=args.record, secret=secret, script=script, quiet=args.quiet,
+                      delay=args.delay, mode=args.mode)
     if args.port_file:
         with open(args.port_file + ".tmp", "w") as f:
             f.write(str(server.server_address[1]))

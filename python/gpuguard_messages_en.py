@@ -1,0 +1,77 @@
+"""English alert strings (Slack, generic webhooks, Alertmanager by default).
+
+Every user-visible string of an alert lives here and in
+gpuguard_messages_zh.py, key for key and placeholder for placeholder
+(tests/test_alerts.py checks both)."""
+MESSAGES = {
+    # state tags in titles
+    "tag_firing": "ALERT",
+    "tag_reminder": "REMINDER",
+    "tag_resolved": "RESOLVED",
+    "tag_test": "TEST",
+    # titles
+    "title_one": "[gpuguard {tag}] {host}: {what}",
+    "title_digest": "[gpuguard {tag}] {host}: {n} alerts ({summary})",
+    "summary_firing": "{n} firing",
+    "summary_resolved": "{n} resolved",
+    "what_idle": "GPU {gpus} idle but occupied",
+    "what_idle_resolved": "GPU {gpus} no longer idle",
+    "what_leak": "PID {pid} {name}: GPU memory leak suspected",
+    "what_leak_resolved": "PID {pid} GPU memory stopped growing",
+    "what_monitor": "cannot read GPU state",
+    "what_monitor_resolved": "nvidia-smi answers again",
+    "what_test": "alert channel test",
+    "what_other": "event {kind}",
+    # idle, firing
+    "idle_head": "GPU {gpus}{model} idle {idle}, held by {job}",
+    "idle_spin": "Utilization high but power near the idle floor: kernels are spin-waiting (a hung collective?)",
+    "idle_power": "Power draw is under the set share of its limit: kernels may be spin-waiting",
+    "idle_values": "utilization {util} (threshold {threshold}%), power {power}, memory held {memory}",
+    "idle_uuids": "UUID {uuids}",
+    "idle_cost": "idle so far costs ≈ {cost} ({gpu_hours} GPU-h at {price}/GPU-h)",
+    "idle_hint": "Check: py-spy dump --pid {pid} (where is it stuck?); NCCL_DEBUG=INFO (a dead rank?); data loader workers alive?",
+    # idle, resolved
+    "idle_busy": "GPU {gpus} busy again (utilization {util}) after {idle} idle; job {job}",
+    "idle_released": "GPU {gpus} released: processes gone, memory freed, after {idle} idle; job {job}",
+    "idle_gone": "GPU {gpus} no longer listed by nvidia-smi; job {job}",
+    "idle_resolved_other": "GPU {gpus} no longer idle ({reason}) after {idle}; job {job}",
+    # job identity
+    "job_slurm": "Slurm job {id}",
+    "job_container": "container {id}",
+    "job_cmd": "{cmd}",
+    "job_pid": "PID {pid}",
+    "job_unknown": "an unknown job (process list not visible: container?)",
+    "job_user": "user {user}",
+    "job_pids": "PID {pids}",
+    "job_started": "started {start} (running {elapsed})",
+    "job_cmdline": "command: {cmd}",
+    "job_cwd": "cwd: {cwd}",
+    "job_rank": "rank {rank}",
+    "job_host": "host {host}",
+    "procs": "Processes: {procs}",
+    "procs_hidden": "(process list not visible: container?)",
+    "more": "... and {n} more",
+    "digest_more": "... and {n} more alerts (see events.jsonl)",
+    "truncated": "…(truncated)",
+    # leak
+    "leak_values": "Growing {slope} MiB/h (window {window}), now {used}, GPU free {free}",
+    "leak_oom": "Projected OOM in {oom}",
+    "leak_plateau": "Loss has plateaued while memory still grows: likely a leak",
+    "leak_falling": "Loss is still falling",
+    "leak_hint": "What to do: look for tensors kept with their graph (loss summed without .item()) or caches that never shrink; save a checkpoint first.",
+    "leak_resolved": "Now {used}, slope {slope} MiB/h",
+    # monitor
+    "monitor_failed": "nvidia-smi failed {failures} cycles in a row: {error}",
+    "monitor_hint": "Idle alerts are paused until it recovers; check the driver (Xid in dmesg).",
+    "monitor_resolved": "after {failures} failed cycles",
+    # test
+    "test_body": "If you can read this, GPU alerts reach you.",
+    # units
+    "unknown": "?",
+    "dur_hm": "{h} h {m} min",
+    "dur_m": "{m} min",
+    "dur_s": "{s} s",
+    "currency": "",
+    "gib": "{v:.1f} GiB",
+    "mem_each": "{n} × {each}",
+}

@@ -1,0 +1,353 @@
+"""What a team reads (issue 13 points 1, 2, 3, 7): one digest per target per
+flush, grouped by job and GPU, naming the job, in the target's language;
+doctor checks targets without posting; notify --test/--preview."""
+import json
+import os
+import re
+import string
+import subprocess
+import time
+
+import gpuguard_alert as alert
+import gpuguard_messages_en
+import gpuguard_messages_zh
+import pytest
+import webhook_sink
+from conftest import ROOT, app, idle_gpu
+
+JOB = {"user": "alice", "pid": 23690, "pids": [23690 + i for i in range(8)],
+       "cmdline": "python3 train.py --config cfg/llama.yaml --api-key sk-live-0123456789 --lr 3e-4",
+       "cwd": "/home/alice/llama", "start_ts": 1796198400, "elapsed_s": 8100, "slurm_job": "4242",
+       "container": None, "rank": None}
+
+
+def idle8(state="firing", job=JOB, **kw):
+    out = []
+    for i in range(8):
+        e = {"ts": 1796206508, "host": "node7", "event": "gpu_idle", "state": state, "reason": "utilization",
+             "gpu": i, "uuid": "GPU-%08x-3a23-ca8c-52da-f8eedc850d97" % (0x21b026da + i),
+             "gpu_name": "NVIDIA H200", "utilization": 0, "threshold": 10, "memory_used_mib": 71800,
+             "memory_total_mib": 143771, "power_draw_w": 123.4, "idle_cycles": 12, "idle_seconds": 720,
+             "processes": [{"pid": 23690 + i, "name": "python3", "used_memory_mib": 71780}],
+             "job": dict(job, rank=i) if job else None}
+        if state == "resolved":
+            e.update(reason="busy", utilization=98, idle_seconds=900)
+        e.update(kw)
+        out.append(e)
+    return out
+
+
+@pytest.fixture
+def env(tmp_path):
+    state = tmp_path / "state"
+    (state / "outbox").mkdir(parents=True)
+    return {"GPUGUARD_STATE_DIR": str(state), "GPUGUARD_LOG": str(tmp_path / "log"), "NOTIFY_RETRIES": "0",
+            "LANG": "C"}
+
+
+def queue(env, events):
+    outbox = os.path.join(env["GPUGUARD_STATE_DIR"], "outbox")
+    for n, e in enumerate(events):
+        with open(os.path.join(outbox, f"{int(time.time() * 1e6)}-1-{n:06d}.json"), "w") as f:
+            f.write(json.dumps(e) + "\n")
+
+
+@pytest.fixture
+def sink():
+    server, rec = webhook_sink.serve(quiet=True)
+    rec.url = f"http://127.0.0.1:{server.server_address[1]}"
+    yield rec
+    server.shutdown()
+
+
+def all_targets(url):
+    return (f"dingtalk+{url}/dingtalk/robot/send?access_token=t1 feishu+{url}/feishu/hook/abc "
+            f"wecom+{url}/wecom/send?key=k1 slack+{url}/slack/services/T/B/C {url}/generic")
+
+
+def by_provider(sink):
+    out = {}
+    for r in sink.requests:
+        out.setdefault(r["path"].split("/")[1], []).append(r["body"])
+    return out
+
+
+def text_of(provider, body):
+    return {"dingtalk": lambda b: b["markdown"]["text"], "feishu": lambda b: b["content"]["text"],
+            "wecom": lambda b: b["markdown"]["content"], "slack": lambda b: b["text"],
+            "generic": lambda b: b["message"]}[provider](body)
+
+
+# ----------------------------------------------------------- tables ----
+
+def placeholders(template):
+    return sorted(f for _, f, _, _ in string.Formatter().parse(template) if f)
+
+
+def test_message_tables_have_the_same_keys_and_placeholders():
+    en, zh = gpuguard_messages_en.MESSAGES, gpuguard_messages_zh.MESSAGES
+    assert sorted(en) == sorted(zh)
+    for key in en:
+        assert placeholders(en[key]) == placeholders(zh[key]), key
+
+
+def test_no_user_visible_string_outside_the_tables():
+    """Every English or Chinese sentence of a message comes from a table:
+    the renderer holds no Chinese text at all."""
+    src = (ROOT / "python" / "gpuguard_alert.py").read_text()
+    code = re.sub(r'""".*?"""', "", src, flags=re.DOTALL)
+    code = "\n".join(ln.split("#")[0] for ln in code.splitlines())
+    assert not re.search(r"[\u4e00-\u9fff]", code)
+
+
+# ----------------------------------------------------------- digests ----
+
+def test_eight_idle_gpus_of_one_job_make_one_post_per_target_in_its_language(env, sink):
+    env = dict(env, NOTIFY_URL=all_targets(sink.url), ALERTMANAGER_URL=sink.url,
+               NOTIFY_MENTION="13800000000", GPU_HOUR_PRICE="30")
+    queue(env, idle8())
+    assert alert.flush(env) == 0
+    posts = by_provider(sink)
+    assert {k: len(v) for k, v in posts.items()} == {
+        "dingtalk": 1, "feishu": 1, "wecom": 1, "slack": 1, "generic": 1, "api": 1}
+    for provider in ("dingtalk", "feishu", "wecom"):
+        text = text_of(provider, posts[provider][0])
+        assert "GPU 0-7 (NVIDIA H200) 已空闲 12 分钟，占用者：Slurm 作业 4242" in text, provider
+        assert "用户 alice" in text and "PID 23690-23697" in text and "rank 0-7" in text
+        assert "命令：python3 train.py --config cfg/llama.yaml --api-key *** --lr 3e-4" in text
+        assert "目录：/home/alice/llama" in text and "已运行 2 小时 15 分" in text
+        assert "占用显存 8 × 70.1 GiB" in text and "空转已花费约 ¥ 48.00" in text
+        assert "py-spy dump --pid 23690" in text and "NCCL_DEBUG" in text
+        assert "GPU-21b026da" in text and "GPU-21b026e1" in text
+        assert "sk-live" not in text
+    for provider in ("slack", "generic"):
+        text = text_of(provider, posts[provider][0])
+        assert "GPU 0-7 (NVIDIA H200) idle 12 min, held by Slurm job 4242" in text, provider
+        assert "user alice" in text and "cwd: /home/alice/llama" in text and "running 2 h 15 min" in text
+        assert "idle so far costs ≈ 48.00 (1.6 GPU-h at 30.00/GPU-h)" in text
+        assert "py-spy dump --pid 23690" in text
+    # one @mention per digest, where each platform wants it
+    ding = posts["dingtalk"][0]
+    assert ding["at"]["atMobiles"] == ["13800000000"] and ding["markdown"]["text"].count("@13800000000") == 1
+    assert text_of("wecom", posts["wecom"][0]).count("<@13800000000>") == 1
+    assert text_of("feishu", posts["feishu"][0]).count('<at user_id="13800000000">') == 1
+    assert text_of("slack", posts["slack"][0]).count("<@13800000000>") == 1
+    # Alertmanager: one POST with 8 alerts, labels as the shipped rules
+    alerts = posts["api"][0]
+    assert sorted(a["labels"]["gpu"] for a in alerts) == [str(i) for i in range(8)]
+    assert {a["labels"]["alertname"] for a in alerts} == {"GpuIdleHeld"}
+    assert set(alerts[0]["labels"]) == {"alertname", "instance", "job", "severity", "gpu", "uuid"}
+    assert "held by Slurm job 4242" in alerts[0]["annotations"]["description"]
+
+
+def test_eight_gpus_resolving_make_one_post_per_target_without_mention(env, sink):
+    env = dict(env, NOTIFY_URL=all_targets(sink.url), NOTIFY_MENTION="13800000000")
+    queue(env, idle8("resolved"))
+    assert alert.flush(env) == 0
+    posts = by_provider(sink)
+    assert all(len(v) == 1 for v in posts.values()) and len(posts) == 5
+    zh = text_of("dingtalk", posts["dingtalk"][0])
+    assert "[gpuguard 恢复] node7：GPU 0-7 不再空闲占用" in zh
+    assert "GPU 0-7 已恢复繁忙（利用率 98%），此前空闲 15 分钟；任务 Slurm 作业 4242" in zh
+    assert "13800000000" not in json.dumps(posts["dingtalk"][0])
+    en = text_of("slack", posts["slack"][0])
+    assert "GPU 0-7 busy again (utilization 98%) after 15 min idle; job Slurm job 4242" in en
+
+
+def test_two_jobs_and_a_resolved_gpu_are_one_post_with_a_line_each(env, sink):
+    events = idle8()
+    for e in events[4:]:
+        e["job"] = dict(JOB, slurm_job="5151", user="bob")
+    events.append(dict(idle8("resolved")[0], gpu=9, uuid="GPU-9", job=None,
+                       processes=[{"pid": 99, "name": "infer", "used_memory_mib": 10}]))
+    env = dict(env, NOTIFY_URL=f"slack+{sink.url}/slack/x")
+    queue(env, events)
+    assert alert.flush(env) == 0
+    (req,) = sink.requests
+    text = req["body"]["text"]
+    assert "3 alerts (2 firing, 1 resolved)" in text
+    assert "GPU 0-3 (NVIDIA H200) idle 12 min, held by Slurm job 4242" in text
+    assert "GPU 4-7 (NVIDIA H200) idle 12 min, held by Slurm job 5151" in text and "user bob" in text
+    assert "GPU 9 busy again" in text and "infer (PID 99)" in text
+
+
+def test_language_follows_the_target_not_LANG(env, sink):
+    env = dict(env, LANG="C", LC_ALL="C", NOTIFY_URL=f"dingtalk+{sink.url}/dingtalk/a feishu:en+{sink.url}/feishu/b "
+                                                    f"slack:zh+{sink.url}/slack/c")
+    queue(env, idle8()[:1])
+    assert alert.flush(env) == 0
+    posts = by_provider(sink)
+    assert "占用但空闲" in posts["dingtalk"][0]["markdown"]["title"]
+    assert "idle but occupied" in text_of("feishu", posts["feishu"][0])
+    assert "占用但空闲" in text_of("slack", posts["slack"][0])
+    # NOTIFY_LANG sets every target that has no prefix of its own
+    targets = alert.targets_from_env({"NOTIFY_URL": "https://oapi.dingtalk.com/robot/send?access_token=x "
+                                                    "zh+https://hooks.slack.com/services/a/b/c",
+                                      "NOTIFY_LANG": "en", "ALERTMANAGER_URL": "http://am:9093"})
+    assert [(t.provider, t.lang) for t in targets] == [("dingtalk", "en"), ("slack", "zh"), ("alertmanager", "en")]
+    assert [t.lang for t in alert.targets_from_env({"NOTIFY_URL": "https://open.feishu.cn/open-apis/bot/v2/hook/x "
+                                                                  "https://qyapi.weixin.qq.com/cgi-bin/webhook/send?key=1 "
+                                                                  "http://x/y"})] == ["zh", "zh", "en"]
+
+
+def test_missing_fields_render_gracefully_in_both_languages():
+    sparse = [{"event": "gpu_idle"}, {"event": "gpu_idle", "state": "resolved"},
+              {"event": "gpu_idle", "gpu": "x", "job": {"user": None, "pid": None, "pids": None, "cmdline": None,
+                                                        "cwd": None, "start_ts": None, "elapsed_s": None,
+                                                        "slurm_job": None, "container": None, "rank": None}},
+              {"event": "gpu_idle", "job": [{"container": "c0ffee"}], "processes": "garbage"},
+              {"event": "gpu_memory_leak"}, {"event": "monitor_degraded"}, {"event": "strange", "x": 1},
+              {"event": "gpu_idle", "job": {"start_ts": "soon", "elapsed_s": "long"}, "idle_seconds": "NaN"}]
+    for lang in ("zh", "en"):
+        for e in sparse:
+            title, lines = alert.render(e, lang)
+            assert title.startswith("[gpuguard") and all(isinstance(x, str) for x in lines)
+        title, _sections = alert.render_digest(sparse, lang, {"GPU_HOUR_PRICE": "junk"})
+        assert "gpuguard" in title
+    title, lines = alert.render(sparse[3], "en")
+    assert "held by container c0ffee" in lines[0]
+    assert "an unknown job" in alert.render(sparse[0], "en")[1][0]
+
+
+def test_cost_appears_only_with_a_price_and_accepts_a_currency(env):
+    ev = idle8()[:2]
+    assert not any("costs" in ln for ln in alert.render(ev[0], "en")[1])
+    _, sections = alert.render_digest(ev, "en", {"GPU_HOUR_PRICE": "$2.5"})
+    text = alert.plain_text("", sections)
+    assert "idle so far costs ≈ $ 1.00 (0.4 GPU-h at $ 2.50/GPU-h)" in text
+    _, sections = alert.render_digest([dict(e, gpu_hour_price="40 CNY") for e in ev], "zh", {})
+    assert "空转已花费约 16.00 CNY" in alert.plain_text("", sections)
+
+
+def test_untrusted_job_fields_cannot_mention_anyone(env):
+    evil = dict(JOB, cmdline="python x.py @all <at user_id=\"all\"></at> <!channel> @everyone", user="<@U1>")
+    for provider in ("dingtalk", "feishu", "wecom", "slack"):
+        _, body = alert.chat_body(alert.Target("http://127.0.0.1:1/x", provider, ""), idle8(job=evil), "en", env={})
+        text = json.dumps(body, ensure_ascii=False)
+        for bad in ("@all", "<at", "<!channel>", "<@U1>", "@everyone"):
+            assert bad not in text, (provider, bad)
+
+
+# ------------------------------------------- notify and doctor ----
+
+def gpuguard(args, env, input=None):
+    full = dict(os.environ, GPUGUARD_CONFIG="/dev/null")
+    full.update(env)
+    return subprocess.run([str(ROOT / "bin/gpuguard")] + args, env=full, capture_output=True, text=True, check=False,
+                          timeout=60, input=input)
+
+
+def test_notify_preview_prints_every_provider_and_sends_nothing(env, sink):
+    env = dict(env, NOTIFY_URL=all_targets(sink.url), ALERTMANAGER_URL=sink.url)
+    lines = "".join(json.dumps(e) + "\n" for e in idle8())
+    r = gpuguard(["notify", "--preview", "-"], env, input=lines)
+    assert r.returncode == 0, r.stderr
+    for head in ("===== dingtalk (zh)", "===== feishu (zh)", "===== wecom (zh)", "===== slack (en)",
+                 "===== generic (en)", "===== alertmanager (en)"):
+        assert head in r.stdout
+    assert r.stdout.count("GPU 0-7 (NVIDIA H200) 已空闲 12 分钟") == 3
+    assert r.stdout.count("GPU 0-7 (NVIDIA H200) idle 12 min") == 2
+    assert sink.requests == []
+    # default: the last line of events.jsonl
+    with open(os.path.join(env["GPUGUARD_STATE_DIR"], "events.jsonl"), "w") as f:
+        f.write(lines)
+    r = gpuguard(["notify", "--preview"], env)
+    assert r.returncode == 0 and "GPU 7 (NVIDIA H200) idle 12 min" in r.stdout
+    assert sink.requests == []
+    r = gpuguard(["notify", "--preview", "/nonexistent"], env)
+    assert r.returncode == 2 and "cannot read" in r.stderr
+
+
+def test_notify_test_posts_once_per_target(env, sink):
+    env = dict(env, NOTIFY_URL=all_targets(sink.url))
+    r = gpuguard(["notify", "--test"], env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert len(sink.requests) == 5 and r.stdout.count("sent") == 5
+    assert "告警通道测试" in text_of("dingtalk", by_provider(sink)["dingtalk"][0])
+    assert "t1" not in r.stdout and "k1" not in r.stdout
+
+
+def test_doctor_checks_targets_without_posting(box, sink):
+    box.write_scenario([{"gpus": [idle_gpu()], "apps": [app(1410)]}] * 3)
+    env = {"NOTIFY_URL": f"{sink.url}/generic dingtalk+https://oapi.dingtalk.com/robot/oops?access_token=tok12345 "
+                         "http://no-such-host.invalid/hook"}
+    r = box.run("doctor", env=env, cmd="bin/gpuguard")
+    out = r.stdout
+    assert re.search(r"^OK +target generic http://127\.0\.0\.1/\*\*\*: reachable", out, re.MULTILINE), out
+    assert re.search(r"^FAIL +target dingtalk https://oapi\.dingtalk\.com/\*\*\*: URL does not look like", out, re.MULTILINE)
+    assert re.search(r"^FAIL +target generic http://no-such-host\.invalid/\*\*\*: name", out, re.MULTILINE)
+    assert sink.requests == []
+    assert "tok12345" not in out + r.stderr
+
+
+def test_no_target_is_said_once_loudly(box):
+    box.write_scenario([{"gpus": [idle_gpu()], "apps": [app(1410)]}] * 8)
+    log = box.tmp / "gg.log"
+    for t in range(6):
+        box.once(now=t * 60, env={"GPUGUARD_LOG": str(log), "MAX_IDLE_CYCLES": "2"})
+    text = log.read_text()
+    assert text.count("NO ALERT TARGET CONFIGURED") == 1
+    assert any(e["event"] == "gpu_idle" for e in box.events())
+    assert not list((box.state / "outbox").glob("*.json"))
+
+
+def test_events_emit_only_enqueues_and_flush_sends_one_digest(tmp_path, sink):
+    state = tmp_path / "s"
+    (state / "outbox").mkdir(parents=True)
+    script = """
+set -euo pipefail
+source "$GPUGUARD_ROOT/lib/common.sh"
+source "$GPUGUARD_ROOT/lib/events.sh"
+for i in 0 1 2 3; do
+  events_emit "{\\"ts\\":1,\\"host\\":\\"n\\",\\"event\\":\\"gpu_idle\\",\\"state\\":\\"firing\\",\\"gpu\\":$i}"
+done
+ls "$GPUGUARD_STATE_DIR/outbox" | grep -c 'json$'
+curl_count=$(wc -l <"$RECORD" 2>/dev/null || echo 0)
+echo "before-flush $curl_count"
+events_flush
+"""
+    record = tmp_path / "record.jsonl"
+    server, rec = webhook_sink.serve(quiet=True, record=str(record))
+    env = dict(os.environ, GPUGUARD_ROOT=str(ROOT), GPUGUARD_STATE_DIR=str(state), RECORD=str(record),
+               GPUGUARD_LOG=str(tmp_path / "log"),
+               NOTIFY_URL=f"http://127.0.0.1:{server.server_address[1]}/generic")
+    try:
+        r = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=60, check=False)
+    finally:
+        server.shutdown()
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["4", "before-flush", "0"]
+    (req,) = rec.requests
+    assert [e["gpu"] for e in req["body"]["events"]] == [0, 1, 2, 3]
+    assert len((state / "events.jsonl").read_text().splitlines()) == 4
+
+
+def test_dingtalk_gets_at_most_20_posts_a_minute_and_the_rest_later_in_one(env, sink):
+    """A cycle every 2 s, each with a new alert: the robot's own limit (20 a
+    minute; it throttles for 10 minutes past it) holds without any setting."""
+    env = dict(env, NOTIFY_URL=f"dingtalk+{sink.url}/dingtalk/robot/send?access_token=t")
+    now = time.time()
+    for cycle in range(30):
+        queue(env, [dict(idle8()[0], gpu=cycle, uuid=f"GPU-{cycle}")])
+        alert.flush(env, now=now + 2 * cycle)
+    assert len(sink.requests) == 20
+    assert alert.flush(env, now=now + 61) == 0
+    assert len(sink.requests) == 21
+    assert "GPU 20-29" in sink.requests[-1]["body"]["markdown"]["title"]
+
+
+def test_reminders_are_tagged_as_such_unless_something_new_fires():
+    first = idle8()[0]
+    title, _ = alert.render(dict(first, state="reminder"), "en")
+    assert title.startswith("[gpuguard REMINDER] node7: GPU 0 idle")
+    title, _ = alert.render_digest([dict(first, state="reminder"), dict(idle8()[1], job=None)], "zh")
+    assert title.startswith("[gpuguard 告警]")
+
+
+def test_ranks_of_one_job_without_slurm_are_one_line():
+    events = idle8(job=dict(JOB, slurm_job=None))
+    for i, e in enumerate(events):
+        e["job"]["cmdline"] = f"python -m torch.distributed.launch train.py --local_rank={i}"
+    title, sections = alert.render_digest(events, "en", {})
+    assert len(sections) == 1 and "GPU 0-7 idle but occupied" in title
+    assert "held by python -m torch.distributed.launch train.py --local_rank=0" in sections[0][0]
