@@ -3,8 +3,8 @@
 import json
 import shlex
 import shutil
+import signal
 import subprocess
-import time
 
 from conftest import ROOT, app, idle_gpu, require, wait_for
 
@@ -64,16 +64,19 @@ def test_status_bad_options_exit_2(box):
         assert len(r.stderr.splitlines()) == 1 and r.stderr.startswith("gpuguard: "), r.stderr
 
 
-def test_status_watch_without_a_terminal_has_no_colour(box):
+def test_status_watch_without_a_terminal_has_no_colour(box, tmp_path):
     two_jobs(box, steps=3)
-    p = subprocess.Popen([str(ROOT / "bin/gpuguard"), "status", "--watch", "--interval", "0.2"],
-                         env=box.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(1.5)
-    p.send_signal(2)
-    out, err = p.communicate(timeout=10)
+    log = tmp_path / "out.txt"
+    with open(log, "w") as f:
+        p = subprocess.Popen([str(ROOT / "bin/gpuguard"), "status", "--watch", "--interval", "0.2"],
+                             env=box.env, stdout=f, stderr=subprocess.PIPE, text=True)
+        redrawn = wait_for(lambda: log.read_text().count("gpuguard status") >= 2, timeout=30)
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=10)
+    out = log.read_text()
+    assert redrawn, out
     assert p.returncode == 0, err
-    assert "\x1b" not in out
-    assert out.count("GPU  UTIL") >= 2          # redrawn
+    assert "\x1b" not in out and "pid 1410" in out
 
 
 def test_doctor_json(box):
