@@ -219,19 +219,20 @@ def leaks(state_dir, out):
 # --------------------------------------------------------------- analysis --
 
 def floors(rows, bucket_s):
-    """Minimum of each bucket: [(bucket start ts, MiB)]."""
+    """Minimum of each bucket, drawn at the time of that minimum:
+    [(ts, MiB)]."""
     out = []
     cur, low = None, None
     for t, v in rows:
         b = int(t // bucket_s)
         if b != cur:
             if cur is not None:
-                out.append((cur * bucket_s, low))
-            cur, low = b, v
-        elif v < low:
-            low = v
+                out.append(low)
+            cur, low = b, (t, v)
+        elif v < low[1]:
+            low = (t, v)
     if cur is not None:
-        out.append((cur * bucket_s, low))
+        out.append(low)
     return out
 
 
@@ -369,7 +370,7 @@ def build(state_dir, opts, params, now):
             oom_h = max(0.0, headroom / slope_h)
         who = dict(proc_identity(pid, start))
         who.update({k: v for k, v in ident.get(pid, {}).items() if v})
-        procs.append({"key": key, "pid": pid, "rows": rows, "floors": fl, "gpu": gpu, "capacity": capacity,
+        procs.append({"key": key, "pid": pid, "rows": rows, "floors": fl, "bucket": bucket, "gpu": gpu, "capacity": capacity,
                       "fit": fit, "fit_from": fit_pts[0][0], "slope_h": slope_h, "judged": judged,
                       "verdict": verdict, "oom_h": oom_h, "events": pev, "who": who, "t0": t0, "t1": t1})
     if opts["pids"]:
@@ -514,6 +515,7 @@ class Chart:
         self.cid, self.t0, self.t1 = cid, t0, max(t1, t0 + 1)
         self.span = self.t1 - self.t0
         self.parts = []
+        self.ticks = []
         self.top = 8
 
     def X(self, t):
@@ -526,15 +528,19 @@ class Chart:
 
         def Y(v):
             return y1 - (v - lo) / (hi - lo) * height
-        self.parts.append('<g class="panel" data-y0="%d" data-y1="%d" data-lo="%s" data-hi="%s" data-unit="%s">'
-                          % (y0, y1, fmt(lo), fmt(hi), html.escape(unit)))
+        self.npanel = getattr(self, "npanel", 0) + 1
+        clip = "clip-%s-%d" % (self.cid, self.npanel)
+        self.parts.append('<clipPath id="%s"><rect x="%d" y="%d" width="%d" height="%d"/></clipPath>'
+                          % (clip, PLOT_LEFT, y0 - 1, PLOT_W, height + 2))
+        self.parts.append('<g class="panel" data-y0="%d" data-y1="%d" data-lo="%s" data-hi="%s" data-unit="%s" '
+                          'clip-path="url(#%s)">' % (y0, y1, fmt(lo), fmt(hi), html.escape(unit), clip))
         self.parts.append('<rect class="plot" x="%d" y="%d" width="%d" height="%d"/>' % (PLOT_LEFT, y0, PLOT_W, height))
         for v in nice_ticks(lo, hi, 4):
             y = Y(v)
-            self.parts.append('<line class="grid" x1="%d" x2="%d" y1="%.1f" y2="%.1f"/><text class="yt" x="%d" y="%.1f">%s</text>'
-                              % (PLOT_LEFT, PLOT_LEFT + PLOT_W, y, y, PLOT_LEFT - 4, y + 3.5, ticks_fmt(v)))
+            self.parts.append('<line class="grid" x1="%d" x2="%d" y1="%.1f" y2="%.1f"/>' % (PLOT_LEFT, PLOT_LEFT + PLOT_W, y, y))
+            self.ticks.append('<text class="yt" x="%d" y="%.1f">%s</text>' % (PLOT_LEFT - 4, y + 3.5, ticks_fmt(v)))
         if label:
-            self.parts.append('<text class="ylab" x="4" y="%d">%s</text>' % (y0 + 10, html.escape(label)))
+            self.parts.append('<text class="ylab" x="%d" y="%d">%s</text>' % (PLOT_LEFT + 5, y0 + 12, html.escape(label)))
         self.top = y1 + 8
         return Y
 
@@ -561,36 +567,44 @@ class Chart:
 
     def svg(self, title):
         ticks, step = time_ticks(self.t0, self.t1)
-        axis = []
+        grid, labels = [], []
         for t in ticks:
             x = self.X(t)
-            axis.append('<line class="grid" x1="%.1f" x2="%.1f" y1="8" y2="%d"/><text class="xt" x="%.1f" y="%d">%s</text>'
-                        % (x, x, self.top - 8, x, self.top + 6, tlabel(t, step)))
+            if x > PLOT_LEFT + PLOT_W - 34:
+                continue
+            grid.append('<line class="grid" x1="%.1f" x2="%.1f" y1="8" y2="%d"/>' % (x, x, self.top - 8))
+            labels.append('<text class="xt" x="%.1f" y="%d">%s</text>' % (x, self.top + 6, tlabel(t, step)))
         h = self.top + 12
+        # the plot backgrounds come first, then the time grid, then the rest
+        body = "".join(self.parts)
         return ('<svg class="chart" id="svg-%s" viewBox="0 0 %d %d" width="%d" height="%d" data-t0="%s" data-t1="%s" '
-                'data-left="%d" data-w="%d" role="img" aria-label="%s">%s%s</svg>'
+                'data-left="%d" data-w="%d" role="img" aria-label="%s">%s%s%s</svg>'
                 % (self.cid, WIDTH, h, WIDTH, h, fmt(self.t0), fmt(self.t1), PLOT_LEFT, PLOT_W,
-                   html.escape(title), "".join(axis), "".join(self.parts)))
+                   html.escape(title), "".join(grid), body, "".join(labels + self.ticks)
+                   + '<line class="cursor" x1="0" x2="0" y1="0" y2="0" visibility="hidden"/>'))
 
 
 def gpu_section(idx, g, events, procs):
     rows = g["rows"]
     t0, t1 = rows[0][0], rows[-1][0]
     c = Chart("gpu-%d" % idx, t0, t1)
-    yu = c.panel(90, 0, 100, "%", lambda v: "%d%%" % v, "utilization")
-    util_top = c.top - 8 - 90
     # idle incidents: runs of counted-idle cycles, darker while the alert fires
-    run = None
-    for r in rows + [(t1 + 1, None, None, None, None, 0, {})]:
-        if r[5] and run is None:
-            run = [r[0], r[0], r[5]]
-        elif r[5] and run:
-            run[1], run[2] = r[0], max(run[2], r[5])
-        elif run:
-            c.shade(run[0], run[1], util_top, util_top + 90, "idle%d" % run[2],
-                    "idle but occupied %s – %s%s" % (tlabel(run[0]), tlabel(run[1]),
-                                                       " (alert fired)" if run[2] == 2 else ""))
-            run = None
+    runs = []
+    for r in rows:
+        if r[5] and runs and runs[-1][2] == r[5] and runs[-1][3]:
+            runs[-1][1] = r[0]
+        else:
+            runs.append([r[0], r[0], r[5], bool(r[5])])
+    runs = [r for r in runs if r[2]]
+    gaps = sorted(b[0] - a[0] for a, b in zip(rows, rows[1:]))
+    cycle = gaps[len(gaps) // 2] if gaps else 60
+    yu = c.panel(90, 0, 100, "%", lambda v: "%d%%" % v, "utilization")
+
+    def shade(top, height):
+        for a, b, level, _ in runs:
+            c.shade(a, b + cycle, top, top + height, "idle%d" % level,
+                    "idle but occupied %s – %s%s" % (tlabel(a), tlabel(b), " (alert fired)" if level == 2 else ""))
+    shade(c.top - 8 - 90, 90)
     c.series([(r[0], r[1]) for r in rows], yu, "util", "utilization")
     c.end_panel()
     used = [(r[0], r[2]) for r in rows if r[2] is not None]
@@ -599,6 +613,7 @@ def gpu_section(idx, g, events, procs):
         lo, hi = min(v for _, v in used), max(v for _, v in used)
         pad = max((hi - lo) * 0.08, 16)
         ym = c.panel(120, max(0, lo - pad), hi + pad, "MiB", label="memory MiB")
+        shade(c.top - 8 - 120, 120)
         c.series(used, ym, "mem", "memory used")
         c.end_panel()
     if totals:
@@ -643,14 +658,15 @@ def proc_label(p):
 
 
 def proc_section(n, p):
-    rows, fl = p["rows"], p["floors"]
     t0, t1 = p["t0"], p["t1"]
+    rows = p["rows"]
+    fl = p["floors"]
     fit, cap, slope_h = p["fit"], p["capacity"], p["slope_h"]
     oom_ts = t1 + p["oom_h"] * 3600 if p["oom_h"] is not None else None
     # the projection is drawn up to the capacity, or one data span ahead
     proj_end = t1
     if fit and slope_h > 0:
-        proj_end = min(oom_ts, t1 + (t1 - t0)) if oom_ts is not None else t1 + (t1 - t0) * 0.25
+        proj_end = min(oom_ts, t1 + 2 * (t1 - t0)) if oom_ts is not None else t1 + (t1 - t0) * 0.25
     c = Chart("proc-%d" % n, t0, max(proj_end, t1))
     lo = min(v for _, v in rows)
     hi = max(v for _, v in rows)
@@ -673,8 +689,8 @@ def proc_section(n, p):
     if cap_in:
         y = Y(cap)
         c.parts.append('<line class="cap" x1="%d" x2="%d" y1="%.1f" y2="%.1f"/><text class="caplab" x="%d" y="%.1f">'
-                       'GPU capacity for this process %s MiB</text>' % (PLOT_LEFT, PLOT_LEFT + PLOT_W, y, y,
-                                                                      PLOT_LEFT + 6, y - 4, mib(cap)))
+                       'capacity for this process %s MiB · projected OOM %s</text>'
+                       % (PLOT_LEFT, PLOT_LEFT + PLOT_W, y, y, PLOT_LEFT + PLOT_W - 10, y + 14, mib(cap), tlabel(oom_ts)))
         c.parts.append('<circle class="oom" cx="%.1f" cy="%.1f" r="4"><title>projected OOM %s</title></circle>'
                        % (c.X(oom_ts), y, tlabel(oom_ts)))
     if t1 < c.t1:
@@ -684,7 +700,7 @@ def proc_section(n, p):
         c.marker(e, e["_id"], 8, c.top - 8, e["_text"])
     oom = oom_text(p)
     cap_note = ""
-    if cap is not None and not cap_in:
+    if cap is not None and not cap_in and slope_h > 0:
         cap_note = " · capacity %s MiB is above the chart" % mib(cap)
     trend = "trend %+.0f MiB/h%s" % (slope_h, "" if p["judged"] else " (not judged by the detector: a fit for the eye)")
     head = ('<section class="proc" id="%s"><h2><span class="verdict v-%s">%s</span> %s <small>GPU %s</small></h2>'
@@ -692,7 +708,7 @@ def proc_section(n, p):
             '<span class="sw trend"></span>%s <span class="sw proj"></span>projection%s · projected OOM: %s · '
             '%d samples over %s, %s → %s MiB</p>'
             % (p["anchor"], p["verdict"].replace(" ", "-"), html.escape(p["verdict"]), html.escape(proc_label(p)),
-               "?" if p["gpu"] is None else p["gpu"], span_text(max(60, fl[1][0] - fl[0][0])) if len(fl) > 1 else "",
+               "?" if p["gpu"] is None else p["gpu"], span_text(p["bucket"]),
                html.escape(trend), cap_note, html.escape(oom), len(rows), span_text(t1 - t0),
                mib(rows[0][1]), mib(rows[-1][1])))
     return head + c.svg("memory of " + proc_label(p)) + "</section>"
@@ -715,12 +731,12 @@ th{background:#f4f4f4}td.n{text-align:right;font-variant-numeric:tabular-nums}
 .sw.util{border-color:#1f77b4}.sw.mem{border-color:#9467bd}.sw.raw{border-color:#9ecae1}.sw.floor{border-color:#08519c}
 .sw.trend{border-color:#d62728}.sw.proj{border-color:#d62728;border-top-style:dashed}
 .sw.idle1{border-top:8px solid #ffe0b2}.sw.idle2{border-top:8px solid #ffab91}.mk{margin-left:8px}.mk.firing{color:#c62828}.mk.resolved{color:#2e7d32}
-svg.chart{display:block;font-size:11px;max-width:100%;height:auto}.plot{fill:#fcfcfc;stroke:#ccc}
+svg.chart{display:block;font-size:11px;max-width:100%;height:auto}.plot{fill:none;stroke:#ccc}
 .grid{stroke:#eee}.yt{text-anchor:end;fill:#555}.xt{text-anchor:middle;fill:#555}.ylab{fill:#333;font-weight:bold}
 .s{fill:none;stroke-width:1.2;stroke-linejoin:round}.util{stroke:#1f77b4}.mem{stroke:#9467bd;stroke-width:1.5}
 .raw{stroke:#9ecae1}.floor{stroke:#08519c;stroke-width:2}
 .trend{stroke:#d62728;stroke-width:2}.proj{stroke:#d62728;stroke-width:2;stroke-dasharray:6 4}
-.cap{stroke:#000;stroke-dasharray:2 3}.caplab{fill:#000}.oom{fill:#d62728}.now{stroke:#888;stroke-dasharray:1 3}
+.cap{stroke:#000;stroke-dasharray:2 3}.caplab{fill:#000;text-anchor:end;font-weight:bold}.oom{fill:#d62728}.now{stroke:#888;stroke-dasharray:1 3}
 .idle1{fill:#ffe0b2}.idle2{fill:#ffab91}
 .marker line{stroke-width:1.5}.marker.firing line,.marker.firing path{stroke:#c62828;fill:#c62828}
 .marker.resolved line,.marker.resolved path{stroke:#2e7d32;fill:#2e7d32}.marker:target line{stroke-width:4}
@@ -731,11 +747,15 @@ font-size:12px;display:none;white-space:pre}.cursor{stroke:#444;stroke-width:.8}
 JS = r"""
 (function(){
 var tip=document.getElementById('tip');
-function parse(p){if(p._pts)return p._pts;var d=p.getAttribute('d'),pts=[],x=0,y=0,rel=false,i=0;
+function parse(p){if(p._pts)return p._pts;var d=p.getAttribute('d'),pts=[],x=0,y=0,rel=false,brk=false,i=0;
 var tok=d.match(/[Ml]|-?[0-9]*\.?[0-9]+/g);
-while(i<tok.length){var t=tok[i];if(t==='M'){rel=false;i++;continue}if(t==='l'){rel=true;i++;continue}
-var a=+tok[i],b=+tok[i+1];i+=2;if(rel){x+=a;y+=b}else{x=a;y=b;rel=true}pts.push([x,y])}
+while(i<tok.length){var t=tok[i];if(t==='M'){rel=false;brk=true;i++;continue}if(t==='l'){rel=true;i++;continue}
+var a=+tok[i],b=+tok[i+1];i+=2;if(rel){x+=a;y+=b}else{x=a;y=b;rel=true}pts.push([x,y,brk]);brk=false}
 p._pts=pts;return pts}
+function at(pts,px){var lo=null,hi=null,k;for(k=0;k<pts.length;k++){if(Math.abs(pts[k][0]-px)<0.5){
+lo=lo===null?pts[k][1]:Math.max(lo,pts[k][1]);hi=hi===null?pts[k][1]:Math.min(hi,pts[k][1])}}
+if(lo!==null)return[lo,hi];for(k=0;k+1<pts.length;k++){var a=pts[k],b=pts[k+1];
+if(!b[2]&&a[0]<=px&&px<=b[0]&&b[0]>a[0]){var y=a[1]+(b[1]-a[1])*(px-a[0])/(b[0]-a[0]);return[y,y]}}return null}
 function fmtT(t){var d=new Date(t*1000);function z(n){return(n<10?'0':'')+n}
 return d.getFullYear()+'-'+z(d.getMonth()+1)+'-'+z(d.getDate())+' '+z(d.getHours())+':'+z(d.getMinutes())}
 function move(ev){var s=ev.currentTarget,r=s.getBoundingClientRect(),vb=s.viewBox.baseVal;
@@ -743,17 +763,14 @@ var px=(ev.clientX-r.left)*vb.width/r.width,left=+s.dataset.left,w=+s.dataset.w;
 if(px<left||px>left+w){out(ev);return}
 var t=+s.dataset.t0+(px-left)/w*(+s.dataset.t1-+s.dataset.t0),lines=[fmtT(t)];
 s.querySelectorAll('g.panel').forEach(function(g){var y0=+g.dataset.y0,y1=+g.dataset.y1,lo=+g.dataset.lo,hi=+g.dataset.hi;
-g.querySelectorAll('path.s').forEach(function(p){var pts=parse(p),lo2=null,hi2=null,best=1e9;
-for(var k=0;k<pts.length;k++){var dx=Math.abs(pts[k][0]-px);if(dx<best-0.01){best=dx;lo2=hi2=pts[k][1]}
-else if(Math.abs(dx-best)<0.01){lo2=Math.max(lo2,pts[k][1]);hi2=Math.min(hi2,pts[k][1])}}
-if(lo2===null||best>3)return;function v(y){return lo+(y1-y)/(y1-y0)*(hi-lo)}
+g.querySelectorAll('path.s').forEach(function(p){var r=at(parse(p),px);if(!r)return;var lo2=r[0],hi2=r[1];
+function v(y){return lo+(y1-y)/(y1-y0)*(hi-lo)}
 var a=v(lo2),b=v(hi2),u=g.dataset.unit;
 lines.push(p.dataset.name+': '+(Math.abs(b-a)<0.5?Math.round(a):Math.round(a)+'–'+Math.round(b))+' '+u)})});
-var c=s.querySelector('line.cursor');if(!c){c=document.createElementNS('http://www.w3.org/2000/svg','line');
-c.setAttribute('class','cursor');s.appendChild(c)}c.setAttribute('x1',px);c.setAttribute('x2',px);
+var c=s.querySelector('line.cursor');c.style.visibility='visible';c.setAttribute('x1',px);c.setAttribute('x2',px);
 c.setAttribute('y1',8);c.setAttribute('y2',vb.height-20);
 tip.textContent=lines.join('\n');tip.style.display='block';tip.style.left=(ev.pageX+12)+'px';tip.style.top=(ev.pageY+12)+'px'}
-function out(ev){tip.style.display='none';var c=ev.currentTarget.querySelector('line.cursor');if(c)c.remove()}
+function out(ev){tip.style.display='none';ev.currentTarget.querySelector('line.cursor').style.visibility='hidden'}
 document.querySelectorAll('svg.chart').forEach(function(s){s.addEventListener('mousemove',move);s.addEventListener('mouseleave',out)});
 window.gpuguardHover=function(id,frac){var s=document.getElementById(id),r=s.getBoundingClientRect(),
 left=+s.dataset.left,w=+s.dataset.w,vb=s.viewBox.baseVal;
