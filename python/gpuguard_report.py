@@ -313,6 +313,14 @@ def build(state_dir, opts, params, now):
     ident = job_identity(events, state_dir)
     history = leak.read_history(os.path.join(state_dir, "history"))
     threshold = params["threshold"]
+    holders = {}                # pid -> {gpu index: rows holding it}
+    for idx, g in gpus.items():
+        for r in g["rows"]:
+            for pid in r[6]:
+                h = holders.setdefault(pid, {})
+                h[idx] = h.get(idx, 0) + 1
+    last_mem = {idx: next((r for r in reversed(g["rows"]) if r[2] is not None and r[3] is not None), None)
+                for idx, g in gpus.items()}
     procs = []
     for key, rows in history.items():
         if since is not None:
@@ -324,12 +332,8 @@ def build(state_dir, opts, params, now):
         pid = int(m.group(1)) if m else -1
         start = m.group(2) if m else None
         t0, t1 = rows[0][0], rows[-1][0]
-        # the GPU: the one whose holders list this PID most often in the span
-        votes = {}
-        for idx, g in gpus.items():
-            for r in g["rows"]:
-                if t0 <= r[0] <= t1 and pid in r[6]:
-                    votes[idx] = votes.get(idx, 0) + 1
+        # the GPU: the one whose holders list this PID most often
+        votes = holders.get(pid) or {}
         gpu = max(votes, key=votes.get) if votes else None
         st = states.get(key)
         if st is None:
@@ -338,10 +342,14 @@ def build(state_dir, opts, params, now):
         last = (st or {}).get("last") or {}
         used_last = rows[-1][1]
         free = None
-        if gpu is not None:
-            near = [r for r in gpus[gpu]["rows"] if r[0] <= t1 + 120 and r[2] is not None and r[3] is not None]
-            if near:
-                free = near[-1][3] - near[-1][2]
+        if gpu is not None and last_mem.get(gpu) is not None:
+            # the GPU's free memory at the series' last sample
+            near = last_mem[gpu]
+            if near[0] > t1 + 120:
+                near = next((r for r in reversed(gpus[gpu]["rows"]) if r[0] <= t1 + 120 and r[2] is not None
+                             and r[3] is not None), None)
+            if near is not None:
+                free = near[3] - near[2]
         if free is None and isinstance(last.get("free"), (int, float)):
             free = last["free"]
         capacity = used_last + free if free is not None else None
