@@ -67,7 +67,7 @@ def make_week(state, n_gpus=8, per_gpu=8, days=7, step=60, seed=7):
         f.close()
     state_json = {}
     events = []
-    for pid, g, base, leak, _ in procs:
+    for pid, _, base, leak, _ in procs:
         key = "%d-777" % pid
         state_json[key] = {"key": key, "pid": pid, "firing": bool(leak),
                            "last": {"ts": T_END, "used": base, "free": 20000, "slope": leak or 1.0,

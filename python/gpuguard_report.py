@@ -250,7 +250,7 @@ def fit_line(pts, slope_per_s=None):
     return beta, icpt
 
 
-def job_identity(events, state_dir):
+def job_identity(events):
     """By PID: {"name", "cmdline", "user"} from the alerts' job objects and
     process lists (cmdlines there are already masked)."""
     ident = {}
@@ -310,7 +310,7 @@ def build(state_dir, opts, params, now):
     gpus = read_gpu_history(state_dir, since)
     events = read_events(state_dir, since)
     states = read_leak_states(state_dir)
-    ident = job_identity(events, state_dir)
+    ident = job_identity(events)
     history = leak.read_history(os.path.join(state_dir, "history"))
     threshold = params["threshold"]
     holders = {}                # pid -> {gpu index: rows holding it}
@@ -396,14 +396,18 @@ def build(state_dir, opts, params, now):
 
 # ------------------------------------------------------------------ draw --
 
+def typical_step(rows, default):
+    """The median time between consecutive rows (their first field)."""
+    gaps = sorted(b[0] - a[0] for a, b in zip(rows, rows[1:]))
+    return gaps[len(gaps) // 2] if gaps else default
+
+
 def envelope(points, t0, span):
     """Min/max per pixel column, in time order within a column, with None
     where the samples stop for longer than 5 typical intervals (a gap)."""
     if not points:
         return []
-    gaps = sorted(b[0] - a[0] for a, b in zip(points, points[1:]))
-    typical = gaps[len(gaps) // 2] if gaps else 0
-    gap = max(typical * 5, span / PLOT_W * 3)
+    gap = max(typical_step(points, 0) * 5, span / PLOT_W * 3)
     out = []
     col = None
     lo = hi = None
@@ -498,7 +502,7 @@ def time_ticks(t0, t1):
             break
     off = time.localtime(t0).tm_gmtoff
     first = ((t0 + off) // step + 1) * step - off
-    return [t for t in frange(first, t1, step)], step
+    return list(frange(first, t1, step))
 
 
 def frange(a, b, step):
@@ -507,7 +511,7 @@ def frange(a, b, step):
         a += step
 
 
-def tlabel(t, step=None):
+def tlabel(t):
     return time.strftime("%m-%d %H:%M", time.localtime(t))
 
 
@@ -525,6 +529,7 @@ class Chart:
         self.parts = []
         self.ticks = []
         self.top = 8
+        self.npanel = 0
 
     def X(self, t):
         return PLOT_LEFT + (t - self.t0) / self.span * PLOT_W
@@ -536,7 +541,7 @@ class Chart:
 
         def Y(v):
             return y1 - (v - lo) / (hi - lo) * height
-        self.npanel = getattr(self, "npanel", 0) + 1
+        self.npanel += 1
         clip = "clip-%s-%d" % (self.cid, self.npanel)
         self.parts.append('<clipPath id="%s"><rect x="%d" y="%d" width="%d" height="%d"/></clipPath>'
                           % (clip, PLOT_LEFT, y0 - 1, PLOT_W, height + 2))
@@ -574,14 +579,14 @@ class Chart:
                           % (cls, mid, x, x, y0, y1, x, y0, html.escape(text)))
 
     def svg(self, title):
-        ticks, step = time_ticks(self.t0, self.t1)
+        ticks = time_ticks(self.t0, self.t1)
         grid, labels = [], []
         for t in ticks:
             x = self.X(t)
             if x > PLOT_LEFT + PLOT_W - 34:
                 continue
             grid.append('<line class="grid" x1="%.1f" x2="%.1f" y1="8" y2="%d"/>' % (x, x, self.top - 8))
-            labels.append('<text class="xt" x="%.1f" y="%d">%s</text>' % (x, self.top + 6, tlabel(t, step)))
+            labels.append('<text class="xt" x="%.1f" y="%d">%s</text>' % (x, self.top + 6, tlabel(t)))
         h = self.top + 12
         # the plot backgrounds come first, then the time grid, then the rest
         body = "".join(self.parts)
@@ -604,8 +609,7 @@ def gpu_section(idx, g, events, procs):
         else:
             runs.append([r[0], r[0], r[5], bool(r[5])])
     runs = [r for r in runs if r[2]]
-    gaps = sorted(b[0] - a[0] for a, b in zip(rows, rows[1:]))
-    cycle = gaps[len(gaps) // 2] if gaps else 60
+    cycle = typical_step(rows, 60)
     yu = c.panel(90, 0, 100, "%", lambda v: "%d%%" % v, "utilization")
 
     def shade(top, height):
@@ -795,7 +799,7 @@ LOAD_JS = ("window.addEventListener('load',function(){void document.body.offsetH
 def render(gpus, procs, events, host, now, opts):
     # every alert gets an id; the alerts table links to the chart holding it
     where = {}
-    for n, p in enumerate(procs):
+    for p in procs:
         p["anchor"] = "proc-%d-%s" % (p["pid"], re.sub(r"[^0-9A-Za-z_-]", "_", p["key"]))
         for e in p["events"]:
             where.setdefault(id(e), p["anchor"])

@@ -89,8 +89,8 @@ def write_leak_textfile(textdir):
     """The leak watcher's textfile writer, as its cycle calls it."""
     script = ('source lib/common.sh; source lib/textfile.sh; declare -A LEAK_STATUS=('
               '[1328]="31890.0 1 58634 python3" [1329]="0.0 0 956 python3"); textfile_write_leak')
-    r = subprocess.run(["bash", "-c", script], cwd=ROOT, env={"PATH": "/usr/bin:/bin", "GPUGUARD_TEXTFILE_DIR": str(textdir)},
-                       capture_output=True, text=True)
+    env = {"PATH": "/usr/bin:/bin", "GPUGUARD_TEXTFILE_DIR": str(textdir)}
+    r = subprocess.run(["bash", "-c", script], cwd=ROOT, env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
 
 
