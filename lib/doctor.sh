@@ -264,12 +264,15 @@ status_job_into() {
     break
   done
   local uid='' line
-  while read -r line; do
-    if [[ $line == Uid:* ]]; then
-      read -r _ uid _ <<<"$line"
-      break
-    fi
-  done <"/proc/$pid/status" 2>/dev/null
+  # the process may end at any moment: an unreadable file is no user
+  {
+    while read -r line; do
+      if [[ $line == Uid:* ]]; then
+        read -r _ uid _ <<<"$line"
+        break
+      fi
+    done <"/proc/$pid/status"
+  } 2>/dev/null || true
   if [[ -n $uid && ${#STATUS_USERS[@]} -eq 0 ]]; then
     local name _pw id
     while IFS=: read -r name _pw id _; do

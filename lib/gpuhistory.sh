@@ -3,18 +3,19 @@
 # watchdog cycle in $GPUGUARD_STATE_DIR/gpu-history.tsv. Columns: unix
 # time, index, uuid, utilization %, memory used MiB, memory total MiB, power
 # W, idle (0 busy or free, 1 counted idle-but-occupied this cycle, 2 the
-# idle alert fires), holders ("pid:MiB,pid:MiB", "-" for none). Unknown
-# values are empty. Bounded: past GPUHISTORY_MAX_BYTES the file becomes
+# idle alert fires), holders ("pid:MiB,pid:MiB", "-" for none, "?" when
+# the process list could not be read). Unknown values are empty. Bounded:
+# past GPU_HISTORY_MAX_BYTES (config, 8 MiB) the file becomes
 # gpu-history.tsv.1 (the previous .1 is dropped), so at most twice that is
-# kept: about 7 days of 8 GPUs at 60 s with the default.
+# kept: about a week of 8 GPUs at 60 s with the default.
 
-GPUHISTORY_MAX_BYTES=${GPUHISTORY_MAX_BYTES:-8388608}
 GPUHISTORY_HEADER=$'# ts\tindex\tuuid\tutil_pct\tmem_used_mib\tmem_total_mib\tpower_w\tidle\tholders'
 
 # Appends this cycle's rows (nothing when the sample failed: a failure is not
 # a measurement).
 # Globals:
-#   SMI_* (the last sample), IDLE_CYCLES, IDLE_FIRING, GPUGUARD_STATE_DIR
+#   SMI_* (the last sample), IDLE_CYCLES, IDLE_FIRING, GPUGUARD_STATE_DIR,
+#   GPU_HISTORY_MAX_BYTES
 # Arguments:
 #   $1 now, unix seconds
 gpuhistory_append() {
@@ -48,7 +49,7 @@ gpuhistory_append() {
   if [[ -f $file ]]; then
     local size
     size=$(stat -c %s -- "$file" 2>/dev/null) || size=0
-    if ((size > GPUHISTORY_MAX_BYTES)); then
+    if ((size > ${GPU_HISTORY_MAX_BYTES:-8388608})); then
       mv -f -- "$file" "$file.1" || return 1
     fi
   fi

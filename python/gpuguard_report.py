@@ -368,6 +368,8 @@ def build(state_dir, opts, params, now):
             verdict = "LEAK"
         elif pev and pev[-1].get("state") == "resolved":
             verdict = "resolved"
+        elif judged and isinstance((st or {}).get("verdict") or last.get("verdict"), str):
+            verdict = (st or {}).get("verdict") or last.get("verdict")      # the detector's own word
         elif judged:
             verdict = "watching" if slope_h >= threshold else "healthy"
         else:
@@ -719,11 +721,16 @@ def proc_section(n, p):
             '<p class="legend"><span class="sw raw"></span>memory <span class="sw floor"></span>%s floors '
             '<span class="sw trend"></span>%s <span class="sw proj"></span>projection%s · projected OOM: %s · '
             '%d samples over %s, %s → %s MiB</p>'
-            % (p["anchor"], p["verdict"].replace(" ", "-"), html.escape(p["verdict"]), html.escape(proc_label(p)),
+            % (p["anchor"], vclass(p["verdict"]), html.escape(p["verdict"]), html.escape(proc_label(p)),
                "?" if p["gpu"] is None else p["gpu"], span_text(p["bucket"]),
                html.escape(trend), cap_note, html.escape(oom), len(rows), span_text(t1 - t0),
                mib(rows[0][1]), mib(rows[-1][1])))
     return head + c.svg("memory of " + proc_label(p)) + "</section>"
+
+
+def vclass(verdict):
+    """A verdict as a CSS class name."""
+    return re.sub(r"[^A-Za-z0-9_-]", "-", verdict)
 
 
 def oom_text(p):
@@ -834,7 +841,7 @@ def render(gpus, procs, events, host, now, opts):
         for p in procs:
             out.append("<tr class='row-%s'><td><span class='verdict v-%s'>%s</span></td><td><a href='#%s'>%s</a></td>"
                        "<td class='n'>%s</td><td class='n'>%+.0f%s</td><td>%s</td><td>%s</td></tr>"
-                       % (p["verdict"].replace(" ", "-"), p["verdict"].replace(" ", "-"), html.escape(p["verdict"]),
+                       % (vclass(p["verdict"]), vclass(p["verdict"]), html.escape(p["verdict"]),
                           p["anchor"], html.escape(proc_label(p)), "?" if p["gpu"] is None else p["gpu"],
                           p["slope_h"], "" if p["judged"] else "*", tlabel(p["t0"]), html.escape(oom_text(p))))
         out.append("</table>")

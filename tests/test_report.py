@@ -143,7 +143,7 @@ def test_empty_state_folder_says_what_to_run(tmp_path):
 
 def test_gpu_history_rows_are_bounded_and_never_follow_a_link(box):
     box.write_scenario([{"gpus": [idle_gpu()], "apps": [app(1410), app(1411, mem=20)]}] * 40)
-    env = {"GPUHISTORY_MAX_BYTES": "600"}
+    env = {"GPU_HISTORY_MAX_BYTES": "600"}
     for t in range(40):
         box.once(now=1000 + t, env=env)
     hist = box.state / "gpu-history.tsv"
