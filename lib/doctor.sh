@@ -248,21 +248,39 @@ status_leak_root() {
   return 0
 }
 
-# Puts a short job name for a PID into the variable named $2: the script or
-# program it runs (the first argument that is not an option; option values
-# may hold tokens, so they are never shown) and its user.
+# Puts a short job name for a PID into the variable named $2: the program,
+# and for interpreters and launchers the script or module they run
+# ("python3 train.py", "torchrun -m trainer"), then the user. Option values
+# may hold tokens, so they are never shown.
 status_job_into() {
   local pid=$1
   local -n job_ref=$2
   job_ref=''
   local -a argv=()
   { mapfile -d '' -t argv <"/proc/$pid/cmdline"; } 2>/dev/null || return 0
-  local arg script=''
-  for arg in "${argv[@]:1}"; do
-    [[ $arg == -* ]] && continue
-    script=${arg##*/}
-    break
-  done
+  ((${#argv[@]})) || return 0
+  local prog=${argv[0]##*/} arg script='' next_is_module=0
+  if [[ $prog =~ ^(python[0-9.]*|bash|sh|zsh|node|perl|ruby|torchrun|accelerate|deepspeed|swift|uv|timeout|nohup|env|srun|mpirun)$ ]]; then
+    for arg in "${argv[@]:1}"; do
+      if ((next_is_module)); then
+        script="-m $arg"
+        break
+      fi
+      case $arg in
+        -m) next_is_module=1 ;;
+        -c)
+          script=-c
+          break
+          ;;
+        -* | *=* | [0-9]*) ;;
+        *)
+          script=${arg##*/}
+          break
+          ;;
+      esac
+    done
+  fi
+  local label="$prog${script:+ $script}"
   local uid='' line
   # the process may end at any moment: an unreadable file is no user
   {
@@ -280,7 +298,7 @@ status_job_into() {
     done </etc/passwd
   fi
   # shellcheck disable=SC2034 # nameref: assigns the caller's variable
-  job_ref="${script:0:32}${uid:+ (${STATUS_USERS[$uid]:-uid $uid})}"
+  job_ref="${label:0:32}${uid:+ (${STATUS_USERS[$uid]:-uid $uid})}"
 }
 
 # Prints the table from the last status_collect.

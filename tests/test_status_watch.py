@@ -163,3 +163,20 @@ def test_status_watch_honours_no_color_in_a_terminal(box, tmp_path):
         tmux(sock, "kill-server")
 
 
+
+
+def test_status_names_the_job_without_its_option_values(box, tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("import time\ntime.sleep(60)\n")
+    job = subprocess.Popen(["python3", str(script), "--token=s3cr3t-value", "--lr", "0.1"])
+    try:
+        box.write_scenario([{"gpus": [idle_gpu(mem=9000, util=90)], "apps": [app(job.pid, mem=6000)]}])
+        r = box.run("status", cmd="bin/gpuguard")
+        assert r.returncode == 0, r.stderr
+        row = [line for line in r.stdout.splitlines() if "pid %d" % job.pid in line][0]
+        assert "python3 train.py" in row and "s3cr3t" not in r.stdout and "0.1" not in row
+        doc = json.loads(box.run("status", "--json", cmd="bin/gpuguard").stdout)
+        assert doc["gpus"][0]["processes"][0]["job"].startswith("python3 train.py (")
+    finally:
+        job.kill()
+        job.wait()
