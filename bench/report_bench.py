@@ -4,7 +4,8 @@ processes on 8 GPUs sampled every 60 s (645,120 process samples, 80,640 GPU
 rows), plus the screenshot in docs/.
 
   python3 bench/report_bench.py                 # the figures (bench/report-results.md)
-  python3 bench/report_bench.py --screenshot docs/report.png   # the README's picture
+  python3 bench/report_bench.py --example docs   # docs/report.png (the README's picture) and
+                                                 # docs/report-example.html (the report it shows)
 
 The render time is measured in headless Chromium (tests/cdp.py):
 performance.now() at the load event after a forced layout (the page's own
@@ -111,27 +112,29 @@ def measure(url, loads=5):
         b.close()
 
 
-def screenshot(path):
+def example(folder):
+    """The report of tests/report_fixtures.py's story and its screenshot."""
     import cdp
     import report_fixtures
+    folder = Path(folder)
     with tempfile.TemporaryDirectory() as d:
         state = Path(d) / "state"
         report_fixtures.build(state)
-        out = Path(d) / "report.html"
+        out = folder / "report-example.html"
         env = dict(os.environ, GPUGUARD_CONFIG="/dev/null", GPUGUARD_STATE_DIR=str(state),
-                   GPUGUARD_HOST="h200-demo", TZ="UTC")
+                   GPUGUARD_HOST="h200-demo", TZ="UTC", GPUGUARD_NOW=str(report_fixtures.T0 + 7200))
         subprocess.run([str(ROOT / "bin/gpuguard"), "report", "--out", str(out)], env=env, check=True)
         b = cdp.Browser(width=1040, height=1560)
         try:
-            b.load(out.as_uri())
-            b.screenshot(path)
+            b.load(out.resolve().as_uri())
+            b.screenshot(str(folder / "report.png"))
         finally:
             b.close()
 
 
 def main():
-    if len(sys.argv) == 3 and sys.argv[1] == "--screenshot":
-        screenshot(sys.argv[2])
+    if len(sys.argv) == 3 and sys.argv[1] == "--example":
+        example(sys.argv[2])
         return
     with tempfile.TemporaryDirectory() as d:
         state = Path(d) / "state"
