@@ -807,7 +807,7 @@ def render(gpus, procs, events, host, now, opts):
     # every alert gets an id; the alerts table links to the chart holding it
     where = {}
     for p in procs:
-        p["anchor"] = "proc-%d-%s" % (p["pid"], re.sub(r"[^0-9A-Za-z_-]", "_", p["key"]))
+        p["anchor"] = "proc-" + re.sub(r"[^0-9A-Za-z_-]", "_", p["key"])
         for e in p["events"]:
             where.setdefault(id(e), p["anchor"])
     alerts = [e for e in events if e.get("event") in ("gpu_idle", "gpu_memory_leak", "monitor_degraded")]
