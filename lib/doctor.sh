@@ -389,7 +389,7 @@ status_watch() {
     trap 'printf "\e[?25h\e[?1049l"' EXIT
     printf '\e[?1049h\e[?25l'
   fi
-  while ((!stop)); do
+  while ((stop == 0)); do
     frame=$(status_watch_frame 2>&1) || true
     ((stop)) && break
     if ((tty)); then
