@@ -259,15 +259,16 @@ def job_identity(events):
         if isinstance(pid, int):
             d = ident.setdefault(pid, {})
             for k, v in kw.items():
-                if v and not d.get(k):
+                if v not in (None, "") and not d.get(k):
                     d[k] = str(v)
 
     for e in events:
+        gpu = e.get("gpu") if e.get("event") == "gpu_idle" and isinstance(e.get("gpu"), int) else None
         if e.get("event") == "gpu_memory_leak":
             note(e.get("pid"), name=e.get("name"))
         for p in e.get("processes") or []:
             if isinstance(p, dict):
-                note(p.get("pid"), name=p.get("name"))
+                note(p.get("pid"), name=p.get("name"), gpu=gpu)
         jobs = [e.get("job")] + list(e.get("jobs") or [])
         jobs += [p.get("job") for p in e.get("processes") or [] if isinstance(p, dict)]
         for j in jobs:
@@ -275,8 +276,38 @@ def job_identity(events):
                 continue
             for pid in [j.get("pid")] + list(j.get("pids") or []):
                 note(pid, cmdline=j.get("cmdline"), user=j.get("user"),
-                     slurm=j.get("slurm_job"), container=j.get("container"))
+                     slurm=j.get("slurm_job"), container=j.get("container"), gpu=gpu)
     return ident
+
+
+def proc_tree():
+    """Children and start time of every process, from one pass over /proc."""
+    kids, starts = {}, {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % name, encoding="utf-8", errors="replace") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        kids.setdefault(int(fields[1]), []).append(int(name))
+        starts[int(name)] = fields[19]
+    return kids, starts
+
+
+def descendants(tree, pid, start):
+    """The PIDs below a still running process; empty when it is gone or its
+    PID now belongs to another process."""
+    kids, starts = tree
+    if pid not in starts or (start is not None and starts[pid] != str(start)):
+        return []
+    out, todo = [], [pid]
+    while todo:
+        for k in kids.get(todo.pop(), []):
+            out.append(k)
+            todo.append(k)
+    return out
 
 
 def proc_identity(pid, start):
@@ -322,6 +353,7 @@ def build(state_dir, opts, params, now):
     last_mem = {idx: next((r for r in reversed(g["rows"]) if r[2] is not None and r[3] is not None), None)
                 for idx, g in gpus.items()}
     procs = []
+    tree = None                 # read from /proc only when a launcher needs it
     for key, rows in history.items():
         if since is not None:
             rows = [r for r in rows if r[0] >= since]
@@ -332,8 +364,17 @@ def build(state_dir, opts, params, now):
         pid = int(m.group(1)) if m else -1
         start = m.group(2) if m else None
         t0, t1 = rows[0][0], rows[-1][0]
-        # the GPU: the one whose holders list this PID most often
-        votes = holders.get(pid) or {}
+        # the GPU: the one whose holders list this PID (or, for a launcher,
+        # its descendants, or the alerts its job was named in) most often
+        votes = dict(holders.get(pid) or {})
+        if not votes:
+            if tree is None:
+                tree = proc_tree()
+            for kid in descendants(tree, pid, start):
+                for idx, n in (holders.get(kid) or {}).items():
+                    votes[idx] = votes.get(idx, 0) + n
+        if not votes and ident.get(pid, {}).get("gpu") is not None:
+            votes = {int(ident[pid]["gpu"]): 1}
         gpu = max(votes, key=votes.get) if votes else None
         st = states.get(key)
         if st is None:
@@ -379,7 +420,7 @@ def build(state_dir, opts, params, now):
             headroom = capacity - (fit[1] + fit[0] * t1)
             oom_h = max(0.0, headroom / slope_h)
         who = dict(proc_identity(pid, start))
-        who.update({k: v for k, v in ident.get(pid, {}).items() if v})
+        who.update({k: v for k, v in ident.get(pid, {}).items() if v and k != "gpu"})
         procs.append({"key": key, "pid": pid, "rows": rows, "floors": fl, "bucket": bucket, "gpu": gpu, "capacity": capacity,
                       "fit": fit, "fit_from": fit_pts[0][0], "slope_h": slope_h, "judged": judged,
                       "verdict": verdict, "oom_h": oom_h, "events": pev, "who": who, "t0": t0, "t1": t1})

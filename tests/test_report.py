@@ -12,7 +12,7 @@ import pytest
 
 import cdp
 import report_fixtures as fx
-from conftest import ROOT, app, idle_gpu, require
+from conftest import ROOT, app, idle_gpu, require, wait_for
 
 pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning")
 
@@ -216,3 +216,28 @@ def test_report_in_headless_chromium(browser, page, tmp_path):
     browser.screenshot(str(shot))
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20000
     assert browser.problems() == []
+
+
+def test_a_launcher_is_charted_on_the_gpu_its_children_hold(tmp_path):
+    # the leak watcher's series is the process tree's root (a launcher holding
+    # no GPU memory); nvidia-smi lists the child that does
+    job = subprocess.Popen(["bash", "-c", "sleep 60 & wait"])
+    try:
+        assert wait_for(lambda: open("/proc/%d/task/%d/children" % (job.pid, job.pid)).read().strip(), timeout=10)
+        child = int(open("/proc/%d/task/%d/children" % (job.pid, job.pid)).read().split()[0])
+        start = open("/proc/%d/stat" % job.pid).read().rsplit(")", 1)[1].split()[19]
+        state = tmp_path / "state"
+        (state / "history").mkdir(parents=True)
+        (state / "history" / ("%d-%s.csv" % (job.pid, start))).write_text(
+            "timestamp,pid,used_memory_mib\n" + "".join("%d,%d,%d\n" % (1000 + 60 * i, job.pid, 5000 + i)
+                                                         for i in range(30)))
+        (state / "gpu-history.tsv").write_text("".join(
+            "%d\t%d\tGPU-%d\t90\t%d\t143771\t600\t0\t%s\n" % (1000 + 60 * i, g, g, 6000 + i, holders)
+            for i in range(30) for g, holders in ((0, "1:100"), (1, "%d:%d" % (child, 5000 + i)))))
+        out = tmp_path / "r.html"
+        assert gg_report(state, "--out", str(out)).returncode == 0
+        row = rows_of(out.read_text(), "summary-table")[0][1]
+        assert re.search(r"<td class='n'>1</td>", row), row
+    finally:
+        job.kill()
+        job.wait()

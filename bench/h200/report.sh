@@ -43,13 +43,15 @@ watch_redrew() {
 
 run_all() {
   local root=$1 out=$2 w=/tmp/h200-report
+  # H200_WORKLOAD: a stand-in for dry runs without a GPU
+  local workload=${H200_WORKLOAD:-$root/bench/h200/workload.py}
   rm -rf "$w" && mkdir -p "$w/flags" "$w/state"
   export GPUGUARD_CONFIG=/dev/null GPUGUARD_STATE_DIR=$w/state
-  timeout 170 python3 "$root/bench/h200/workload.py" train leak 150 &
+  timeout 170 python3 "$workload" train leak 150 &
   local leak=$!
-  timeout 170 python3 "$root/bench/h200/workload.py" train healthy 150 &
+  timeout 170 python3 "$workload" train healthy 150 &
   local healthy=$!
-  timeout 170 python3 "$root/bench/h200/workload.py" idle-then-busy "$w/flags" &
+  timeout 170 python3 "$workload" idle-then-busy "$w/flags" &
   local holder=$!
   echo "jobs: leak=$leak healthy=$healthy holder=$holder"
   sleep 3
