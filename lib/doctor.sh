@@ -402,7 +402,10 @@ status_watch() {
     sleeper=$!
     wait "$sleeper" 2>/dev/null || true
   done
-  [[ -n ${sleeper:-} ]] && kill "$sleeper" 2>/dev/null
+  # the last pause may be over already (or Ctrl-C ended it)
+  if [[ -n ${sleeper:-} ]]; then
+    kill "$sleeper" 2>/dev/null || true
+  fi
   if ((tty)); then
     printf '\e[?25h\e[?1049l'
     trap - EXIT

@@ -1,6 +1,7 @@
 """gpuguard status (once, --json, --watch under tmux), doctor --json and
 --version, run as a user types them, against the nvidia-smi double."""
 import json
+import os
 import shlex
 import shutil
 import signal
@@ -68,10 +69,12 @@ def test_status_watch_without_a_terminal_has_no_colour(box, tmp_path):
     two_jobs(box, steps=3)
     log = tmp_path / "out.txt"
     with open(log, "w") as f:
-        p = subprocess.Popen([str(ROOT / "bin/gpuguard"), "status", "--watch", "--interval", "0.2"],
-                             env=box.env, stdout=f, stderr=subprocess.PIPE, text=True)
+        p = subprocess.Popen([str(ROOT / "bin/gpuguard"), "status", "--watch", "--interval", "1"],
+                             env=box.env, stdout=f, stderr=subprocess.PIPE, text=True, start_new_session=True)
         redrawn = wait_for(lambda: log.read_text().count("gpuguard status") >= 2, timeout=30)
-        p.send_signal(signal.SIGINT)
+        # Ctrl-C reaches the whole foreground process group, the sleep between
+        # frames included
+        os.killpg(p.pid, signal.SIGINT)
         _, err = p.communicate(timeout=10)
     out = log.read_text()
     assert redrawn, out
@@ -180,3 +183,19 @@ def test_status_names_the_job_without_its_option_values(box, tmp_path):
     finally:
         job.kill()
         job.wait()
+
+
+def test_ctrl_c_while_a_frame_is_drawn_still_exits_0(box, tmp_path):
+    # the third sample hangs in nvidia-smi: Ctrl-C lands while a frame is
+    # being drawn, not in the pause between frames
+    box.write_scenario([{"gpus": [idle_gpu()], "apps": [app(1410)]}] * 2 + [{"fault": "hang", "seconds": 30}])
+    p = subprocess.Popen([str(ROOT / "bin/gpuguard"), "status", "--watch", "--interval", "0.2"], env=box.env,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert wait_for(lambda: len(box.smi_calls()) >= 5, timeout=30), box.smi_calls()
+        os.killpg(p.pid, signal.SIGINT)
+        _, err = p.communicate(timeout=15)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    assert p.returncode == 0, err

@@ -74,9 +74,9 @@ run_all() {
   "$root/bin/gpuguard" doctor --json >"$out/doctor.json" 2>>"$w/status.err"
   echo "doctor --json: exit $?"
   local watch_rc=0
-  timeout --preserve-status -s INT 6 "$root/bin/gpuguard" status --watch --interval 1 \
+  timeout --preserve-status -k 5 -s TERM 6 "$root/bin/gpuguard" status --watch --interval 1 \
     >"$out/status-watch.txt" 2>&1 || watch_rc=$?
-  echo "status --watch under SIGINT: exit $watch_rc"
+  echo "status --watch stopped by SIGTERM: exit $watch_rc"
   wait "$leak" "$healthy" "$holder"
   sleep 3
   kill "$watch" "$watchdog" 2>/dev/null
