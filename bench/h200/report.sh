@@ -11,7 +11,7 @@
 #   status.txt       gpuguard status, while the jobs run
 #   status.json      gpuguard status --json, same moment
 #   doctor.json      gpuguard doctor --json
-#   status-watch.txt gpuguard status --watch --interval 1 (not a TTY) for 4 s
+#   status-watch.txt gpuguard status --watch --interval 1 (not a TTY) for 10 s
 #   gpu-history.tsv  the watchdog's per-GPU rows (real nvidia-smi values)
 #   report.html      gpuguard report
 #   report.png       the report in headless Chromium, when chromium is installed
@@ -74,7 +74,7 @@ run_all() {
   "$root/bin/gpuguard" doctor --json >"$out/doctor.json" 2>>"$w/status.err"
   echo "doctor --json: exit $?"
   local watch_rc=0
-  timeout --preserve-status -k 5 -s TERM 6 "$root/bin/gpuguard" status --watch --interval 1 \
+  timeout --preserve-status -k 5 -s TERM 10 "$root/bin/gpuguard" status --watch --interval 1 \
     >"$out/status-watch.txt" 2>&1 || watch_rc=$?
   echo "status --watch stopped by SIGTERM: exit $watch_rc"
   wait "$leak" "$healthy" "$holder"
