@@ -7,7 +7,7 @@ import shutil
 import signal
 import subprocess
 
-from conftest import ROOT, app, idle_gpu, require, wait_for
+from conftest import H200_UUID, ROOT, app, idle_gpu, require, wait_for
 
 
 def leak_state(box, series):
@@ -199,3 +199,13 @@ def test_ctrl_c_while_a_frame_is_drawn_still_exits_0(box, tmp_path):
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
     assert p.returncode == 0, err
+
+
+def test_status_json_stays_valid_with_a_hand_edited_state_file(box):
+    two_jobs(box)
+    box.state.mkdir(parents=True, exist_ok=True)
+    (box.state / "idle.state").write_text("gpu %s 2 100 0 0 0 0\nhistory %s 5,-,7\n" % (H200_UUID, H200_UUID))
+    r = box.run("status", "--json", cmd="bin/gpuguard")
+    assert r.returncode == 0, r.stderr
+    gpu = json.loads(r.stdout)["gpus"][0]
+    assert gpu["recent_utilization"] == [5, 7] and gpu["idle_cycles"] == 2
