@@ -209,6 +209,8 @@ def leaks(state_dir, out):
         if pid in by_pid and by_pid[pid][0] > last.get("ts", 0):
             continue
         slope = last.get("slope", 0.0) or 0.0
+        if not isinstance(slope, (int, float)) or not math.isfinite(slope):
+            slope = 0.0             # status prints it into JSON: a number, always
         path = os.path.join(state_dir, "history", re.sub(r"[^0-9A-Za-z_.-]", "_", str(key)) + ".csv")
         by_pid[pid] = (last.get("ts", 0), "%d\t%.0f\t%d\t%s\n" % (pid, slope, bool(s.get("firing")),
                                                                    ",".join(tail_values(path))))
