@@ -399,7 +399,7 @@ def build(state_dir, opts, params, now):
         span = max(t1 - t0, 1.0)
         bucket = max(1.0, min(params["bucket_s"], span / 30.0))
         fl = floors(rows, bucket)
-        judged = st is not None and isinstance(last.get("slope"), (int, float))
+        judged = st is not None and isinstance(last.get("slope"), (int, float)) and math.isfinite(last["slope"])
         window = last.get("window_s") or 24 * 3600
         fit_pts = [p for p in fl if p[0] >= fl[-1][0] - window] or fl
         fit = fit_line(fit_pts, last["slope"] / 3600.0 if judged else None)
