@@ -32,6 +32,8 @@ source "$GPUGUARD_ROOT/lib/events.sh"
 source "$GPUGUARD_ROOT/lib/textfile.sh"
 # shellcheck source=../lib/idle.sh
 source "$GPUGUARD_ROOT/lib/idle.sh"
+# shellcheck source=../lib/gpuhistory.sh
+source "$GPUGUARD_ROOT/lib/gpuhistory.sh"
 
 main() {
   GG_PROG=yichuidingyin

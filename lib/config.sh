@@ -37,6 +37,8 @@ config_define() {
     [LEAK_THRESHOLD_MIB_H]=50
     [LEAK_HISTORY_MAX_ROWS]=20000
     [LEAK_RULES]=''
+    # report (gpu-history.tsv for gpuguard report)
+    [GPU_HISTORY_MAX_BYTES]=8388608
   )
   declare -gA GG_CONFIG_KIND=(
     [THRESHOLD]='int:0:100'
@@ -68,6 +70,8 @@ config_define() {
     [LEAK_THRESHOLD_MIB_H]='num'
     [LEAK_HISTORY_MAX_ROWS]='int:100:'
     [LEAK_RULES]='str'
+    # report (gpu-history.tsv for gpuguard report)
+    [GPU_HISTORY_MAX_BYTES]='int:1:'
   )
 }
 

@@ -1,21 +1,54 @@
 # shellcheck shell=bash
 # gpuguard doctor and gpuguard status: the box explains itself.
 
-# Prints one check line: "OK    what: detail" (or WARN / FAIL / INFO).
+# Reads doctor's options: --json (one JSON document instead of lines).
+doctor_options() {
+  declare -g DOCTOR_JSON=0
+  while (($#)); do
+    case $1 in
+      --json) DOCTOR_JSON=1 ;;
+      *) gg_usage_error "unknown option '$1' for 'doctor' (see --help)" || return ;;
+    esac
+    shift
+  done
+}
+
+# Prints one check line: "OK    what: detail" (or WARN / FAIL / INFO); with
+# --json the check is kept for doctor_print_json instead.
 doctor_line() {
   local level=$1
   shift
-  printf '%-5s %s\n' "$level" "$*"
-  [[ $level == FAIL ]] && DOCTOR_FAILS=$((DOCTOR_FAILS + 1))
+  if ((${DOCTOR_JSON:-0})); then
+    local esc
+    gg_json_escape_into "$*" esc
+    DOCTOR_CHECKS+=("{\"level\":\"$level\",\"message\":\"$esc\"}")
+  else
+    printf '%-5s %s\n' "$level" "$*"
+  fi
+  if [[ $level == FAIL ]]; then
+    DOCTOR_FAILS=$((DOCTOR_FAILS + 1))
+  fi
   return 0
+}
+
+# Prints the checks kept under --json as one document.
+doctor_print_json() {
+  local host version ok=true
+  gg_json_escape_into "$GPUGUARD_HOST" host
+  gg_json_escape_into "$(<"$GPUGUARD_ROOT/VERSION")" version
+  ((DOCTOR_FAILS == 0)) || ok=false
+  local IFS=,
+  printf '{"host":"%s","version":"%s","ok":%s,"failures":%s,"checks":[%s]}\n' \
+    "$host" "$version" "$ok" "$DOCTOR_FAILS" "${DOCTOR_CHECKS[*]}"
 }
 
 # Runs every check; returns 1 when any check failed.
 doctor_run() {
   DOCTOR_FAILS=0
+  declare -ga DOCTOR_CHECKS=()
   local -a cmd
   read -r -a cmd <<<"${NVIDIA_SMI:-nvidia-smi}"
-  printf 'gpuguard %s on %s\n' "$(<"$GPUGUARD_ROOT/VERSION")" "$GPUGUARD_HOST"
+  ((${DOCTOR_JSON:-0})) || printf 'gpuguard %s on %s\n' "$(<"$GPUGUARD_ROOT/VERSION")" "$GPUGUARD_HOST"
   if ! command -v -- "${cmd[0]}" >/dev/null 2>&1; then
     doctor_line FAIL "nvidia-smi: '${cmd[0]}' not found (install the NVIDIA driver, or set NVIDIA_SMI)"
   else
@@ -43,6 +76,7 @@ doctor_run() {
   else
     doctor_line FAIL "python3 not found: alerts and the leak detector need it"
   fi
+  ((${DOCTOR_JSON:-0})) && doctor_print_json
   ((DOCTOR_FAILS == 0))
 }
 
@@ -122,52 +156,289 @@ doctor_targets() {
   done < <(events_helper check 2>&1)
 }
 
-# Prints one row per GPU and its processes, with sparklines of recent
-# utilization (watchdog state) and memory (leak watch history).
-status_show() {
+# ---------------------------------------------------------------- status --
+
+# Reads status's options into STATUS_MODE (table|json|watch) and
+# STATUS_INTERVAL.
+status_options() {
+  declare -g STATUS_MODE=table STATUS_INTERVAL=2
+  local json=0 watch=0
+  while (($#)); do
+    case $1 in
+      --json) json=1 ;;
+      --watch) watch=1 ;;
+      --interval)
+        [[ $# -ge 2 ]] || gg_usage_error "--interval needs seconds" || return
+        [[ $2 =~ ^[0-9]*([.][0-9]+)?$ && $2 =~ [1-9] ]] ||
+          gg_usage_error "--interval needs a number of seconds above 0 (got '$2')" || return
+        STATUS_INTERVAL=$2
+        shift
+        ;;
+      *) gg_usage_error "unknown option '$1' for 'status' (see --help)" || return ;;
+    esac
+    shift
+  done
+  if ((json && watch)); then
+    gg_usage_error "--json and --watch do not go together (--json prints once, for scripts)"
+    return
+  fi
+  ((json)) && STATUS_MODE=json
+  ((watch)) && STATUS_MODE=watch
+  return 0
+}
+
+# Runs status in the mode its options chose.
+status_main() {
+  case $STATUS_MODE in
+    json) status_json ;;
+    watch) status_watch ;;
+    *)
+      status_colours
+      status_collect || {
+        printf 'gpuguard status: %s\n' "$SMI_ERROR" >&2
+        return 1
+      }
+      status_table
+      ;;
+  esac
+}
+
+# Sets the colour sequences: only on a terminal, and never with NO_COLOR.
+status_colours() {
+  declare -g C_RED='' C_YEL='' C_GRN='' C_DIM='' C_BOLD='' C_OFF=''
+  if [[ -t 1 && -z ${NO_COLOR:-} ]]; then
+    C_RED=$'\e[31m' C_YEL=$'\e[33m' C_GRN=$'\e[32m' C_DIM=$'\e[2m' C_BOLD=$'\e[1m' C_OFF=$'\e[0m'
+  fi
+}
+
+# Samples the GPUs and gathers what status shows: the watchdog's counters,
+# the leak watcher's verdicts (by the watched root PID: a GPU process is
+# matched to the series of its nearest watched ancestor) and job names.
+# Globals (set):
+#   SMI_* (the sample), IDLE_* (watchdog state), STATUS_LEAK (by PID:
+#   "slope firing"), STATUS_SPARK (by PID: recent memory, comma separated)
+status_collect() {
   idle_init
   idle_state_load
-  if ! smi_sample; then
-    printf 'gpuguard status: %s\n' "$SMI_ERROR" >&2
-    return 1
-  fi
-  local -A slope=() leaking=()
-  local pid s f
-  while read -r pid s f; do
+  declare -gA STATUS_LEAK=() STATUS_SPARK=() STATUS_USERS=()
+  smi_sample || return 1
+  # GPU names come with a newer smi.sh; until then they are unknown
+  declare -p SMI_NAME >/dev/null 2>&1 || declare -gA SMI_NAME=()
+  local pid slope firing values
+  while IFS=$'\t' read -r pid slope firing values; do
     [[ -n $pid ]] || continue
-    slope[$pid]=$s
-    leaking[$pid]=$f
-  done < <(python3 -S "$GPUGUARD_ROOT/python/gpuguard_leak.py" slopes 2>/dev/null)
-  printf '%-4s %5s %17s %6s %-8s %s\n' GPU UTIL MEMORY IDLE STATE 'RECENT UTIL'
-  local uuid state name mem
+    STATUS_LEAK[$pid]="$slope $firing"
+    STATUS_SPARK[$pid]=$values
+  done < <(LEAK_THRESHOLD_MIB_H=${LEAK_THRESHOLD_MIB_H:-} python3 -S "$GPUGUARD_ROOT/python/gpuguard_report.py" leaks 2>/dev/null)
+  gg_proc_scan
+  return 0
+}
+
+# Prints the PID whose leak series covers a GPU process (itself or its
+# nearest watched ancestor); nothing when none does.
+status_leak_root() {
+  local pid=$1 hops=0
+  while [[ -n $pid ]] && ((hops < 64)); do
+    if [[ -n ${STATUS_LEAK[$pid]:-} ]]; then
+      printf '%s' "$pid"
+      return 0
+    fi
+    pid=${GG_PROC_PPID[$pid]:-}
+    hops=$((hops + 1))
+  done
+  return 0
+}
+
+# Puts a short job name for a PID into the variable named $2: the program,
+# and for interpreters and launchers the script or module they run
+# ("python3 train.py", "torchrun -m trainer"), then the user. Option values
+# may hold tokens, so they are never shown.
+status_job_into() {
+  local pid=$1
+  local -n job_ref=$2
+  job_ref=''
+  local -a argv=()
+  { mapfile -d '' -t argv <"/proc/$pid/cmdline"; } 2>/dev/null || return 0
+  ((${#argv[@]})) || return 0
+  local prog=${argv[0]##*/} arg script='' next_is_module=0
+  if [[ $prog =~ ^(python[0-9.]*|bash|sh|zsh|node|perl|ruby|torchrun|accelerate|deepspeed|swift|uv|timeout|nohup|env|srun|mpirun)$ ]]; then
+    for arg in "${argv[@]:1}"; do
+      if ((next_is_module)); then
+        script="-m $arg"
+        break
+      fi
+      case $arg in
+        -m) next_is_module=1 ;;
+        -c)
+          script=-c
+          break
+          ;;
+        -* | *=* | [0-9]*) ;;
+        *)
+          script=${arg##*/}
+          break
+          ;;
+      esac
+    done
+  fi
+  local label="$prog${script:+ $script}"
+  local uid='' line
+  # the process may end at any moment: an unreadable file is no user
+  {
+    while read -r line; do
+      if [[ $line == Uid:* ]]; then
+        read -r _ uid _ <<<"$line"
+        break
+      fi
+    done <"/proc/$pid/status"
+  } 2>/dev/null || true
+  if [[ -n $uid && ${#STATUS_USERS[@]} -eq 0 ]]; then
+    local name _pw id
+    while IFS=: read -r name _pw id _; do
+      STATUS_USERS[$id]=$name
+    done </etc/passwd
+  fi
+  # shellcheck disable=SC2034 # nameref: assigns the caller's variable
+  job_ref="${label:0:32}${uid:+ (${STATUS_USERS[$uid]:-uid $uid})}"
+}
+
+# Prints the table from the last status_collect.
+status_table() {
+  printf '%s%-4s %5s %17s %6s %6s %-6s %s%s\n' "$C_BOLD" GPU UTIL MEMORY POWER IDLE STATE 'RECENT UTIL' "$C_OFF"
+  local uuid state colour power pid name mem job root slope firing verdict
   for uuid in "${SMI_UUIDS[@]}"; do
-    state=ok
-    ((${IDLE_FIRING[$uuid]:-0})) && state=IDLE
-    printf '%-4s %4s%% %7s/%-6s MiB %6s %-8s %s\n' "${SMI_INDEX[$uuid]}" "${SMI_UTIL[$uuid]:-n/a}" \
-      "${SMI_MEM_USED[$uuid]:-?}" "${SMI_MEM_TOTAL[$uuid]:-?}" "${IDLE_CYCLES[$uuid]:-0}" "$state" \
-      "$(status_spark "${IDLE_HISTORY[$uuid]:-}" 100)"
+    state=ok colour=$C_GRN
+    if ((${IDLE_FIRING[$uuid]:-0})); then
+      state=IDLE colour=$C_RED
+    elif ((${IDLE_CYCLES[$uuid]:-0} > 0)); then
+      state='idle?' colour=$C_YEL
+    fi
+    power=${SMI_POWER[$uuid]:-}
+    power=${power:+${power%.*}W}
+    printf '%-4s %4s%% %7s/%-6s MiB %6s %6s %s%-6s%s %s\n' "${SMI_INDEX[$uuid]}" "${SMI_UTIL[$uuid]:-n/a}" \
+      "${SMI_MEM_USED[$uuid]:-?}" "${SMI_MEM_TOTAL[$uuid]:-?}" "${power:-n/a}" "${IDLE_CYCLES[$uuid]:-0}" \
+      "$colour" "$state" "$C_OFF" "$(status_spark "${IDLE_HISTORY[$uuid]:-}" 100)"
     while IFS=$'\t' read -r pid name mem; do
       [[ -n $pid ]] || continue
-      local trend=''
-      [[ -n ${slope[$pid]:-} ]] && trend=" leak slope ${slope[$pid]} MiB/h$( ((${leaking[$pid]:-0})) && echo ' LEAK')"
-      printf '       pid %-8s %-20s %7s MiB%s %s\n' "$pid" "${name##*/}" "${mem:-?}" "$trend" \
-        "$(status_spark "$(status_mem_history "$pid")" 0)"
+      status_job_into "$pid" job
+      root=$(status_leak_root "$pid")
+      verdict=''
+      if [[ -n $root ]]; then
+        read -r slope firing <<<"${STATUS_LEAK[$root]}"
+        verdict="leak slope ${slope} MiB/h"
+        if ((firing)); then
+          verdict="$C_RED$verdict LEAK$C_OFF"
+        fi
+      fi
+      printf '       pid %-8s %-12s %-28s %7s MiB %s %s%s%s\n' "$pid" "${name##*/}" "$job" "${mem:-?}" \
+        "$verdict" "$C_DIM" "$(status_spark "${STATUS_SPARK[${root:-none}]:-}" 0)" "$C_OFF"
     done <<<"${SMI_PROCS[$uuid]}"
   done
 }
 
-# The last memory samples of a process from the leak watcher's history.
-status_mem_history() {
-  local f
-  for f in "$GPUGUARD_STATE_DIR"/history/"$1"-*.csv; do
-    [[ -f $f ]] || continue
-    tail -n 24 "$f" | cut -d, -f3 | grep -v used | paste -sd, -
-    return 0
+# Prints status as one JSON document (for scripts); on a failed sample the
+# document holds the error and the status is 1.
+status_json() {
+  local host err
+  gg_json_escape_into "$GPUGUARD_HOST" host
+  if ! status_collect; then
+    gg_json_escape_into "$SMI_ERROR" err
+    printf '{"host":"%s","ts":%s,"error":"%s","gpus":[]}\n' "$host" "$(gg_now)" "$err"
+    return 1
+  fi
+  local gpus='' uuid procs pid name mem job root slope firing leak name_esc job_esc
+  for uuid in "${SMI_UUIDS[@]}"; do
+    procs=''
+    while IFS=$'\t' read -r pid name mem; do
+      [[ -n $pid ]] || continue
+      status_job_into "$pid" job
+      root=$(status_leak_root "$pid")
+      leak=null
+      if [[ -n $root ]]; then
+        read -r slope firing <<<"${STATUS_LEAK[$root]}"
+        leak="{\"slope_mib_per_hour\":$slope,\"firing\":$(status_json_bool "$firing")}"
+      fi
+      gg_json_escape_into "${name##*/}" name_esc
+      gg_json_escape_into "$job" job_esc
+      procs+="${procs:+,}{\"pid\":$pid,\"name\":\"$name_esc\",\"job\":\"$job_esc\",\"used_memory_mib\":${mem:-null},\"leak_root_pid\":${root:-null},\"leak\":$leak}"
+    done <<<"${SMI_PROCS[$uuid]}"
+    gg_json_escape_into "${SMI_NAME[$uuid]:-}" name_esc
+    gpus+="${gpus:+,}{\"index\":${SMI_INDEX[$uuid]},\"uuid\":\"$uuid\",\"name\":\"$name_esc\",\"utilization\":${SMI_UTIL[$uuid]:-null},\"memory_used_mib\":${SMI_MEM_USED[$uuid]:-null},\"memory_total_mib\":${SMI_MEM_TOTAL[$uuid]:-null},\"power_w\":${SMI_POWER[$uuid]:-null},\"idle_cycles\":${IDLE_CYCLES[$uuid]:-0},\"idle_firing\":$(status_json_bool "${IDLE_FIRING[$uuid]:-0}"),\"recent_utilization\":[$(status_json_numbers "${IDLE_HISTORY[$uuid]:-}")],\"processes\":[$procs]}"
   done
+  printf '{"host":"%s","ts":%s,"error":null,"gpus":[%s]}\n' "$host" "$(gg_now)" "$gpus"
 }
 
-# Draws a sparkline of comma-separated numbers; $2 the scale's top (0: the
-# largest value).
+# Prints the whole numbers of a comma-separated list, comma separated (a
+# hand-edited state file never makes the JSON invalid).
+status_json_numbers() {
+  local v out=''
+  local IFS=,
+  for v in $1; do
+    [[ $v =~ ^[0-9]+$ ]] && out+="${out:+,}$v"
+  done
+  printf '%s' "$out"
+}
+
+# Prints true for a non-zero number, false otherwise.
+status_json_bool() {
+  if (($1)); then
+    printf true
+  else
+    printf false
+  fi
+}
+
+# Redraws the table every STATUS_INTERVAL seconds until INT or TERM, then
+# exits 0. On a terminal it draws on the alternate screen with the cursor
+# hidden and puts both back on the way out; elsewhere it prints one frame
+# after another.
+status_watch() {
+  status_colours
+  local tty=0 stop=0 frame sleeper
+  [[ -t 1 ]] && tty=1
+  trap 'stop=1' INT TERM
+  if ((tty)); then
+    trap 'printf "\e[?25h\e[?1049l"' EXIT
+    printf '\e[?1049h\e[?25l'
+  fi
+  while ((stop == 0)); do
+    frame=$(status_watch_frame 2>&1) || true
+    ((stop)) && break
+    if ((tty)); then
+      # home, each line cleared to its end, the rest of the screen cleared
+      printf '\e[H%s\e[K\e[J' "${frame//$'\n'/$'\e[K\n'}"
+    else
+      printf '%s\n\n' "$frame"
+    fi
+    sleep "$STATUS_INTERVAL" &
+    sleeper=$!
+    wait "$sleeper" 2>/dev/null || true
+  done
+  # the last pause may be over already (or Ctrl-C ended it)
+  if [[ -n ${sleeper:-} ]]; then
+    kill "$sleeper" 2>/dev/null || true
+  fi
+  if ((tty)); then
+    printf '\e[?25h\e[?1049l'
+    trap - EXIT
+  fi
+  trap - INT TERM
+  return 0
+}
+
+# One frame of --watch: a title line, then the table (or the error).
+status_watch_frame() {
+  printf '%sgpuguard status%s  %s  %(%Y-%m-%d %H:%M:%S)T  every %ss, Ctrl-C quits\n' \
+    "$C_BOLD" "$C_OFF" "$GPUGUARD_HOST" -1 "$STATUS_INTERVAL"
+  if status_collect; then
+    status_table
+  else
+    printf '%snvidia-smi: %s%s\n' "$C_RED" "$SMI_ERROR" "$C_OFF"
+  fi
+}
+
+# Draws a sparkline of comma-separated numbers; $2 the scale's top (0: from
+# the smallest to the largest value).
 status_spark() {
   local values=$1 top=$2 v out='' min='' max=0
   local -a bars=(▁ ▂ ▃ ▄ ▅ ▆ ▇ █)
@@ -175,12 +446,20 @@ status_spark() {
   local IFS=,
   for v in $values; do
     v=${v%.*}
+    [[ $v =~ ^-?[0-9]+$ ]] || continue
     ((v > max)) && max=$v
-    [[ -z $min ]] || ((v < min)) && min=$v
+    if [[ -z $min ]] || ((v < min)); then
+      min=$v
+    fi
   done
-  ((top > 0)) && max=$top min=0
+  [[ -n $min ]] || return 0
+  if ((top > 0)); then
+    max=$top min=0
+  fi
   for v in $values; do
     v=${v%.*}
+    [[ $v =~ ^-?[0-9]+$ ]] || continue
+    ((v > max)) && v=$max
     if ((max > min)); then
       out+=${bars[$(((v - min) * 7 / (max - min)))]}
     else

@@ -89,6 +89,7 @@ idle_cycle() {
   if [[ -n ${GPUGUARD_TEXTFILE_DIR:-} ]]; then
     textfile_write_idle "$now" || gg_log warn "could not write textfile metrics in $GPUGUARD_TEXTFILE_DIR"
   fi
+  gpuhistory_append "$now" || gg_log warn "could not append to $GPUGUARD_STATE_DIR/gpu-history.tsv"
 }
 
 # Judges every GPU of a successful sample and forgets long-absent ones.

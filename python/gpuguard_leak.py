@@ -29,13 +29,11 @@ carrying half of it and the second half keeping the pace, above the threshold an
 stopping for two evaluations resolves.
 """
 import csv
-import html
 import json
 import math
 import os
 import re
 import sys
-import time
 
 DEFAULTS = {
     "bucket_s": 600.0,          # floor bucket length
@@ -500,85 +498,13 @@ def read_history(folder):
     return out
 
 
-def svg_chart(rows, events, params, width=760, height=220):
-    t0, t1 = rows[0][0], rows[-1][0]
-    lo = min(v for _, v in rows)
-    hi = max(v for _, v in rows)
-    if hi - lo < 1:
-        hi = lo + 1
-    span = max(t1 - t0, 1)
-    pad = 40
-
-    def X(t):
-        return pad + (t - t0) / span * (width - 2 * pad)
-
-    def Y(v):
-        return height - pad - (v - lo) / (hi - lo) * (height - 2 * pad)
-
-    step = max(1, len(rows) // 1500)
-    pts = " ".join("%.1f,%.1f" % (X(t), Y(v)) for t, v in rows[::step])
-    parts = ['<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" role="img">' % (width, height),
-             '<rect width="100%" height="100%" fill="#fff"/>',
-             '<polyline fill="none" stroke="#3465a4" stroke-width="1.2" points="%s"/>' % pts]
-    # fitted trend over the last 24 h of floors; short histories get
-    # shorter buckets so there is something to fit
-    params = dict(params, bucket_s=max(1.0, min(params["bucket_s"], span / 30.0)))
-    s = Series(params, "r", 0)
-    for t, v in rows:
-        s.add(t, v)
-    if len(s.floors) >= 3:
-        xs = [b * params["bucket_s"] for b, _ in s.floors[-144:]]
-        ys = [v for _, v in s.floors[-144:]]
-        beta = theil_sen(xs, ys)
-        icpt = median(ys) - beta * median(xs)
-        parts.append('<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#cc0000" stroke-dasharray="5,3"/>'
-                     % (X(xs[0]), Y(icpt + beta * xs[0]), X(xs[-1]), Y(icpt + beta * xs[-1])))
-        parts.append('<text x="%d" y="16" font-size="12" fill="#cc0000">trend %+.0f MiB/h</text>'
-                     % (width - 170, beta * 3600))
-    for ev in events:
-        x = X(min(max(ev["ts"], t0), t1))
-        color = "#cc0000" if ev["state"] == "firing" else "#4e9a06"
-        parts.append('<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="%s"/>' % (x, pad - 10, x, height - pad, color))
-        parts.append('<text x="%.1f" y="%d" font-size="11" fill="%s">%s</text>' % (x + 3, pad - 12, color, ev["state"]))
-    parts.append('<text x="4" y="%d" font-size="11">%.0f MiB</text>' % (Y(hi) + 4, hi))
-    parts.append('<text x="4" y="%d" font-size="11">%.0f MiB</text>' % (Y(lo) + 4, lo))
-    parts.append('<text x="%d" y="%d" font-size="11">%s</text>' % (pad, height - 8, time.strftime("%Y-%m-%d %H:%M", time.localtime(t0))))
-    parts.append('<text x="%d" y="%d" font-size="11" text-anchor="end">%s</text>' % (width - pad, height - 8, time.strftime("%Y-%m-%d %H:%M", time.localtime(t1))))
-    parts.append("</svg>")
-    return "\n".join(parts)
-
-
 def report(state_dir, out_path, params):
-    history = read_history(os.path.join(state_dir, "history"))
-    events = []
-    try:
-        with open(os.path.join(state_dir, "events.jsonl"), encoding="utf-8") as f:
-            for line in f:
-                try:
-                    e = json.loads(line)
-                except ValueError:
-                    continue
-                if e.get("event") == "gpu_memory_leak":
-                    events.append(e)
-    except OSError:
-        pass
-    body = ["<!doctype html><html><head><meta charset='utf-8'><title>gpuguard leak report</title>",
-            "<style>body{font-family:sans-serif;margin:2em;color:#222}h2{font-size:1.05em;margin-top:1.6em}"
-            "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}</style>",
-            "</head><body><h1>GPU memory per process</h1>",
-            "<p>Generated %s. Blue: GPU memory (nvidia-smi); red dashes: Theil-Sen trend of 10-minute floors; "
-            "vertical marks: leak alerts.</p>" % html.escape(time.strftime("%Y-%m-%d %H:%M:%S"))]
-    if not history:
-        body.append("<p>No history yet: run gpu-leak-watch first.</p>")
-    for key, rows in history.items():
-        pid = key.split("-")[0]
-        evs = [e for e in events if str(e.get("pid")) == pid]
-        body.append("<h2>%s: %d samples, %.1f h, %.0f → %.0f MiB</h2>" % (
-            html.escape(key), len(rows), (rows[-1][0] - rows[0][0]) / 3600, rows[0][1], rows[-1][1]))
-        body.append(svg_chart(rows, evs, params))
-    body.append("</body></html>")
-    write_atomic(out_path, "\n".join(body))
-    return len(history)
+    """`gpu-leak-watch report`: the same report as `gpuguard report`
+    (python/gpuguard_report.py); returns the number of processes charted."""
+    import gpuguard_report
+    env = dict(os.environ, GPUGUARD_STATE_DIR=state_dir, LEAK_BUCKET_S=str(params["bucket_s"]),
+               LEAK_THRESHOLD_MIB_H=str(params["threshold"]))
+    return gpuguard_report.report(state_dir, ["--out", out_path], env)[2]
 
 
 def main(argv):

@@ -141,7 +141,7 @@ def test_status_table_with_idle_counter_and_sparkline(box):
     r = box.run("status", cmd="bin/gpuguard")
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
-    assert lines[0].split() == ["GPU", "UTIL", "MEMORY", "IDLE", "STATE", "RECENT", "UTIL"]
-    assert lines[1].split()[:6] == ["0", "0%", "2576/143771", "MiB", "3", "IDLE"]
-    assert lines[1].split()[6] == "▄▁▁▁"
+    assert lines[0].split() == ["GPU", "UTIL", "MEMORY", "POWER", "IDLE", "STATE", "RECENT", "UTIL"]
+    assert lines[1].split()[:7] == ["0", "0%", "2576/143771", "MiB", "76W", "3", "IDLE"]
+    assert lines[1].split()[7] == "▄▁▁▁"
     assert lines[2].split()[:3] == ["pid", "1410", "python3"]

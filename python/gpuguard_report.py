@@ -1,0 +1,990 @@
+#!/usr/bin/env python3
+"""gpuguard's report and status data (stdlib only).
+
+Commands:
+  report [--out FILE] [--since WHEN] [--pid PID] [--gpu N]
+          write one self-contained HTML file (inline SVG, CSS and a little
+          JS; nothing fetched): per GPU utilization and memory over time
+          with idle incidents shaded and alerts marked; per watched process
+          its memory, 10-minute floors, fitted trend, projection to the
+          GPU's capacity and projected OOM; a summary table linking to each
+          chart. WHEN: 90m, 24h, 7d, unix seconds or 2026-12-01[T10:00].
+  leaks   for `gpuguard status`: one line per watched series,
+          "PID<TAB>SLOPE<TAB>FIRING<TAB>recent,memory,values"
+
+Inputs, all under $GPUGUARD_STATE_DIR: gpu-history.tsv(.1) (the watchdog,
+lib/gpuhistory.sh), history/*.csv (the leak watcher, read through
+gpuguard_leak.read_history), leak-state.json and leak-*.json (the
+detector's verdicts and slopes), events.jsonl (every alert).
+
+Charts are drawn here as SVG paths, each series reduced to a min/max
+envelope per pixel column, so a week of 64 processes stays near 1 MB and the
+browser only lays out a few thousand points per chart. The trend line uses
+the detector's slope where it judged the series; otherwise a Theil-Sen fit
+of the floors, drawn for the eye and labelled "not judged".
+"""
+import glob
+import html
+import json
+import math
+import os
+import re
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gpuguard_leak as leak  # noqa: E402  (read_history, theil_sen, median)
+
+WIDTH = 960                     # chart width, px
+PLOT_LEFT, PLOT_RIGHT = 74, 18  # margins, px
+PLOT_W = WIDTH - PLOT_LEFT - PLOT_RIGHT
+PALETTE = ("#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#17becf", "#7f7f7f", "#bcbd22", "#e377c2")
+
+
+class UsageError(Exception):
+    pass
+
+
+# ------------------------------------------------------------------ input --
+
+def parse_since(text, now):
+    """Unix seconds from "90m", "24h", "7d", "3600s", unix seconds, or an
+    ISO date/time (local time)."""
+    m = re.fullmatch(r"(\d+)([smhd])", text)
+    if m:
+        return now - int(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+    if re.fullmatch(r"\d{9,11}", text):
+        return float(text)
+    for fmt in ("%Y-%m-%d", "%Y-%m-%dT%H:%M", "%Y-%m-%d %H:%M", "%Y-%m-%dT%H:%M:%S"):
+        try:
+            return time.mktime(time.strptime(text, fmt))
+        except ValueError:
+            continue
+    raise UsageError("--since takes 90m, 24h, 7d, unix seconds or 2026-12-01[T10:00] (got '%s')" % text)
+
+
+def parse_ints(option, text, out):
+    for part in text.split(","):
+        if not re.fullmatch(r"\d{1,9}", part):
+            raise UsageError("%s needs a whole number (got '%s')" % (option, text))
+        out.add(int(part))
+
+
+def parse_args(args, now):
+    opts = {"out": "gpuguard-report.html", "since": None, "pids": set(), "gpus": set()}
+    i = 0
+    while i < len(args):
+        a = args[i]
+        name, eq, value = a.partition("=")
+        if name not in ("--out", "--since", "--pid", "--gpu"):
+            raise UsageError("unknown option '%s' for 'report' (see --help)" % a)
+        if not eq:
+            if i + 1 >= len(args):
+                raise UsageError("%s needs a value" % name)
+            i += 1
+            value = args[i]
+        if name == "--out":
+            if not value or value.endswith("/"):
+                raise UsageError("--out needs a file name (got '%s')" % value)
+            opts["out"] = value
+        elif name == "--since":
+            opts["since"] = parse_since(value, now)
+        elif name == "--pid":
+            parse_ints("--pid", value, opts["pids"])
+        else:
+            parse_ints("--gpu", value, opts["gpus"])
+        i += 1
+    return opts
+
+
+def num(text):
+    try:
+        v = float(text)
+    except (TypeError, ValueError):
+        return None
+    return v if v == v and abs(v) < 1e12 else None
+
+
+def read_gpu_history(state_dir, since=None):
+    """By GPU index: {"uuid", "rows": [(ts, util, used, total, power, idle,
+    holders {pid: MiB})]}; unreadable rows are skipped."""
+    gpus = {}
+    for path in (os.path.join(state_dir, "gpu-history.tsv.1"), os.path.join(state_dir, "gpu-history.tsv")):
+        try:
+            f = open(path, encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        with f:
+            for line in f:
+                if line.startswith("#"):
+                    continue
+                p = line.rstrip("\n").split("\t")
+                if len(p) < 8 or not p[1].isdigit():
+                    continue
+                ts = num(p[0])
+                if ts is None or (since is not None and ts < since):
+                    continue
+                holders = {}
+                for h in (p[8] if len(p) > 8 else "").split(","):
+                    pid, _, mib = h.partition(":")
+                    if pid.isdigit():
+                        holders[int(pid)] = num(mib)
+                g = gpus.setdefault(int(p[1]), {"uuid": p[2], "rows": []})
+                g["uuid"] = p[2]
+                g["rows"].append((ts, num(p[3]), num(p[4]), num(p[5]), num(p[6]),
+                                  int(p[7]) if p[7].isdigit() else 0, holders))
+    for g in gpus.values():
+        g["rows"].sort(key=lambda r: r[0])
+    return gpus
+
+
+def read_events(state_dir, since=None):
+    events = []
+    try:
+        with open(os.path.join(state_dir, "events.jsonl"), encoding="utf-8", errors="replace") as f:
+            for line in f:
+                try:
+                    e = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(e, dict) and isinstance(e.get("ts"), (int, float)):
+                    if since is None or e["ts"] >= since:
+                        events.append(e)
+    except OSError:
+        pass
+    events.sort(key=lambda e: e["ts"])
+    return events
+
+
+def read_leak_states(state_dir):
+    """The detector's saved series by key, from leak-state.json and the
+    per-instance leak-*.json files; the newest wins when a key repeats."""
+    out = {}
+    paths = glob.glob(os.path.join(glob.escape(state_dir), "leak-*.json"))
+    for path in sorted(paths, key=lambda p: os.path.getmtime(p) if os.path.exists(p) else 0):
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and isinstance(data.get("series"), dict):
+            data = data["series"]
+        if not isinstance(data, dict):
+            continue
+        for key, s in data.items():
+            if isinstance(s, dict) and "pid" in s:
+                old = out.get(key)
+                if old is None or (s.get("last") or {}).get("ts", 0) >= (old.get("last") or {}).get("ts", 0):
+                    out[key] = s
+    return out
+
+
+def tail_values(path, n=24):
+    """The last n memory values of a history CSV (reads only its end)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            size = f.tell()
+            f.seek(max(0, size - 64 * n))
+            lines = f.read().decode("utf-8", "replace").splitlines()[1:]
+    except OSError:
+        return []
+    vals = []
+    for line in lines[-n:]:
+        p = line.split(",")
+        if len(p) >= 3 and num(p[2]) is not None:
+            vals.append("%d" % num(p[2]))
+    return vals
+
+
+def leaks(state_dir, out):
+    """For gpuguard status: PID, slope, firing and recent memory of every
+    series the detector keeps (newest series of a PID wins)."""
+    by_pid = {}
+    for key, s in read_leak_states(state_dir).items():
+        pid = s.get("pid")
+        if not isinstance(pid, int):
+            continue
+        last = s.get("last") or {}
+        if pid in by_pid and by_pid[pid][0] > last.get("ts", 0):
+            continue
+        slope = last.get("slope", 0.0) or 0.0
+        if not isinstance(slope, (int, float)) or not math.isfinite(slope):
+            slope = 0.0             # status prints it into JSON: a number, always
+        path = os.path.join(state_dir, "history", re.sub(r"[^0-9A-Za-z_.-]", "_", str(key)) + ".csv")
+        by_pid[pid] = (last.get("ts", 0), "%d\t%.0f\t%d\t%s\n" % (pid, slope, bool(s.get("firing")),
+                                                                   ",".join(tail_values(path))))
+    for pid in sorted(by_pid):
+        out.write(by_pid[pid][1])
+
+
+# --------------------------------------------------------------- analysis --
+
+def floors(rows, bucket_s):
+    """Minimum of each bucket, drawn at the time of that minimum:
+    [(ts, MiB)]."""
+    out = []
+    cur, low = None, None
+    for t, v in rows:
+        b = int(t // bucket_s)
+        if b != cur:
+            if cur is not None:
+                out.append(low)
+            cur, low = b, (t, v)
+        elif v < low[1]:
+            low = (t, v)
+    if cur is not None:
+        out.append(low)
+    return out
+
+
+def fit_line(pts, slope_per_s=None):
+    """Theil-Sen fit of [(t, v)] (at most ~150 points, evenly thinned);
+    with slope_per_s given only the intercept is fitted. (slope, icpt)."""
+    if len(pts) < 2:
+        return None
+    step = max(1, len(pts) // 150)
+    sub = pts[::step]
+    xs = [t for t, _ in sub]
+    ys = [v for _, v in sub]
+    beta = leak.theil_sen(xs, ys) if slope_per_s is None else slope_per_s
+    icpt = leak.median([y - beta * x for x, y in zip(xs, ys)])
+    return beta, icpt
+
+
+def job_identity(events):
+    """By PID: {"name", "cmdline", "user"} from the alerts' job objects and
+    process lists (cmdlines there are already masked)."""
+    ident = {}
+
+    def note(pid, **kw):
+        if isinstance(pid, int):
+            d = ident.setdefault(pid, {})
+            for k, v in kw.items():
+                if v not in (None, "") and not d.get(k):
+                    d[k] = str(v)
+
+    for e in events:
+        gpu = e.get("gpu") if e.get("event") == "gpu_idle" and isinstance(e.get("gpu"), int) else None
+        if e.get("event") == "gpu_memory_leak":
+            note(e.get("pid"), name=e.get("name"))
+        for p in e.get("processes") or []:
+            if isinstance(p, dict):
+                note(p.get("pid"), name=p.get("name"), gpu=gpu)
+        jobs = [e.get("job")] + list(e.get("jobs") or [])
+        jobs += [p.get("job") for p in e.get("processes") or [] if isinstance(p, dict)]
+        for j in jobs:
+            if not isinstance(j, dict):
+                continue
+            for pid in [j.get("pid")] + list(j.get("pids") or []):
+                note(pid, cmdline=j.get("cmdline"), user=j.get("user"),
+                     slurm=j.get("slurm_job"), container=j.get("container"), gpu=gpu)
+    return ident
+
+
+def proc_tree():
+    """Children and start time of every process, from one pass over /proc."""
+    kids, starts = {}, {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % name, encoding="utf-8", errors="replace") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        kids.setdefault(int(fields[1]), []).append(int(name))
+        starts[int(name)] = fields[19]
+    return kids, starts
+
+
+def descendants(tree, pid, start):
+    """The PIDs below a still running process; empty when it is gone or its
+    PID now belongs to another process."""
+    kids, starts = tree
+    if pid not in starts or (start is not None and starts[pid] != str(start)):
+        return []
+    out, todo = [], [pid]
+    while todo:
+        for k in kids.get(todo.pop(), []):
+            out.append(k)
+            todo.append(k)
+    return out
+
+
+def proc_identity(pid, start):
+    """Name and user of a still running process whose start time matches the
+    series key (a reused PID is someone else)."""
+    try:
+        with open("/proc/%d/stat" % pid, encoding="utf-8", errors="replace") as f:
+            stat = f.read()
+        if start is not None and stat.rsplit(")", 1)[1].split()[19] != str(start):
+            return {}
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        uid = os.stat("/proc/%d" % pid).st_uid
+        user = str(uid)
+        try:
+            import pwd
+            user = pwd.getpwuid(uid).pw_name
+        except (ImportError, KeyError):
+            pass
+        return {"name": name, "user": user}
+    except (OSError, IndexError, ValueError):
+        return {}
+
+
+def short(text, n=60):
+    text = " ".join(str(text).split())
+    return text if len(text) <= n else text[:n - 1] + "…"
+
+
+def build(state_dir, opts, params, now):
+    since = opts["since"]
+    gpus = read_gpu_history(state_dir, since)
+    events = read_events(state_dir, since)
+    states = read_leak_states(state_dir)
+    ident = job_identity(events)
+    history = leak.read_history(os.path.join(state_dir, "history"))
+    threshold = params["threshold"]
+    holders = {}                # pid -> {gpu index: rows holding it}
+    for idx, g in gpus.items():
+        for r in g["rows"]:
+            for pid in r[6]:
+                h = holders.setdefault(pid, {})
+                h[idx] = h.get(idx, 0) + 1
+    last_mem = {idx: next((r for r in reversed(g["rows"]) if r[2] is not None and r[3] is not None), None)
+                for idx, g in gpus.items()}
+    procs = []
+    tree = None                 # read from /proc only when a launcher needs it
+    for key, rows in history.items():
+        if since is not None:
+            rows = [r for r in rows if r[0] >= since]
+        if len(rows) < 2:
+            continue
+        rows.sort(key=lambda r: r[0])
+        m = re.match(r"(\d+)(?:-(\d+))?", key)
+        pid = int(m.group(1)) if m else -1
+        start = m.group(2) if m else None
+        t0, t1 = rows[0][0], rows[-1][0]
+        # the GPU: the one whose holders list this PID (or, for a launcher,
+        # its descendants, or the alerts its job was named in) most often
+        votes = dict(holders.get(pid) or {})
+        if not votes:
+            if tree is None:
+                tree = proc_tree()
+            for kid in descendants(tree, pid, start):
+                for idx, n in (holders.get(kid) or {}).items():
+                    votes[idx] = votes.get(idx, 0) + n
+        if not votes and ident.get(pid, {}).get("gpu") is not None:
+            votes = {int(ident[pid]["gpu"]): 1}
+        gpu = max(votes, key=votes.get) if votes else None
+        st = states.get(key)
+        if st is None:
+            cands = [s for s in states.values() if s.get("pid") == pid]
+            st = cands[0] if len(cands) == 1 else None
+        last = (st or {}).get("last") or {}
+        used_last = rows[-1][1]
+        free = None
+        if gpu is not None and last_mem.get(gpu) is not None:
+            # the GPU's free memory at the series' last sample
+            near = last_mem[gpu]
+            if near[0] > t1 + 120:
+                near = next((r for r in reversed(gpus[gpu]["rows"]) if r[0] <= t1 + 120 and r[2] is not None
+                             and r[3] is not None), None)
+            if near is not None:
+                free = near[3] - near[2]
+        if free is None and isinstance(last.get("free"), (int, float)):
+            free = last["free"]
+        capacity = used_last + free if free is not None else None
+        span = max(t1 - t0, 1.0)
+        bucket = max(1.0, min(params["bucket_s"], span / 30.0))
+        fl = floors(rows, bucket)
+        judged = st is not None and isinstance(last.get("slope"), (int, float)) and math.isfinite(last["slope"])
+        window = last.get("window_s") or 24 * 3600
+        fit_pts = [p for p in fl if p[0] >= fl[-1][0] - window] or fl
+        fit = fit_line(fit_pts, last["slope"] / 3600.0 if judged else None)
+        slope_h = last["slope"] if judged else (fit[0] * 3600 if fit else 0.0)
+        pev = [e for e in events if e.get("event") == "gpu_memory_leak" and e.get("pid") == pid
+               and (e.get("key") in (None, key)) and t0 - 3600 <= e["ts"] <= t1 + 3600]
+        firing = bool(st.get("firing")) if st else (bool(pev) and pev[-1].get("state") == "firing")
+        if firing:
+            verdict = "LEAK"
+        elif pev and pev[-1].get("state") == "resolved":
+            verdict = "resolved"
+        elif judged and isinstance((st or {}).get("verdict") or last.get("verdict"), str):
+            verdict = (st or {}).get("verdict") or last.get("verdict")      # the detector's own word
+        elif judged:
+            verdict = "watching" if slope_h >= threshold else "healthy"
+        else:
+            verdict = "not judged"
+        oom_h = None
+        if capacity is not None and slope_h > 0 and fit:
+            headroom = capacity - (fit[1] + fit[0] * t1)
+            oom_h = max(0.0, headroom / slope_h)
+        who = dict(proc_identity(pid, start))
+        who.update({k: v for k, v in ident.get(pid, {}).items() if v and k != "gpu"})
+        procs.append({"key": key, "pid": pid, "rows": rows, "floors": fl, "bucket": bucket, "gpu": gpu, "capacity": capacity,
+                      "fit": fit, "fit_from": fit_pts[0][0], "slope_h": slope_h, "judged": judged,
+                      "verdict": verdict, "oom_h": oom_h, "events": pev, "who": who, "t0": t0, "t1": t1})
+    if opts["pids"]:
+        procs = [p for p in procs if p["pid"] in opts["pids"]]
+        keep = {p["gpu"] for p in procs}
+        gpus = {i: g for i, g in gpus.items() if i in keep or any(
+            set(r[6]) & opts["pids"] for r in g["rows"])}
+    if opts["gpus"]:
+        gpus = {i: g for i, g in gpus.items() if i in opts["gpus"]}
+        procs = [p for p in procs if p["gpu"] in opts["gpus"]]
+    order = {"LEAK": 0, "watching": 1, "resolved": 2, "not judged": 3, "healthy": 4}
+    procs.sort(key=lambda p: (order.get(p["verdict"], 5), -p["slope_h"], p["key"]))
+    return gpus, procs, events
+
+
+# ------------------------------------------------------------------ draw --
+
+def typical_step(rows, default):
+    """The median time between consecutive rows (their first field)."""
+    gaps = sorted(b[0] - a[0] for a, b in zip(rows, rows[1:]))
+    return gaps[len(gaps) // 2] if gaps else default
+
+
+def envelope(points, t0, span):
+    """Min/max per pixel column, in time order within a column, with None
+    where the samples stop for longer than 5 typical intervals (a gap)."""
+    if not points:
+        return []
+    gap = max(typical_step(points, 0) * 5, span / PLOT_W * 3)
+    out = []
+    col = None
+    lo = hi = None
+    prev_t = None
+
+    def flush():
+        if col is None:
+            return
+        a, b = (lo, hi) if lo[0] <= hi[0] else (hi, lo)
+        out.append((col, a[1]))
+        if b is not a and b[1] != a[1]:
+            out.append((col, b[1]))
+
+    for t, v in points:
+        if v is None:
+            continue
+        if prev_t is not None and t - prev_t > gap:
+            flush()
+            out.append(None)
+            col = None
+        prev_t = t
+        c = int((t - t0) / span * PLOT_W) if span > 0 else 0
+        if c != col:
+            flush()
+            col, lo, hi = c, (t, v), (t, v)
+        else:
+            if v < lo[1]:
+                lo = (t, v)
+            if v > hi[1]:
+                hi = (t, v)
+    flush()
+    return out
+
+
+def path_d(env, ymap):
+    """Compact SVG path: absolute moves, relative line-tos between integer
+    columns (deltas of rounded positions, so nothing drifts)."""
+    parts = []
+    px = py = None
+    pen = False
+    for p in env:
+        if p is None:
+            pen = False
+            continue
+        x = PLOT_LEFT + p[0]
+        y = round(ymap(p[1]), 1)
+        if not pen:
+            parts.append("M%d %s" % (x, fmt(y)))
+            pen = True
+        else:
+            parts.append("%s %s" % (fmt(x - px), fmt(round(y - py, 1))))
+        px, py = x, y
+    out = []
+    for i, s in enumerate(parts):
+        out.append(s if s[0] == "M" or (i and parts[i - 1][0] != "M") else "l" + s)
+    return " ".join(out).replace(" l", "l")
+
+
+def fmt(v):
+    s = ("%.1f" % v).rstrip("0").rstrip(".")
+    if s.startswith("0."):
+        s = s[1:]
+    elif s.startswith("-0."):
+        s = "-" + s[2:]
+    return s if s not in ("", "-") else "0"
+
+
+def nice_ticks(lo, hi, n=5):
+    """Round tick values (1, 2, 2.5, 5 x 10^k apart) within [lo, hi]."""
+    span = hi - lo
+    if span <= 0:
+        return [lo]
+    raw = span / n
+    mag = 10 ** math.floor(math.log10(raw))
+    step = 10 * mag
+    for m in (1, 2, 2.5, 5):
+        if raw <= m * mag:
+            step = m * mag
+            break
+    v = math.ceil(lo / step) * step
+    ticks = []
+    while v <= hi + 1e-9:
+        ticks.append(v)
+        v += step
+    return ticks
+
+
+def time_ticks(t0, t1):
+    span = t1 - t0
+    for step in (60, 300, 600, 1800, 3600, 7200, 3 * 3600, 6 * 3600, 12 * 3600, 86400, 2 * 86400, 7 * 86400):
+        if span / step <= 8:
+            break
+    off = time.localtime(t0).tm_gmtoff
+    first = ((t0 + off) // step + 1) * step - off
+    return list(frange(first, t1, step))
+
+
+def frange(a, b, step):
+    while a <= b:
+        yield a
+        a += step
+
+
+def tlabel(t):
+    return time.strftime("%m-%d %H:%M", time.localtime(t))
+
+
+def mib(v):
+    return "{:,.0f}".format(v)
+
+
+class Chart:
+    """One SVG: time on x, one or two stacked panels. Panels carry their
+    value mapping in data- attributes for the hover read-out."""
+
+    def __init__(self, cid, t0, t1):
+        self.cid, self.t0, self.t1 = cid, t0, max(t1, t0 + 1)
+        self.span = self.t1 - self.t0
+        self.parts = []
+        self.ticks = []
+        self.top = 8
+        self.npanel = 0
+
+    def X(self, t):
+        return PLOT_LEFT + (t - self.t0) / self.span * PLOT_W
+
+    def panel(self, height, lo, hi, unit, ticks_fmt=mib, label=""):
+        y0, y1 = self.top, self.top + height
+        if hi - lo < 1e-9:
+            hi = lo + 1
+
+        def Y(v):
+            return y1 - (v - lo) / (hi - lo) * height
+        self.npanel += 1
+        clip = "clip-%s-%d" % (self.cid, self.npanel)
+        self.parts.append('<clipPath id="%s"><rect x="%d" y="%d" width="%d" height="%d"/></clipPath>'
+                          % (clip, PLOT_LEFT, y0 - 1, PLOT_W, height + 2))
+        self.parts.append('<g class="panel" data-y0="%d" data-y1="%d" data-lo="%s" data-hi="%s" data-unit="%s" '
+                          'clip-path="url(#%s)">' % (y0, y1, fmt(lo), fmt(hi), html.escape(unit), clip))
+        self.parts.append('<rect class="plot" x="%d" y="%d" width="%d" height="%d"/>' % (PLOT_LEFT, y0, PLOT_W, height))
+        for v in nice_ticks(lo, hi, 4):
+            y = Y(v)
+            self.parts.append('<line class="grid" x1="%d" x2="%d" y1="%.1f" y2="%.1f"/>' % (PLOT_LEFT, PLOT_LEFT + PLOT_W, y, y))
+            self.ticks.append('<text class="yt" x="%d" y="%.1f">%s</text>' % (PLOT_LEFT - 4, y + 3.5, ticks_fmt(v)))
+        if label:
+            self.parts.append('<text class="ylab" x="%d" y="%d">%s</text>' % (PLOT_LEFT + 5, y0 + 12, html.escape(label)))
+        self.top = y1 + 8
+        return Y
+
+    def end_panel(self):
+        self.parts.append("</g>")
+
+    def series(self, points, Y, cls, name):
+        env = envelope(points, self.t0, self.span)
+        d = path_d(env, Y)
+        if d:
+            self.parts.append('<path class="s %s" data-name="%s" d="%s"/>' % (cls, html.escape(name), d))
+
+    def shade(self, a, b, y0, y1, cls, title):
+        x0, x1 = self.X(max(a, self.t0)), self.X(min(b, self.t1))
+        self.parts.append('<rect class="%s" x="%.1f" y="%d" width="%.1f" height="%d"><title>%s</title></rect>'
+                          % (cls, x0, y0, max(x1 - x0, 1.5), y1 - y0, html.escape(title)))
+
+    def marker(self, ev, mid, y0, y1, text):
+        x = self.X(min(max(ev["ts"], self.t0), self.t1))
+        cls = "firing" if ev.get("state") in ("firing", "reminder") else "resolved"
+        self.parts.append('<g class="marker %s" id="%s"><line x1="%.1f" x2="%.1f" y1="%d" y2="%d"/>'
+                          '<path d="M%.1f %dl-4 -7h8z"/><title>%s</title></g>'
+                          % (cls, mid, x, x, y0, y1, x, y0, html.escape(text)))
+
+    def svg(self, title):
+        ticks = time_ticks(self.t0, self.t1)
+        grid, labels = [], []
+        for t in ticks:
+            x = self.X(t)
+            if x > PLOT_LEFT + PLOT_W - 34:
+                continue
+            grid.append('<line class="grid" x1="%.1f" x2="%.1f" y1="8" y2="%d"/>' % (x, x, self.top - 8))
+            labels.append('<text class="xt" x="%.1f" y="%d">%s</text>' % (x, self.top + 6, tlabel(t)))
+        h = self.top + 12
+        # the plot backgrounds come first, then the time grid, then the rest
+        body = "".join(self.parts)
+        return ('<svg class="chart" id="svg-%s" viewBox="0 0 %d %d" width="%d" height="%d" data-t0="%s" data-t1="%s" '
+                'data-left="%d" data-w="%d" role="img" aria-label="%s">%s%s%s</svg>'
+                % (self.cid, WIDTH, h, WIDTH, h, fmt(self.t0), fmt(self.t1), PLOT_LEFT, PLOT_W,
+                   html.escape(title), "".join(grid), body, "".join(labels + self.ticks)
+                   + '<line class="cursor" x1="0" x2="0" y1="0" y2="0" visibility="hidden"/>'))
+
+
+def gpu_section(idx, g, events, procs):
+    rows = g["rows"]
+    t0, t1 = rows[0][0], rows[-1][0]
+    c = Chart("gpu-%d" % idx, t0, t1)
+    # idle incidents: runs of counted-idle cycles, darker while the alert fires
+    runs = []
+    for r in rows:
+        if r[5] and runs and runs[-1][2] == r[5] and runs[-1][3]:
+            runs[-1][1] = r[0]
+        else:
+            runs.append([r[0], r[0], r[5], bool(r[5])])
+    runs = [r for r in runs if r[2]]
+    cycle = typical_step(rows, 60)
+    yu = c.panel(90, 0, 100, "%", lambda v: "%d%%" % v, "utilization")
+
+    def shade(top, height):
+        for a, b, level, _ in runs:
+            c.shade(a, b + cycle, top, top + height, "idle%d" % level,
+                    "idle but occupied %s – %s%s" % (tlabel(a), tlabel(b), " (alert fired)" if level == 2 else ""))
+    shade(c.top - 8 - 90, 90)
+    c.series([(r[0], r[1]) for r in rows], yu, "util", "utilization")
+    c.end_panel()
+    used = [(r[0], r[2]) for r in rows if r[2] is not None]
+    totals = [r[3] for r in rows if r[3] is not None]
+    if used:
+        lo, hi = min(v for _, v in used), max(v for _, v in used)
+        pad = max((hi - lo) * 0.08, 16)
+        ym = c.panel(120, max(0, lo - pad), hi + pad, "MiB", label="memory MiB")
+        shade(c.top - 8 - 120, 120)
+        c.series(used, ym, "mem", "memory used")
+        c.end_panel()
+    if totals:
+        cap = "capacity %s MiB" % mib(totals[-1])
+    else:
+        cap = ""
+    mine = [e for e in events if (e.get("event") == "gpu_idle" and (e.get("gpu") == idx or e.get("uuid") == g["uuid"]))
+            or e.get("event") == "monitor_degraded"
+            or (e.get("event") == "gpu_memory_leak" and any(p["gpu"] == idx and e in p["events"] for p in procs))]
+    for e in mine:
+        c.marker(e, e["_id"], 8, c.top - 8, e["_text"])
+    peak = max((r[1] for r in rows if r[1] is not None), default=None)
+    name = html.escape(g.get("name") or "")
+    head = ('<section class="gpu" id="gpu-%d"><h2>GPU %d <small>%s %s · %s</small></h2>'
+            '<p class="legend"><span class="sw util"></span>utilization <span class="sw mem"></span>memory used '
+            '<span class="sw idle1"></span>idle but occupied <span class="sw idle2"></span>idle alert firing '
+            '<span class="mk firing">▼</span>alert <span class="mk resolved">▼</span>resolved · %s · peak %s%%</p>'
+            % (idx, idx, html.escape(g["uuid"]), name, cap or "capacity unknown", span_text(t1 - t0),
+               "?" if peak is None else "%d" % peak))
+    return head + c.svg("GPU %d utilization and memory" % idx) + "</section>"
+
+
+def span_text(s):
+    if s >= 2 * 86400:
+        return "%.1f days" % (s / 86400)
+    if s >= 7200:
+        return "%.1f h" % (s / 3600)
+    return "%.0f min" % (s / 60)
+
+
+def proc_label(p):
+    who = p["who"]
+    name = who.get("name") or "pid %d" % p["pid"]
+    bits = ["%s (pid %d)" % (name, p["pid"])]
+    if who.get("cmdline"):
+        bits.append(short(who["cmdline"], 60))
+    if who.get("user"):
+        bits.append("user " + who["user"])
+    if who.get("slurm"):
+        bits.append("slurm " + who["slurm"])
+    return " · ".join(bits)
+
+
+def proc_section(n, p):
+    t0, t1 = p["t0"], p["t1"]
+    rows = p["rows"]
+    fl = p["floors"]
+    fit, cap, slope_h = p["fit"], p["capacity"], p["slope_h"]
+    oom_ts = t1 + p["oom_h"] * 3600 if p["oom_h"] is not None else None
+    # the projection is drawn up to the capacity, or one data span ahead
+    proj_end = t1
+    if fit and slope_h > 0:
+        proj_end = min(oom_ts, t1 + 2 * (t1 - t0)) if oom_ts is not None else t1 + (t1 - t0) * 0.25
+    c = Chart("proc-%d" % n, t0, max(proj_end, t1))
+    lo = min(v for _, v in rows)
+    hi = max(v for _, v in rows)
+    if fit:
+        hi = max(hi, fit[1] + fit[0] * proj_end)
+    cap_in = cap is not None and oom_ts is not None and oom_ts <= proj_end + 1
+    if cap_in:
+        hi = max(hi, cap)
+    pad = max((hi - lo) * 0.08, 8)
+    Y = c.panel(200, lo - pad, hi + pad, "MiB", label="GPU memory MiB")
+    c.series(rows, Y, "raw", "memory")
+    c.series(fl, Y, "floor", "floor")
+    if fit:
+        a, b = p["fit_from"], t1
+        c.parts.append('<line class="trend" x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f"/>'
+                       % (c.X(a), Y(fit[1] + fit[0] * a), c.X(b), Y(fit[1] + fit[0] * b)))
+        if proj_end > t1:
+            c.parts.append('<line class="proj" x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f"/>'
+                           % (c.X(t1), Y(fit[1] + fit[0] * t1), c.X(proj_end), Y(fit[1] + fit[0] * proj_end)))
+    if cap_in:
+        y = Y(cap)
+        c.parts.append('<line class="cap" x1="%d" x2="%d" y1="%.1f" y2="%.1f"/><text class="caplab" x="%d" y="%.1f">'
+                       'capacity for this process %s MiB · projected OOM %s</text>'
+                       % (PLOT_LEFT, PLOT_LEFT + PLOT_W, y, y, PLOT_LEFT + PLOT_W - 10, y + 14, mib(cap), tlabel(oom_ts)))
+        c.parts.append('<circle class="oom" cx="%.1f" cy="%.1f" r="4"><title>projected OOM %s</title></circle>'
+                       % (c.X(oom_ts), y, tlabel(oom_ts)))
+    if t1 < c.t1:
+        c.parts.append('<line class="now" x1="%.1f" x2="%.1f" y1="8" y2="%d"/>' % (c.X(t1), c.X(t1), c.top - 8))
+    c.end_panel()
+    for e in p["events"]:
+        c.marker(e, e["_id"], 8, c.top - 8, e["_text"])
+    oom = oom_text(p)
+    cap_note = ""
+    if cap is not None and not cap_in and slope_h > 0:
+        cap_note = " · capacity %s MiB is above the chart" % mib(cap)
+    trend = "trend %+.0f MiB/h%s" % (slope_h, "" if p["judged"] else " (not judged by the detector: a fit for the eye)")
+    head = ('<section class="proc" id="%s"><h2><span class="verdict v-%s">%s</span> %s <small>GPU %s</small></h2>'
+            '<p class="legend"><span class="sw raw"></span>memory <span class="sw floor"></span>%s floors '
+            '<span class="sw trend"></span>%s <span class="sw proj"></span>projection%s · projected OOM: %s · '
+            '%d samples over %s, %s → %s MiB</p>'
+            % (p["anchor"], vclass(p["verdict"]), html.escape(p["verdict"]), html.escape(proc_label(p)),
+               "?" if p["gpu"] is None else p["gpu"], span_text(p["bucket"]),
+               html.escape(trend), cap_note, html.escape(oom), len(rows), span_text(t1 - t0),
+               mib(rows[0][1]), mib(rows[-1][1])))
+    return head + c.svg("memory of " + proc_label(p)) + "</section>"
+
+
+def vclass(verdict):
+    """A verdict as a CSS class name."""
+    return re.sub(r"[^A-Za-z0-9_-]", "-", verdict)
+
+
+def oom_text(p):
+    if p["oom_h"] is None:
+        return "none (not growing)" if p["slope_h"] <= 0 or p["capacity"] is not None else "unknown (no capacity)"
+    return "%s (in %.1f h)" % (tlabel(p["t1"] + p["oom_h"] * 3600), p["oom_h"])
+
+
+CSS = """
+body{font:14px/1.4 system-ui,sans-serif;margin:1.2em 2em;color:#222;max-width:1000px}
+h1{font-size:1.4em;margin:.2em 0}h2{font-size:1.05em;margin:1.4em 0 .2em}small{color:#666;font-weight:normal}
+table{border-collapse:collapse;margin:.6em 0}td,th{border-bottom:1px solid #ddd;padding:3px 8px;text-align:left}
+th{background:#f4f4f4}td.n{text-align:right;font-variant-numeric:tabular-nums}
+.verdict{font-weight:bold;padding:0 5px;border-radius:3px}.v-LEAK{background:#c62828;color:#fff}
+.v-watching{background:#f9a825}.v-healthy{background:#c8e6c9}.v-resolved{background:#bbdefb}.v-not-judged{background:#eee}
+.legend{margin:.1em 0;color:#444;font-size:12px}.sw{display:inline-block;width:18px;height:0;border-top:3px solid;margin:0 3px 3px 8px}
+.sw.util{border-color:#1f77b4}.sw.mem{border-color:#9467bd}.sw.raw{border-color:#9ecae1}.sw.floor{border-color:#08519c}
+.sw.trend{border-color:#d62728}.sw.proj{border-color:#d62728;border-top-style:dashed}
+.sw.idle1{border-top:8px solid #ffe0b2}.sw.idle2{border-top:8px solid #ffab91}.mk{margin-left:8px}.mk.firing{color:#c62828}.mk.resolved{color:#2e7d32}
+svg.chart{display:block;font-size:11px;max-width:100%;height:auto}.plot{fill:none;stroke:#ccc}
+.grid{stroke:#eee}.yt{text-anchor:end;fill:#555}.xt{text-anchor:middle;fill:#555}.ylab{fill:#333;font-weight:bold}
+.s{fill:none;stroke-width:1.2;stroke-linejoin:round}.util{stroke:#1f77b4}.mem{stroke:#9467bd;stroke-width:1.5}
+.raw{stroke:#9ecae1}.floor{stroke:#08519c;stroke-width:2}
+.trend{stroke:#d62728;stroke-width:2}.proj{stroke:#d62728;stroke-width:2;stroke-dasharray:6 4}
+.cap{stroke:#000;stroke-dasharray:2 3}.caplab{fill:#000;text-anchor:end;font-weight:bold}.oom{fill:#d62728}.now{stroke:#888;stroke-dasharray:1 3}
+.idle1{fill:#ffe0b2}.idle2{fill:#ffab91}
+.marker line{stroke-width:1.5}.marker.firing line,.marker.firing path{stroke:#c62828;fill:#c62828}
+.marker.resolved line,.marker.resolved path{stroke:#2e7d32;fill:#2e7d32}.marker:target line{stroke-width:4}
+#tip{position:absolute;pointer-events:none;background:rgba(255,255,255,.95);border:1px solid #999;padding:3px 6px;
+font-size:12px;display:none;white-space:pre}.cursor{stroke:#444;stroke-width:.8}
+"""
+
+JS = r"""
+(function(){
+var tip=document.getElementById('tip');
+function parse(p){if(p._pts)return p._pts;var d=p.getAttribute('d'),pts=[],x=0,y=0,rel=false,brk=false,i=0;
+var tok=d.match(/[Ml]|-?[0-9]*\.?[0-9]+/g);
+while(i<tok.length){var t=tok[i];if(t==='M'){rel=false;brk=true;i++;continue}if(t==='l'){rel=true;i++;continue}
+var a=+tok[i],b=+tok[i+1];i+=2;if(rel){x+=a;y+=b}else{x=a;y=b;rel=true}pts.push([x,y,brk]);brk=false}
+p._pts=pts;return pts}
+function at(pts,px){var lo=null,hi=null,k;for(k=0;k<pts.length;k++){if(Math.abs(pts[k][0]-px)<0.5){
+lo=lo===null?pts[k][1]:Math.max(lo,pts[k][1]);hi=hi===null?pts[k][1]:Math.min(hi,pts[k][1])}}
+if(lo!==null)return[lo,hi];for(k=0;k+1<pts.length;k++){var a=pts[k],b=pts[k+1];
+if(!b[2]&&a[0]<=px&&px<=b[0]&&b[0]>a[0]){var y=a[1]+(b[1]-a[1])*(px-a[0])/(b[0]-a[0]);return[y,y]}}return null}
+function fmtT(t){var d=new Date(t*1000);function z(n){return(n<10?'0':'')+n}
+return d.getFullYear()+'-'+z(d.getMonth()+1)+'-'+z(d.getDate())+' '+z(d.getHours())+':'+z(d.getMinutes())}
+function move(ev){var s=ev.currentTarget,r=s.getBoundingClientRect(),vb=s.viewBox.baseVal;
+var px=(ev.clientX-r.left)*vb.width/r.width,left=+s.dataset.left,w=+s.dataset.w;
+if(px<left||px>left+w){out(ev);return}
+var t=+s.dataset.t0+(px-left)/w*(+s.dataset.t1-+s.dataset.t0),lines=[fmtT(t)];
+s.querySelectorAll('g.panel').forEach(function(g){var y0=+g.dataset.y0,y1=+g.dataset.y1,lo=+g.dataset.lo,hi=+g.dataset.hi;
+g.querySelectorAll('path.s').forEach(function(p){var r=at(parse(p),px);if(!r)return;var lo2=r[0],hi2=r[1];
+function v(y){return lo+(y1-y)/(y1-y0)*(hi-lo)}
+var a=v(lo2),b=v(hi2),u=g.dataset.unit;
+lines.push(p.dataset.name+': '+(Math.abs(b-a)<0.5?Math.round(a):Math.round(a)+'–'+Math.round(b))+' '+u)})});
+var c=s.querySelector('line.cursor');c.style.visibility='visible';c.setAttribute('x1',px);c.setAttribute('x2',px);
+c.setAttribute('y1',8);c.setAttribute('y2',vb.height-20);
+tip.textContent=lines.join('\n');tip.style.display='block';tip.style.left=(ev.pageX+12)+'px';tip.style.top=(ev.pageY+12)+'px'}
+function out(ev){tip.style.display='none';ev.currentTarget.querySelector('line.cursor').style.visibility='hidden'}
+document.querySelectorAll('svg.chart').forEach(function(s){s.addEventListener('mousemove',move);s.addEventListener('mouseleave',out)});
+window.gpuguardHover=function(id,frac){var s=document.getElementById(id),r=s.getBoundingClientRect(),
+left=+s.dataset.left,w=+s.dataset.w,vb=s.viewBox.baseVal;
+move({currentTarget:s,clientX:r.left+(left+frac*w)*r.width/vb.width,pageX:0,pageY:0});return tip.textContent};
+})();
+"""
+
+HEAD_JS = ("window.gpuguardErrors=[];window.addEventListener('error',function(e){window.gpuguardErrors.push(String(e.message));"
+           "document.documentElement.setAttribute('data-errors',window.gpuguardErrors.join(' | '))});")
+LOAD_JS = ("window.addEventListener('load',function(){void document.body.offsetHeight;"
+           "document.documentElement.setAttribute('data-load-ms',performance.now().toFixed(0))});")
+
+
+def render(gpus, procs, events, host, now, opts):
+    # every alert gets an id; the alerts table links to the chart holding it
+    where = {}
+    for p in procs:
+        p["anchor"] = "proc-" + re.sub(r"[^0-9A-Za-z_-]", "_", p["key"])
+        for e in p["events"]:
+            where.setdefault(id(e), p["anchor"])
+    alerts = [e for e in events if e.get("event") in ("gpu_idle", "gpu_memory_leak", "monitor_degraded")]
+    for n, e in enumerate(alerts):
+        e["_id"] = "alert-%d" % (n + 1)
+        if e["event"] == "gpu_idle":
+            e["_text"] = "%s idle %s: GPU %s, util %s%%, %s cycles" % (
+                tlabel(e["ts"]), e.get("state"), e.get("gpu"), e.get("utilization"), e.get("idle_cycles"))
+            target = "gpu-%s" % e.get("gpu")
+        elif e["event"] == "gpu_memory_leak":
+            e["_text"] = "%s leak %s: pid %s %s, %+.0f MiB/h" % (
+                tlabel(e["ts"]), e.get("state"), e.get("pid"), e.get("name") or "", e.get("slope_mib_per_hour") or 0)
+            target = where.get(id(e))
+        else:
+            e["_text"] = "%s monitor %s: %s" % (tlabel(e["ts"]), e.get("state"), short(e.get("error") or "", 80))
+            target = "gpu-%d" % min(gpus) if gpus else None
+        e["_target"] = target
+    shown = set(["gpu-%d" % i for i in gpus] + [p["anchor"] for p in procs])
+    out = ["<!doctype html><html lang='en'><head><meta charset='utf-8'>",
+           "<meta name='viewport' content='width=device-width'><title>gpuguard report · %s</title>" % html.escape(host),
+           "<script>%s</script><style>%s</style></head><body>" % (HEAD_JS, CSS),
+           "<h1>gpuguard report · %s</h1>" % html.escape(host),
+           "<p>Generated %s%s. Memory axes are scaled to the data, not from 0. Hover a chart for values; "
+           "click a row to go to its chart.</p>" % (
+               time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(now)),
+               filters_text(opts))]
+    out.append("<h2 id='summary'>Processes</h2>")
+    if procs:
+        out.append("<table id='summary-table'><tr><th>verdict</th><th>job</th><th>GPU</th><th>growth MiB/h</th>"
+                   "<th>since</th><th>projected OOM</th></tr>")
+        for p in procs:
+            out.append("<tr class='row-%s'><td><span class='verdict v-%s'>%s</span></td><td><a href='#%s'>%s</a></td>"
+                       "<td class='n'>%s</td><td class='n'>%+.0f%s</td><td>%s</td><td>%s</td></tr>"
+                       % (vclass(p["verdict"]), vclass(p["verdict"]), html.escape(p["verdict"]),
+                          p["anchor"], html.escape(proc_label(p)), "?" if p["gpu"] is None else p["gpu"],
+                          p["slope_h"], "" if p["judged"] else "*", tlabel(p["t0"]), html.escape(oom_text(p))))
+        out.append("</table>")
+        if not all(p["judged"] for p in procs):
+            out.append("<p class='legend'>* not judged by the leak detector (no saved verdict): a Theil-Sen fit for the eye.</p>")
+    else:
+        out.append("<p>No process history%s: run <code>gpu-leak-watch</code> (e.g. <code>--all</code>) to record it.</p>"
+                   % (" matches the filters" if opts["pids"] or opts["gpus"] or opts["since"] else ""))
+    out.append("<h2 id='alerts'>Alerts</h2>")
+    if alerts:
+        out.append("<table id='alerts-table'><tr><th>time</th><th>alert</th></tr>")
+        for e in alerts:
+            tgt = e["_target"] if e["_target"] in shown else None
+            label = html.escape(e["_text"])
+            cell = "<a href='#%s' data-alert='%s'>%s</a>" % (tgt, e["_id"], label) if tgt else label
+            out.append("<tr class='%s'><td>%s</td><td>%s</td></tr>" % (
+                html.escape(str(e.get("state"))), time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e["ts"])), cell))
+        out.append("</table>")
+    else:
+        out.append("<p>No alert in this period.</p>")
+    out.append("<h2>GPUs</h2>")
+    if not gpus:
+        out.append("<p>No GPU history%s: the idle watchdog (<code>yichuidingyin.sh</code>) records it every cycle "
+                   "in gpu-history.tsv.</p>" % (" matches the filters" if opts["gpus"] or opts["pids"] else ""))
+    for idx in sorted(gpus):
+        if gpus[idx]["rows"]:
+            out.append(gpu_section(idx, gpus[idx], alerts, procs))
+    out.append("<h2>Processes, one chart each</h2>" if procs else "")
+    for n, p in enumerate(procs):
+        out.append(proc_section(n, p))
+    out.append("<div id='tip'></div><script>%s%s</script></body></html>\n" % (JS, LOAD_JS))
+    return "\n".join(out)
+
+
+def filters_text(opts):
+    f = []
+    if opts["since"]:
+        f.append("since " + time.strftime("%Y-%m-%d %H:%M", time.localtime(opts["since"])))
+    if opts["pids"]:
+        f.append("pid " + ",".join(map(str, sorted(opts["pids"]))))
+    if opts["gpus"]:
+        f.append("GPU " + ",".join(map(str, sorted(opts["gpus"]))))
+    return " (" + "; ".join(f) + ")" if f else ""
+
+
+def write_atomic(path, text):
+    """mkstemp-style: a fresh temporary file beside the target, then rename
+    (a link at the target is replaced, never followed)."""
+    import tempfile
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".gpuguard-report.", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def report(state_dir, args, env, now=None):
+    now = time.time() if now is None else now
+    opts = parse_args(args, now)
+    params = leak.params_from(env)
+    gpus, procs, events = build(state_dir, opts, params, now)
+    host = env.get("GPUGUARD_HOST") or os.uname().nodename
+    text = render(gpus, procs, events, host, now, opts)
+    out = opts["out"]
+    if os.path.isdir(out):
+        raise UsageError("--out %s is a folder; give a file name" % out)
+    write_atomic(out, text)
+    return out, len(gpus), len(procs), len(text.encode("utf-8"))
+
+
+def main(argv):
+    env = os.environ
+    cmd = argv[1] if len(argv) > 1 else ""
+    state_dir = env.get("GPUGUARD_STATE_DIR") or "."
+    try:
+        if cmd == "report":
+            now = float(env["GPUGUARD_NOW"]) if env.get("GPUGUARD_NOW") else None
+            out, ng, npr, size = report(state_dir, argv[2:], env, now)
+            print("wrote %s (%d GPUs, %d processes, %d KiB)" % (out, ng, npr, (size + 1023) // 1024))
+            return 0
+        if cmd == "leaks":
+            leaks(state_dir, sys.stdout)
+            return 0
+    except UsageError as e:
+        print("gpuguard: %s" % e, file=sys.stderr)
+        return 2
+    except OSError as e:
+        print("gpuguard report: %s" % e, file=sys.stderr)
+        return 1
+    print("usage: gpuguard_report.py report [--out FILE] [--since WHEN] [--pid PID] [--gpu N] | leaks", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

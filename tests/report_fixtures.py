@@ -1,0 +1,118 @@
+"""State folders for the report tests, made from the H200 recordings in
+tests/fixtures/h200 by the project's own code: the watchdog
+(yichuidingyin.sh --once, against the nvidia-smi double) writes
+gpu-history.tsv and the idle alerts, and the leak detector's live cycle
+(gpuguard_leak.check) writes the per-process history, its state and the
+leak alerts. Time is stretched 60x (a recorded second becomes a minute) so
+the 2-minute leak recording makes a 2-hour story.
+
+The story, two H200s, one sample every 2 minutes for 2 hours:
+  GPU 0: pid 1328 leaks (leak-trace-leaking.csv), busy throughout
+  GPU 1: pid 1329 warms up then holds steady (leak-trace-healthy.csv), and
+         pid 437 holds 2.6 GiB; the GPU goes idle-but-occupied for 24
+         minutes in the middle (recording-idle-then-busy.txt's utilization
+         and power), which fires and resolves the idle alert.
+"""
+import csv
+import io
+import json
+import os
+import subprocess
+
+import gpuguard_leak as leak
+
+from conftest import ROOT, gpu_list
+
+H200 = ROOT / "tests" / "fixtures" / "h200"
+T0 = 1796220302          # the leak recordings' first second
+STEP_S = 120             # one watchdog cycle every 2 minutes
+STEPS = 60
+STRETCH = 60             # a recorded second becomes a minute
+LEAK_PID, HEALTHY_PID, IDLE_PID = 1328, 1329, 437
+
+
+def trace(name):
+    with open(H200 / name, newline="") as f:
+        return [(int(r["timestamp"]) - T0, float(r["used_memory_mib"])) for r in csv.DictReader(f)]
+
+
+def at(tr, seconds):
+    """The recorded value at a recorded second (last one before it)."""
+    v = tr[0][1]
+    for t, m in tr:
+        if t > seconds:
+            break
+        v = m
+    return v
+
+
+def recording_samples():
+    """(util, used, power) of each recording sample."""
+    out = []
+    lines = (H200 / "recording-idle-then-busy.txt").read_text().splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("### 1"):
+            p = [x.strip() for x in lines[i + 1].split(",")]
+            out.append((int(p[2]), int(p[3]), float(p[5])))
+    return out
+
+
+def story():
+    """Per step: (now, gpu0 (util, power), gpu1 (util, power), {pid: MiB})."""
+    rec = recording_samples()
+    busy = [s for s in rec if s[0] > 50]
+    held = [s for s in rec if s[0] == 0 and s[1] > 0]
+    leaking, healthy = trace("leak-trace-leaking.csv"), trace("leak-trace-healthy.csv")
+    steps = []
+    for i in range(STEPS):
+        now = T0 + i * STEP_S
+        recorded = i * STEP_S / STRETCH
+        mem = {LEAK_PID: at(leaking, recorded), HEALTHY_PID: at(healthy, recorded), IDLE_PID: 2696.0}
+        g0 = busy[i % len(busy)][0], busy[i % len(busy)][2]
+        if 20 <= i < 32:
+            g1 = held[i % len(held)][0], held[i % len(held)][2]
+        else:
+            g1 = busy[(i + 1) % len(busy)][0], busy[(i + 1) % len(busy)][2]
+        steps.append((now, g0, g1, mem))
+    return steps
+
+
+def build(state, with_gpu_history=True, with_leak=True):
+    """Fills the state folder; returns the steps."""
+    state.mkdir(parents=True, exist_ok=True)
+    steps = story()
+    if with_gpu_history:
+        scenario = state.parent / "scenario.json"
+        scenario.write_text(json.dumps({"gpus": gpu_list(2), "steps": [
+            {"gpus": [{"utilization.gpu": g0[0], "memory.used": int(mem[LEAK_PID]) + 512, "power.draw": g0[1]},
+                      {"utilization.gpu": g1[0], "memory.used": int(mem[HEALTHY_PID] + mem[IDLE_PID]) + 512,
+                       "power.draw": g1[1]}],
+             "apps": [{"pid": LEAK_PID, "process_name": "python3", "used_memory": int(mem[LEAK_PID]), "gpu": 0},
+                      {"pid": HEALTHY_PID, "process_name": "python3", "used_memory": int(mem[HEALTHY_PID]), "gpu": 1},
+                      {"pid": IDLE_PID, "process_name": "python3", "used_memory": int(mem[IDLE_PID]), "gpu": 1}]}
+            for _, g0, g1, mem in steps]}))
+        env = dict(os.environ, PATH="%s:%s" % (ROOT / "tests/fakebin", os.environ.get("PATH", "/usr/bin:/bin")),
+                   GPUGUARD_CONFIG="/dev/null", GPUGUARD_STATE_DIR=str(state), FAKE_SMI_SCENARIO=str(scenario),
+                   FAKE_SMI_STATE=str(state.parent / "smi-step"), GPUGUARD_HOST="h200-demo")
+        for now, *_ in steps:
+            r = subprocess.run([str(ROOT / "bin/yichuidingyin.sh"), "--once"], env=dict(env, GPUGUARD_NOW=str(now)),
+                               capture_output=True, text=True, timeout=60)
+            assert r.returncode == 0, r.stderr
+    if with_leak:
+        env = {"GPUGUARD_STATE_DIR": str(state), "LEAK_BUCKET_S": "120", "GPUGUARD_HOST": "h200-demo"}
+        events = []
+        for now, _, _, mem in steps:
+            lines = ""
+            for pid, start in ((LEAK_PID, 5000), (HEALTHY_PID, 5001)):
+                gpu_used = mem[LEAK_PID] + 512 if pid == LEAK_PID else mem[HEALTHY_PID] + mem[IDLE_PID] + 512
+                lines += "%d-%d %d %d %d %d 90 4000 python3 python3 train.py --config cfg%d.yaml\n" % (
+                    pid, start, now, pid, mem[pid], 143771 - gpu_used, pid)
+            out = io.StringIO()
+            leak.check(env, io.StringIO(lines), out)
+            for line in out.getvalue().splitlines():
+                if line.startswith("event "):
+                    events.append(line.split(" ", 3)[3])
+        with open(state / "events.jsonl", "a") as f:
+            for e in events:
+                f.write(e + "\n")
+    return steps

@@ -1,0 +1,243 @@
+"""gpuguard report: made from recorded H200 histories (tests/report_fixtures.py:
+a leak, a healthy warm-up, an idle incident), run as a user types it, then
+loaded in headless Chromium (tests/cdp.py): no console errors, the expected
+series, labels, markers and links, hover values, a screenshot."""
+import json
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+
+import cdp
+import report_fixtures as fx
+from conftest import ROOT, app, idle_gpu, require, wait_for
+
+pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning")
+
+
+@pytest.fixture(scope="module")
+def story(tmp_path_factory):
+    base = tmp_path_factory.mktemp("story")
+    state = base / "state"
+    fx.build(state)
+    return state
+
+
+def gg_report(state, *args, cwd=None, cmd="bin/gpuguard"):
+    env = dict(os.environ, GPUGUARD_CONFIG="/dev/null", GPUGUARD_STATE_DIR=str(state), GPUGUARD_HOST="h200-demo",
+               TZ="UTC")
+    verb = ["report"]
+    return subprocess.run([str(ROOT / cmd)] + verb + list(args), env=env, cwd=cwd, capture_output=True, text=True,
+                          timeout=120)
+
+
+@pytest.fixture(scope="module")
+def page(story, tmp_path_factory):
+    out = tmp_path_factory.mktemp("out") / "report.html"
+    r = gg_report(story, "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("wrote %s (2 GPUs, 2 processes" % out)
+    return out
+
+
+def rows_of(html_text, table_id):
+    table = re.search(r"<table id='%s'>(.*?)</table>" % table_id, html_text, re.S).group(1)
+    return re.findall(r"<tr class='([^']*)'>(.*?)</tr>", table, re.S)
+
+
+def has_id(html_text, element_id):
+    return re.search(r"""id=['"]%s['"]""" % re.escape(element_id), html_text) is not None
+
+
+# ------------------------------------------------------------ the command --
+
+@pytest.mark.parametrize("args, message", [
+    (["--since", "yesterday"], "--since takes 90m, 24h, 7d"),
+    (["--since"], "--since needs a value"),
+    (["--pid", "12x"], "--pid needs a whole number"),
+    (["--gpu", "-1"], "--gpu needs a whole number"),
+    (["--out", ""], "--out needs a file name"),
+    (["--colour"], "unknown option '--colour' for 'report'"),
+])
+def test_bad_values_exit_2_with_one_line(story, tmp_path, args, message):
+    r = gg_report(story, *args, cwd=tmp_path)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.startswith("gpuguard: ") and message in r.stderr and len(r.stderr.splitlines()) == 1
+    assert os.listdir(tmp_path) == []                                   # nothing written
+
+
+def test_out_naming_a_folder_is_refused(story, tmp_path):
+    r = gg_report(story, "--out", str(tmp_path))
+    assert r.returncode == 2 and "is a folder" in r.stderr
+
+
+def test_report_is_self_contained_with_summary_alerts_and_anchors(page):
+    text = page.read_text()
+    assert not re.search(r"(src|href)=['\"]?(https?:)?//", text) and "<link" not in text and "@import" not in text
+    assert "https://" not in text and "http://" not in text
+    summary = rows_of(text, "summary-table")
+    assert [cls for cls, _ in summary] == ["row-LEAK", "row-healthy"]
+    leak_row = summary[0][1]
+    assert "python3 (pid 1328)" in leak_row and "(in " in leak_row and "+3" in leak_row    # growth, OOM time
+    assert "none (not growing)" in summary[1][1]
+    alerts = rows_of(text, "alerts-table")
+    assert [cls for cls, _ in alerts] == ["firing", "firing", "resolved"]
+    # every alert links to a chart that exists
+    for _, row in alerts:
+        target = re.search(r"href='#([^']+)'", row).group(1)
+        assert has_id(text, target), target
+    assert "leak firing: pid 1328" in alerts[0][1] and "href='#proc-1328-" in alerts[0][1]
+    assert "idle firing: GPU 1" in alerts[1][1] and "href='#gpu-1'" in alerts[1][1]
+    # the report was atomically written: no temporary file left beside it
+    assert sorted(os.listdir(page.parent)) == ["report.html"]
+
+
+def test_filters_by_pid_gpu_and_since(story, tmp_path):
+    out = tmp_path / "r.html"
+    r = gg_report(story, "--pid", "1329", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    text = out.read_text()
+    assert [c for c, _ in rows_of(text, "summary-table")] == ["row-healthy"]
+    assert has_id(text, "gpu-1") and not has_id(text, "gpu-0")
+    r = gg_report(story, "--gpu=0", "--out", str(out))
+    text = out.read_text()
+    assert r.returncode == 0 and [c for c, _ in rows_of(text, "summary-table")] == ["row-LEAK"]
+    assert has_id(text, "gpu-0") and not has_id(text, "gpu-1")
+    r = gg_report(story, "--since", str(fx.T0 + 10 * 86400), "--out", str(out))
+    text = out.read_text()
+    assert r.returncode == 0 and "No process history matches the filters" in text and "No alert" in text
+
+
+def test_legend_shows_the_job_identity_from_the_alerts(story, tmp_path):
+    state = tmp_path / "state"
+    shutil.copytree(story, state)
+    with open(state / "events.jsonl", "a") as f:
+        f.write(json.dumps({"ts": fx.T0 + 3000, "event": "gpu_idle", "state": "reminder", "gpu": 1,
+                            "processes": [{"pid": 1329, "name": "python3"}],
+                            "job": {"user": "alice", "pid": 1329, "pids": [1329],
+                                    "cmdline": "torchrun --nproc 8 train.py --token=***", "slurm_job": "4242"}}) + "\n")
+    out = tmp_path / "r.html"
+    assert gg_report(state, "--out", str(out)).returncode == 0
+    row = rows_of(out.read_text(), "summary-table")[1][1]
+    assert "torchrun --nproc 8 train.py --token=***" in row and "user alice" in row and "slurm 4242" in row
+
+
+def test_gpu_leak_watch_report_still_works(story, tmp_path):
+    out = tmp_path / "leak.html"
+    r = gg_report(story, "--out", str(out), cmd="bin/gpu-leak-watch")
+    assert r.returncode == 0, r.stderr
+    assert "id='summary-table'" in out.read_text() and "python3 (pid 1328)" in out.read_text()
+
+
+def test_empty_state_folder_says_what_to_run(tmp_path):
+    out = tmp_path / "r.html"
+    r = gg_report(tmp_path / "nothing", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    text = out.read_text()
+    assert "run <code>gpu-leak-watch</code>" in text and "yichuidingyin.sh" in text
+
+
+# --------------------------------------------------------- GPU history file --
+
+def test_gpu_history_rows_are_bounded_and_never_follow_a_link(box):
+    box.write_scenario([{"gpus": [idle_gpu()], "apps": [app(1410), app(1411, mem=20)]}] * 40)
+    env = {"GPU_HISTORY_MAX_BYTES": "600"}
+    for t in range(40):
+        box.once(now=1000 + t, env=env)
+    hist = box.state / "gpu-history.tsv"
+    rows = [line.split("\t") for line in hist.read_text().splitlines()]
+    assert rows[0][0] == "# ts" and len(rows[1]) == 9
+    assert rows[-1][:3] == ["1039", "0", rows[1][2]] and rows[-1][7:] == ["2", "1410:2556,1411:20"]  # idle alert firing
+    assert hist.stat().st_size < 600 + 200 and (box.state / "gpu-history.tsv.1").stat().st_size < 600 + 200
+    hist.unlink()
+    target = box.tmp / "elsewhere"
+    target.write_text("mine\n")
+    hist.symlink_to(target)
+    r = box.run("--once", env={"GPUGUARD_NOW": "2000"})
+    assert r.returncode == 0 and target.read_text() == "mine\n" and "symbolic link" in r.stderr
+
+
+# ---------------------------------------------------------------- browser --
+
+@pytest.fixture(scope="module")
+def browser():
+    require(cdp.available(), "chromium not installed (Debian package chromium)")
+    b = cdp.Browser()
+    yield b
+    b.close()
+
+
+def test_report_in_headless_chromium(browser, page, tmp_path):
+    browser.load(page.as_uri())
+    assert browser.problems() == []
+    assert browser.eval("document.documentElement.dataset.errors || ''") == ""
+    assert int(browser.eval("document.documentElement.dataset.loadMs")) >= 0
+    charts = browser.eval("[...document.querySelectorAll('svg.chart')].map(s => s.id)")
+    assert charts == ["svg-gpu-0", "svg-gpu-1", "svg-proc-0", "svg-proc-1"]
+    series = browser.eval("""Object.fromEntries([...document.querySelectorAll('svg.chart')].map(s =>
+        [s.id, [...s.querySelectorAll('path.s')].map(p => p.dataset.name + ':' + p.getAttribute('d').length)]))""")
+    for sid in ("svg-gpu-0", "svg-gpu-1"):
+        assert [x.split(":")[0] for x in series[sid]] == ["utilization", "memory used"]
+    for sid in ("svg-proc-0", "svg-proc-1"):
+        assert [x.split(":")[0] for x in series[sid]] == ["memory", "floor"]
+        assert all(int(x.split(":")[1]) > 50 for x in series[sid])       # real paths, not stubs
+    leak = "document.getElementById('svg-proc-0')"
+    assert browser.eval(leak + ".querySelectorAll('line.trend, line.proj, line.cap, circle.oom').length") == 4
+    assert "capacity for this process" in browser.eval(leak + ".textContent")
+    assert browser.eval(leak + ".querySelectorAll('g.marker.firing').length") == 1
+    headings = browser.eval("[...document.querySelectorAll('section.proc h2')].map(h => h.textContent)")
+    assert headings[0].startswith("LEAK python3 (pid 1328)") and headings[1].startswith("healthy python3 (pid 1329)")
+    legend = browser.eval("document.querySelector('section.proc .legend').textContent")
+    assert "projected OOM: 12-02" in legend and "trend +" in legend
+    # the idle incident: shaded, and its alert and resolution marked, on GPU 1 only
+    gpu1 = "document.getElementById('svg-gpu-1')"
+    assert browser.eval(gpu1 + ".querySelectorAll('rect.idle2').length") >= 2       # both panels
+    assert browser.eval("[...%s.querySelectorAll('g.marker')].map(m => m.getAttribute('class'))" % gpu1) == \
+        ["marker firing", "marker resolved"]
+    assert browser.eval("document.querySelectorAll('#svg-gpu-0 rect.idle1, #svg-gpu-0 rect.idle2').length") == 0
+    # memory axes scaled to the data: GPU 1 holds 3.2-4.2 GiB, its axis does not start at 0
+    lo = browser.eval(gpu1 + ".querySelectorAll('g.panel')[1].dataset.lo")
+    assert 2800 < float(lo) < 3300
+    # hover read-out
+    tip = browser.eval("gpuguardHover('svg-gpu-1', 0.5)")
+    assert re.fullmatch(r"2026-12-02 \d\d:\d\d\nutilization: 0 %\nmemory used: 4\d{3} MiB", tip), tip
+    tip = browser.eval("gpuguardHover('svg-proc-0', 0.2)")
+    assert "memory: " in tip and "floor: " in tip
+    # one click from an alert to its chart
+    browser.eval("document.querySelector(\"#alerts-table a[href^='#proc-']\").click()")
+    assert browser.eval("location.hash").startswith("#proc-1328-")
+    assert browser.eval("document.querySelector(':target').id") == browser.eval("location.hash").lstrip("#")
+    top = browser.eval("document.querySelector(':target').getBoundingClientRect().top")
+    assert 0 <= top < browser.eval("innerHeight") - 200                 # its chart is on screen
+    shot = tmp_path / "report.png"
+    browser.eval("window.scrollTo(0, 0)")
+    browser.screenshot(str(shot))
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20000
+    assert browser.problems() == []
+
+
+def test_a_launcher_is_charted_on_the_gpu_its_children_hold(tmp_path):
+    # the leak watcher's series is the process tree's root (a launcher holding
+    # no GPU memory); nvidia-smi lists the child that does
+    job = subprocess.Popen(["bash", "-c", "sleep 60 & wait"])
+    try:
+        assert wait_for(lambda: open("/proc/%d/task/%d/children" % (job.pid, job.pid)).read().strip(), timeout=10)
+        child = int(open("/proc/%d/task/%d/children" % (job.pid, job.pid)).read().split()[0])
+        start = open("/proc/%d/stat" % job.pid).read().rsplit(")", 1)[1].split()[19]
+        state = tmp_path / "state"
+        (state / "history").mkdir(parents=True)
+        (state / "history" / ("%d-%s.csv" % (job.pid, start))).write_text(
+            "timestamp,pid,used_memory_mib\n" + "".join("%d,%d,%d\n" % (1000 + 60 * i, job.pid, 5000 + i)
+                                                         for i in range(30)))
+        (state / "gpu-history.tsv").write_text("".join(
+            "%d\t%d\tGPU-%d\t90\t%d\t143771\t600\t0\t%s\n" % (1000 + 60 * i, g, g, 6000 + i, holders)
+            for i in range(30) for g, holders in ((0, "1:100"), (1, "%d:%d" % (child, 5000 + i)))))
+        out = tmp_path / "r.html"
+        assert gg_report(state, "--out", str(out)).returncode == 0
+        row = rows_of(out.read_text(), "summary-table")[0][1]
+        assert re.search(r"<td class='n'>1</td>", row), row
+    finally:
+        job.kill()
+        job.wait()

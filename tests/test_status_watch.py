@@ -1,0 +1,211 @@
+"""gpuguard status (once, --json, --watch under tmux), doctor --json and
+--version, run as a user types them, against the nvidia-smi double."""
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+
+from conftest import H200_UUID, ROOT, app, idle_gpu, require, wait_for
+
+
+def leak_state(box, series):
+    """Writes the leak watcher's saved state: {pid: (slope, firing)}."""
+    box.state.mkdir(parents=True, exist_ok=True)
+    state = {"%d-1000" % pid: {"key": "%d-1000" % pid, "pid": pid, "firing": firing,
+                               "last": {"ts": 100, "used": 4000, "slope": slope}}
+             for pid, (slope, firing) in series.items()}
+    (box.state / "leak-state.json").write_text(json.dumps(state))
+
+
+def two_jobs(box, steps=1):
+    box.write_scenario([{"gpus": [idle_gpu(mem=9000, util=37)],
+                         "apps": [app(1410, mem=6000, name="python3"), app(1411, mem=3000, name="torchrun")]}]
+                       * steps)
+
+
+def test_status_lists_a_leaking_and_a_healthy_process_together(box):
+    two_jobs(box)
+    leak_state(box, {1410: (180.0, True), 1411: (2.0, False)})
+    r = box.run("status", cmd="bin/gpuguard")
+    assert r.returncode == 0, r.stderr
+    rows = {line.split()[1]: line for line in r.stdout.splitlines() if line.split()[:1] == ["pid"]}
+    assert "LEAK" in rows["1410"] and "180 MiB/h" in rows["1410"]
+    assert "LEAK" not in rows["1411"] and "2 MiB/h" in rows["1411"]
+
+
+def test_status_json_for_scripts(box):
+    two_jobs(box)
+    leak_state(box, {1410: (180.0, True), 1411: (2.0, False)})
+    r = box.run("status", "--json", cmd="bin/gpuguard")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    gpu = doc["gpus"][0]
+    assert gpu["index"] == 0 and gpu["utilization"] == 37 and gpu["memory_used_mib"] == 9000
+    assert gpu["memory_total_mib"] == 143771 and gpu["power_w"] == 76.6
+    procs = {p["pid"]: p for p in gpu["processes"]}
+    assert procs[1410]["leak"] == {"slope_mib_per_hour": 180.0, "firing": True}
+    assert procs[1411]["leak"] == {"slope_mib_per_hour": 2.0, "firing": False}
+    assert procs[1411]["name"] == "torchrun" and procs[1411]["used_memory_mib"] == 3000
+
+
+def test_status_json_when_nvidia_smi_fails_is_still_json(box):
+    box.write_scenario([{"fault": "driver"}])
+    r = box.run("status", "--json", cmd="bin/gpuguard")
+    assert r.returncode == 1
+    doc = json.loads(r.stdout)
+    assert doc["gpus"] == [] and "nvidia-smi" in doc["error"]
+
+
+def test_status_bad_options_exit_2(box):
+    for args in (["--interval", "0"], ["--interval", "x"], ["--interval"], ["--bogus"], ["--json", "--watch"]):
+        r = box.run("status", *args, cmd="bin/gpuguard")
+        assert r.returncode == 2, (args, r.stdout, r.stderr)
+        assert len(r.stderr.splitlines()) == 1 and r.stderr.startswith("gpuguard: "), r.stderr
+
+
+def test_status_watch_without_a_terminal_has_no_colour(box, tmp_path):
+    two_jobs(box, steps=3)
+    log = tmp_path / "out.txt"
+    with open(log, "w") as f:
+        p = subprocess.Popen([str(ROOT / "bin/gpuguard"), "status", "--watch", "--interval", "1"],
+                             env=box.env, stdout=f, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        redrawn = wait_for(lambda: log.read_text().count("gpuguard status") >= 2, timeout=30)
+        # Ctrl-C reaches the whole foreground process group, the sleep between
+        # frames included
+        os.killpg(p.pid, signal.SIGINT)
+        _, err = p.communicate(timeout=10)
+    out = log.read_text()
+    assert redrawn, out
+    assert p.returncode == 0, err
+    assert "\x1b" not in out and "pid 1410" in out
+
+
+def test_doctor_json(box):
+    two_jobs(box)
+    r = box.run("doctor", "--json", cmd="bin/gpuguard")
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["ok"] is True and doc["host"]
+    levels = {c["level"] for c in doc["checks"]}
+    assert levels <= {"OK", "WARN", "FAIL", "INFO"}
+    assert any(c["level"] == "OK" and c["message"].startswith("nvidia-smi answers") for c in doc["checks"])
+    r = box.run("doctor", "--json", cmd="bin/gpuguard", env={"PATH": "/usr/bin:/bin"})
+    doc = json.loads(r.stdout)
+    assert r.returncode == 1 and doc["ok"] is False
+    assert any(c["level"] == "FAIL" and "not found" in c["message"] for c in doc["checks"])
+
+
+def test_version_everywhere(box):
+    want = "gpuguard %s\n" % (ROOT / "VERSION").read_text().strip()
+    for args in (["--version"], ["version"], ["status", "--version"], ["doctor", "--version"]):
+        r = box.run(*args, cmd="bin/gpuguard")
+        assert (r.returncode, r.stdout) == (0, want), args
+
+
+# ----------------------------------------------------------------- tmux --
+
+def tmux(sock, *args):
+    return subprocess.run(["tmux", "-S", str(sock)] + list(args), capture_output=True, text=True, timeout=10)
+
+
+def test_status_watch_redraws_in_a_terminal_and_ctrl_c_restores_it(box, tmp_path):
+    require(shutil.which("tmux") is not None, "tmux not installed (Debian package tmux)")
+    two_jobs(box, steps=1)
+    leak_state(box, {1410: (180.0, True), 1411: (2.0, False)})
+    (box.state / "history").mkdir(parents=True, exist_ok=True)
+    (box.state / "history" / "1410-1000.csv").write_text(
+        "timestamp,pid,used_memory_mib\n" + "".join("%d,1410,%d\n" % (t, 5000 + 40 * t) for t in range(24)))
+    sock = tmp_path / "tmux.sock"
+    env = " ".join("%s=%s" % (k, shlex.quote(v)) for k, v in box.env.items())
+    script = tmp_path / "run.sh"
+    script.write_text("clear; echo before-watch\nenv -i %s TERM=xterm-256color %s status --watch --interval 0.3\n"
+                      "echo \"exit=$?\"\nsleep 60\n" % (env, ROOT / "bin/gpuguard"))
+    try:
+        r = tmux(sock, "new-session", "-d", "-x", "120", "-y", "30", "bash --norc --noprofile %s" % script)
+        assert r.returncode == 0, r.stderr
+
+        def pane(*extra):
+            return tmux(sock, "capture-pane", "-p", *extra).stdout
+
+        assert wait_for(lambda: "holders" in pane() or "pid 1410" in pane(), timeout=20), pane()
+        screen = pane()
+        assert "GPU" in screen and "1410" in screen and "python3" in screen and "LEAK" in screen
+        assert any(ch in screen for ch in "▁▂▃▄▅▆▇█")            # sparklines
+        assert "before-watch" not in screen                        # alternate screen in use
+        assert "\x1b[" in pane("-e")                               # colour on a terminal
+        # redrawn: the clock in the title changes
+        first = [line for line in screen.splitlines() if "gpuguard status" in line]
+        assert first and wait_for(lambda: [line for line in pane().splitlines()
+                                          if "gpuguard status" in line] != first, timeout=10)
+        tmux(sock, "send-keys", "C-c")
+        assert wait_for(lambda: "exit=0" in pane(), timeout=10), pane()
+        after = pane()
+        assert "before-watch" in after and "pid 1410" not in after   # terminal restored
+        assert "\x1b[?25l" not in pane("-e")
+    finally:
+        tmux(sock, "kill-server")
+
+
+def test_status_watch_honours_no_color_in_a_terminal(box, tmp_path):
+    require(shutil.which("tmux") is not None, "tmux not installed (Debian package tmux)")
+    two_jobs(box, steps=1)
+    leak_state(box, {1410: (180.0, True)})
+    sock = tmp_path / "tmux.sock"
+    env = " ".join("%s=%s" % (k, shlex.quote(v)) for k, v in box.env.items())
+    script = tmp_path / "run.sh"
+    script.write_text("env -i %s NO_COLOR=1 TERM=xterm-256color %s status --watch --interval 0.3\nsleep 60\n"
+                      % (env, ROOT / "bin/gpuguard"))
+    try:
+        assert tmux(sock, "new-session", "-d", "-x", "120", "-y", "30", "bash --norc %s" % script).returncode == 0
+        assert wait_for(lambda: "LEAK" in tmux(sock, "capture-pane", "-p").stdout, timeout=20)
+        coloured = tmux(sock, "capture-pane", "-p", "-e").stdout
+        assert "\x1b[3" not in coloured and "\x1b[1m" not in coloured
+    finally:
+        tmux(sock, "kill-server")
+
+
+
+
+def test_status_names_the_job_without_its_option_values(box, tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("import time\ntime.sleep(60)\n")
+    job = subprocess.Popen(["python3", str(script), "--token=s3cr3t-value", "--lr", "0.1"])
+    try:
+        box.write_scenario([{"gpus": [idle_gpu(mem=9000, util=90)], "apps": [app(job.pid, mem=6000)]}])
+        r = box.run("status", cmd="bin/gpuguard")
+        assert r.returncode == 0, r.stderr
+        row = [line for line in r.stdout.splitlines() if "pid %d" % job.pid in line][0]
+        assert "python3 train.py" in row and "s3cr3t" not in r.stdout and "0.1" not in row
+        doc = json.loads(box.run("status", "--json", cmd="bin/gpuguard").stdout)
+        assert doc["gpus"][0]["processes"][0]["job"].startswith("python3 train.py (")
+    finally:
+        job.kill()
+        job.wait()
+
+
+def test_ctrl_c_while_a_frame_is_drawn_still_exits_0(box, tmp_path):
+    # the third sample hangs in nvidia-smi: Ctrl-C lands while a frame is
+    # being drawn, not in the pause between frames
+    box.write_scenario([{"gpus": [idle_gpu()], "apps": [app(1410)]}] * 2 + [{"fault": "hang", "seconds": 30}])
+    p = subprocess.Popen([str(ROOT / "bin/gpuguard"), "status", "--watch", "--interval", "0.2"], env=box.env,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert wait_for(lambda: len(box.smi_calls()) >= 5, timeout=30), box.smi_calls()
+        os.killpg(p.pid, signal.SIGINT)
+        _, err = p.communicate(timeout=15)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    assert p.returncode == 0, err
+
+
+def test_status_json_stays_valid_with_a_hand_edited_state_file(box):
+    two_jobs(box)
+    box.state.mkdir(parents=True, exist_ok=True)
+    (box.state / "idle.state").write_text("gpu %s 2 100 0 0 0 0\nhistory %s 5,-,7\n" % (H200_UUID, H200_UUID))
+    r = box.run("status", "--json", cmd="bin/gpuguard")
+    assert r.returncode == 0, r.stderr
+    gpu = json.loads(r.stdout)["gpus"][0]
+    assert gpu["recent_utilization"] == [5, 7] and gpu["idle_cycles"] == 2
