@@ -24,7 +24,7 @@ bench_run() {
   shift
   printf '[bench %s] started\n' "$label" >&2
   (
-    while sleep 15 </dev/null >/dev/null 2>&1; do
+    while sleep 15 >/dev/null 2>&1; do
       printf '[bench %s] still running: %d s\n' "$label" "$((SECONDS - start))" >&2
     done
   ) &
