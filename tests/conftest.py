@@ -35,10 +35,11 @@ def require(ok, reason):
 
 # `make test-fast` runs `pytest -m "not slow"`. Slow: a test that starts a
 # server or a daemon, sleeps over 1 s, or took 1.5 s or more under
-# `pytest --durations=0` on the 2-core CI machine. New tests mark themselves
-# with @pytest.mark.slow; this list covers the older ones, so their files need
-# no edit. An entry is "file.py" (the whole module), "file.py::test" (every
-# parameter) or "file.py::test[param]".
+# `pytest --durations=0` on the 2-core CI machine, and a few 1.2-1.4 s ones
+# (the loop must stay under a minute on cores shared with others). New tests
+# mark themselves with @pytest.mark.slow; this list covers the older ones, so
+# their files need no edit. An entry is "file.py" (the whole module),
+# "file.py::test" (every parameter) or "file.py::test[param]".
 SLOW = {
     "test_prometheus.py::test_end_to_end_idle_alert_through_the_real_stack",  # Prometheus, Alertmanager, node_exporter
     "test_double_and_demo.py::test_make_demo_shows_a_firing_and_a_resolved_alert",  # a daemon and a webhook
@@ -57,10 +58,19 @@ SLOW = {
     "test_leak.py::test_daemon_with_pid_targets_stops_when_they_have_ended",  # a daemon, sleeps 2.5 s
     "test_leak.py::test_history_is_bounded",
     "test_watchdog.py::test_daemon_makes_two_smi_calls_per_cycle_and_stops_cleanly",  # a daemon
+    "test_watchdog.py::test_reminder_every_repeat_interval_and_not_more",  # many cycles, 1.2-1.6 s each
+    "test_watchdog.py::test_reminders_off_with_zero_interval",
+    "test_watchdog.py::test_threshold_is_strict_and_configurable",
+    # the fast loop keeps the garbage and driver cases of this one
+    "test_watchdog.py::test_failing_nvidia_smi_never_alerts_idle_and_keeps_counters[no_devices]",
+    "test_watchdog.py::test_failing_nvidia_smi_never_alerts_idle_and_keeps_counters[mismatch]",
+    "test_watchdog.py::test_failing_nvidia_smi_never_alerts_idle_and_keeps_counters[unknown]",
+    "test_watchdog.py::test_failing_nvidia_smi_never_alerts_idle_and_keeps_counters[gpu_lost]",
     "test_lowprio.py::test_real_cpu_cap_bites",  # sleeps 2 s
     "test_lowprio.py::test_every_thread_and_child_inherits_nice_and_io_class",  # threads sleep 2 s
     "test_alerts.py::test_receiver_down_for_several_cycles_then_delivered_once_in_order",
     "test_alerts.py::test_timeout_is_retried",  # the receiver answers after a delay
+    "test_alerts.py::test_5xx_is_retried_with_backoff",
 }
 
 
