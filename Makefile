@@ -10,9 +10,10 @@ ARGS ?=
 VENV := $(CURDIR)/.venv
 # The venv first on PATH: the tests find its bats, shellcheck and shfmt.
 WITH_VENV := PATH="$(VENV)/bin:$$PATH"
-SHELL_FILES = $(shell grep -l '^\#!/usr/bin/env bash' bin/*) lib/*.sh install.sh .ci/run .ci/venv \
+SHELL_FILES = $(shell grep -l '^\#!/usr/bin/env bash' bin/* bench/fakebin/*) lib/*.sh install.sh .ci/run .ci/venv \
 	$(wildcard tests/*.sh tests/bats/*.bats tests/bats/*/*.bash bench/*.sh bench/h200/*.sh)
-PYTHON_DIRS = python tests bench
+# and the nvidia-smi test double, a Python script without .py
+PYTHON_FILES = python tests bench tests/fakebin/nvidia-smi
 
 # pytest's exit 5 means it collected no test: say so rather than pass quietly.
 define pytest
@@ -33,7 +34,7 @@ lint: venv
 	@rc=0; \
 	echo "== shellcheck -x"; $(WITH_VENV) shellcheck -x $(SHELL_FILES) || rc=1; \
 	echo "== shfmt -i 2 -ci -d"; $(WITH_VENV) shfmt -i 2 -ci -d $(SHELL_FILES) || rc=1; \
-	echo "== ruff check $(PYTHON_DIRS)"; $(WITH_VENV) ruff check -q $(PYTHON_DIRS) || rc=1; \
+	echo "== ruff check $(PYTHON_FILES)"; $(WITH_VENV) ruff check -q $(PYTHON_FILES) || rc=1; \
 	exit $$rc
 
 venv:
