@@ -9,9 +9,9 @@
 
 # Sets the BENCH_* knobs of the default set, leaving those the user set.
 bench_quick_defaults() {
-  : "${BENCH_IDLE_CYCLES:=100}" "${BENCH_RSS_CYCLES:=2000}"
+  : "${BENCH_IDLE_CYCLES:=30}" "${BENCH_RSS_CYCLES:=500}"
   : "${BENCH_LEAK_SEEDS:=4}"
-  : "${BENCH_LOWPRIO_SECONDS:=2}" "${BENCH_LOWPRIO_REPEAT:=3}"
+  : "${BENCH_LOWPRIO_SECONDS:=1.5}" "${BENCH_LOWPRIO_REPEAT:=3}"
   export BENCH_IDLE_CYCLES BENCH_RSS_CYCLES BENCH_LEAK_SEEDS BENCH_LOWPRIO_SECONDS BENCH_LOWPRIO_REPEAT
 }
 
