@@ -172,14 +172,13 @@ def source_violations(files):
     config files are parsed as data by config_parse_file, never sourced."""
     hits = []
     for rel, text in files:
+        # `for f in lib/*.sh; do source "$f"` sources libraries too
+        lib_vars = {"$" + v for v in re.findall(r"\bfor\s+(\w+)\s+in\s[^;\n]*\.sh\b", text)}
+        lib_vars |= {"${" + v[1:] + "}" for v in lib_vars}
         for n, code in shell_code(text):
             for m in re.finditer(r"(?:^|[;&|({]|\bthen|\bdo|\belse)\s*(?:source|\.)\s+(\S+)", code):
                 target = m.group(1).strip("\"';)")
-                # `for f in lib/*.sh; do source "$f"` sources libraries too
-                loop = re.search(r"\bfor\s+(\w+)\s+in\s[^;]*\.sh\b", code)
-                if loop and target in ("$" + loop.group(1), "${" + loop.group(1) + "}"):
-                    continue
-                if not re.search(r"\.(sh|bash)$|^/dev/null$", target):
+                if target not in lib_vars and not re.search(r"\.(sh|bash)$|^/dev/null$", target):
                     hits.append(f"{rel}:{n}: {target}")
     return hits
 
