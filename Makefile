@@ -58,4 +58,4 @@ uninstall:
 	./install.sh --prefix "$(PREFIX)" --uninstall
 
 clean:
-	rm -rf .venv .pytest_cache bench/out
+	rm -rf .venv .pytest_cache .ruff_cache bench/out
