@@ -7,11 +7,14 @@
 # (`make bench-full`) gives the long figures of bench/RESULTS.md. Any BENCH_*
 # variable set in the environment wins over both.
 
-# Sets the BENCH_* knobs of the default set, leaving those the user set.
+# Sets the BENCH_* knobs of the default set, leaving those the user set:
+# enough cycles to show the shape (calls and CPU per cycle, flat RSS), one
+# lowprio run per case; bench-full's medians and 10,000 cycles are the
+# figures of bench/RESULTS.md.
 bench_quick_defaults() {
-  : "${BENCH_IDLE_CYCLES:=30}" "${BENCH_RSS_CYCLES:=500}"
+  : "${BENCH_IDLE_CYCLES:=20}" "${BENCH_RSS_CYCLES:=300}"
   : "${BENCH_LEAK_SEEDS:=4}"
-  : "${BENCH_LOWPRIO_SECONDS:=1.5}" "${BENCH_LOWPRIO_REPEAT:=3}"
+  : "${BENCH_LOWPRIO_SECONDS:=2}" "${BENCH_LOWPRIO_REPEAT:=1}"
   export BENCH_IDLE_CYCLES BENCH_RSS_CYCLES BENCH_LEAK_SEEDS BENCH_LOWPRIO_SECONDS BENCH_LOWPRIO_REPEAT
 }
 
