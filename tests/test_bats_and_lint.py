@@ -25,6 +25,14 @@ def test_bats_file(path):
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+@pytest.mark.parametrize("path", BATS_FILES, ids=lambda p: p.name)
+def test_bats_files_use_the_asserts_in_the_repo(path):
+    # the bats-assert/bats-support packages are not installed by make test
+    # or .ci/run: a bare machine has only what .venv brings
+    assert "bats_load_library" not in path.read_text(), \
+        f"{path.name}: use `load test_helper/assert` (tests/bats/test_helper/assert.bash)"
+
+
 def test_shellcheck_clean():
     sc = shutil.which("shellcheck")
     assert sc, "shellcheck is not on PATH: run the suite with `make test` (it installs .venv)"
