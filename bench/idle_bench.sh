@@ -6,9 +6,11 @@
 # come and go (bench/idle.py measures the CPU through rusage).
 
 GPUGUARD_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-for lib in common config smi events textfile idle; do
+# Every library, as sourcing one only defines functions: idle_cycle's helpers
+# (job identity, per-GPU history...) need no list kept here.
+for lib in "$GPUGUARD_ROOT"/lib/*.sh; do
   # shellcheck source=/dev/null
-  source "$GPUGUARD_ROOT/lib/$lib.sh"
+  source "$lib"
 done
 
 main() {

@@ -4,7 +4,7 @@ import subprocess
 
 import pytest
 
-from conftest import ROOT, app, idle_gpu
+from conftest import ROOT, app, idle_gpu, require
 
 BINS = sorted(p.name for p in (ROOT / "bin").iterdir())
 
@@ -113,13 +113,12 @@ def test_unwritable_state_dir_is_exit_2(box, tmp_path):
 
 
 def test_default_state_dir_for_non_root_user(box, tmp_path):
-    if os.geteuid() != 0:
-        pytest.skip("needs root to drop to another user")
+    require(os.geteuid() == 0, "needs root to drop to another user")
     import pwd
     try:
         nobody = pwd.getpwnam("nobody")
     except KeyError:
-        pytest.skip("no user nobody")
+        require(False, "needs a second user: nobody")
     import shutil
     import tempfile
     base = tempfile.mkdtemp(prefix="gpuguard-user-")   # pytest's tmp is root-only

@@ -31,7 +31,7 @@ def real_cgroup_mode():
 
 
 REAL = real_cgroup_mode()
-real_cgroup = pytest.mark.skipif(REAL is None, reason="needs root and a writable real cgroup hierarchy")
+real_cgroup = pytest.mark.require(REAL is not None, "needs root and a writable real cgroup hierarchy (v2 root or v1 cpu)")
 REAL_ENV = {"LOWPRIO_MECHANISM": "cgroup-%s" % REAL}
 LEAF_PARENT = "/sys/fs/cgroup" if REAL == "v2" else V1
 

@@ -17,9 +17,9 @@ from conftest import free_port, ROOT, app, busy_gpu, idle_gpu, wait_for
 
 PROMTOOL = shutil.which("promtool")
 STACK = [shutil.which(b) for b in ("prometheus", "prometheus-node-exporter", "prometheus-alertmanager")]
-need_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool (Debian package prometheus) not installed")
-need_stack = pytest.mark.skipif(None in STACK, reason="Debian packages prometheus, prometheus-node-exporter, "
-                                                      "prometheus-alertmanager not installed")
+need_promtool = pytest.mark.require(PROMTOOL is not None, "promtool (Debian package prometheus) not installed")
+need_stack = pytest.mark.require(None not in STACK, "Debian packages prometheus, prometheus-node-exporter, "
+                                                    "prometheus-alertmanager not installed")
 
 
 @need_promtool
