@@ -37,6 +37,8 @@ config_define() {
     [LEAK_THRESHOLD_MIB_H]=50
     [LEAK_HISTORY_MAX_ROWS]=20000
     [LEAK_RULES]=''
+    # leakcmd
+    [LEAK_MATCH_NOTICE_S]=300
   )
   declare -gA GG_CONFIG_KIND=(
     [THRESHOLD]='int:0:100'
@@ -68,6 +70,8 @@ config_define() {
     [LEAK_THRESHOLD_MIB_H]='num'
     [LEAK_HISTORY_MAX_ROWS]='int:100:'
     [LEAK_RULES]='str'
+    # leakcmd
+    [LEAK_MATCH_NOTICE_S]='int:1:'
   )
 }
 
