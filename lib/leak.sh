@@ -251,6 +251,21 @@ leak_unlock_job() {
   rm -f -- "$LEAK_LOCK_FILE" "$LEAK_LOCK_FILE.pid"
 }
 
+# Removes the lock files of wrapped jobs whose wrapper was killed before it
+# could (no process holds the lock any more), so they do not pile up.
+leak_sweep_job_locks() {
+  local lockfile fd
+  for lockfile in "$GPUGUARD_STATE_DIR"/leak-job-*.lock; do
+    [[ -f $lockfile && ! -L $lockfile && $lockfile != "$LEAK_LOCK_FILE" ]] || continue
+    exec {fd}<"$lockfile" || continue
+    if flock -n "$fd"; then
+      rm -f -- "$lockfile" "$lockfile.pid"
+    fi
+    exec {fd}<&-
+  done
+  return 0
+}
+
 # Records which of SIGINT (2) and SIGQUIT (3) the caller left ignored, from
 # this shell's SigIgn mask; call before any trap. Bash starts background
 # commands with both ignored; the job gets them back unless the caller had
@@ -351,6 +366,26 @@ leak_job_forward() {
   kill -s "$1" -- "-$LEAK_JOB_PID" 2>/dev/null || kill -s "$1" "$LEAK_JOB_PID" 2>/dev/null || true
 }
 
+# Trap handler for SIGTSTP (Ctrl-Z at the terminal): stops the job's group,
+# then the wrapper, as a shell's job would stop. SIGSTOP, because the kernel
+# drops SIGTSTP sent to a group in another session (orphaned) that keeps
+# the default action.
+leak_job_suspend() {
+  LEAK_JOB_SIGNALLED=1
+  if [[ -n $LEAK_JOB_PID ]]; then
+    kill -STOP -- "-$LEAK_JOB_PID" 2>/dev/null || kill -STOP "$LEAK_JOB_PID" 2>/dev/null || true
+  fi
+  kill -STOP $$
+}
+
+# Trap handler for SIGCONT (fg or bg in the calling shell): resumes the job.
+leak_job_resume() {
+  LEAK_JOB_SIGNALLED=1
+  if [[ -n $LEAK_JOB_PID ]]; then
+    kill -CONT -- "-$LEAK_JOB_PID" 2>/dev/null || kill -CONT "$LEAK_JOB_PID" 2>/dev/null || true
+  fi
+}
+
 # True while the job has not ended (or ended and was not reaped yet).
 leak_job_running() {
   kill -0 "$LEAK_JOB_PID" 2>/dev/null
@@ -368,6 +403,8 @@ leak_job_watch() {
   trap 'leak_job_watch_ended $?' EXIT
   if ! gg_state_dir_init; then
     why="the state folder $GPUGUARD_STATE_DIR is not writable"
+  elif ! leak_sweep_job_locks; then
+    why="cannot tidy $GPUGUARD_STATE_DIR"
   elif ! command -v python3 >/dev/null; then
     why="python3 is not installed"
   elif ! command -v "$NVIDIA_SMI" >/dev/null; then
@@ -426,6 +463,8 @@ leak_job_main() {
     # shellcheck disable=SC2064 # the signal name is fixed now, on purpose
     trap "leak_job_forward $sig" "$sig"
   done
+  trap leak_job_suspend TSTP
+  trap leak_job_resume CONT
   # the configuration is read first: once the job runs, the wrapper only
   # waits (a job killed by a signal while the shell runs something else
   # gets bash's "Killed" notice printed)
@@ -462,7 +501,7 @@ leak_job_main() {
     wait "$watcher" 2>/dev/null || true
     leak_unlock_job
   fi
-  trap - INT TERM HUP QUIT
+  trap - INT TERM HUP QUIT TSTP CONT
   if [[ $LEAK_LAST_SIGNAL == INT ]] && ((rc == 130)); then
     kill -INT $$
   fi

@@ -127,6 +127,10 @@ def test_command_not_executable_is_126(box):
 
 
 def test_a_job_of_one_second_keeps_its_status_and_leaves_no_lock_behind(box):
+    # a wrapper killed by SIGKILL left these; nothing holds them any more
+    box.state.mkdir()
+    (box.state / "leak-job-999999.lock").write_text("")
+    (box.state / "leak-job-999999.lock.pid").write_text("999999\n")
     r = watch(box, "--", "bash", "-c", "sleep 1; exit 5", env=env_for(box, LEAK_INTERVAL="60"))
     assert r.returncode == 5, r.stderr
     assert sorted(p.name for p in box.state.glob("*lock*")) == []
@@ -181,40 +185,90 @@ def test_a_job_with_default_signal_actions_can_be_interrupted(box, tmp_path, sig
     assert rc == (-signal.SIGINT if sig == signal.SIGINT else 128 + sig), err_of(proc)
 
 
+class Terminal:
+    """gpu-leak-watch run as a shell runs a foreground command: session
+    leader of a pseudo-terminal, its process group in the foreground."""
+
+    def __init__(self, box, tmp_path, *args):
+        self.master, slave = os.openpty()
+        self.err_path = tmp_path / "watch.err"
+
+        def session():
+            default_signals()
+            os.setsid()
+            fcntl.ioctl(slave, termios.TIOCSCTTY, 0)
+
+        with open(self.err_path, "w") as err:
+            self.proc = subprocess.Popen([WATCH, *args], env=env_for(box), stdin=slave, stdout=slave,
+                                         stderr=err, preexec_fn=session,  # noqa: PLW1509 (no threads)
+                                         pass_fds=(slave,))
+        os.close(slave)
+        assert wait_for(lambda: "started job PID" in self.err(), timeout=30), self.err()
+        self.job_pid = int(self.err().split("started job PID ")[1].split(":")[0])
+
+    def err(self):
+        return self.err_path.read_text()
+
+    def type(self, data):
+        os.write(self.master, data)
+
+    def read_until(self, text):
+        out = b""
+        while text not in out:
+            out += os.read(self.master, 1024)    # blocks until the job writes (pytest's timeout guards)
+        return out
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+        try:
+            os.killpg(self.job_pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+        os.close(self.master)
+
+
+def state_of(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(") ", 1)[1][0]
+    except FileNotFoundError:
+        return "gone"
+
+
 def test_ctrl_c_at_a_terminal_reaches_the_job_once_and_the_job_can_read_the_terminal(box, tmp_path):
-    """The wrapper runs as a shell runs a foreground command: session leader
-    of a pseudo-terminal, in the foreground. The job reads a line typed at
-    the terminal (not stopped as a background group), then Ctrl-C is typed:
-    the job gets exactly one SIGINT."""
-    master, slave = os.openpty()
+    """The job reads a line typed at the terminal (it is not stopped as a
+    background group would be), then Ctrl-C is typed: the job gets exactly
+    one SIGINT, and the wrapper ends by SIGINT as the job did."""
     record = tmp_path / "signals"
     job = "import sys; print('read:', sys.stdin.readline().strip(), flush=True); exec(sys.argv[2])"
-
-    def terminal_session():
-        default_signals()
-        os.setsid()
-        fcntl.ioctl(slave, termios.TIOCSCTTY, 0)
-
-    with open(tmp_path / "watch.err", "w") as err:
-        proc = subprocess.Popen([WATCH, "--", sys.executable, "-c", job, str(record), RECORDER],
-                                env=env_for(box), stdin=slave, stdout=slave, stderr=err,
-                                preexec_fn=terminal_session, pass_fds=(slave,))  # noqa: PLW1509 (no threads)
-    os.close(slave)
-    output = b""
+    term = Terminal(box, tmp_path, "--", sys.executable, "-c", job, str(record), RECORDER)
     try:
-        assert wait_for(lambda: "started job PID" in (tmp_path / "watch.err").read_text(), timeout=30)
-        os.write(master, b"typed line\n")
-        while b"read: typed line" not in output:
-            output += os.read(master, 1024)      # blocks until the job answers (pytest timeout guards)
+        term.type(b"typed line\n")
+        term.read_until(b"read: typed line")
         assert wait_for(lambda: (tmp_path / "signals.ready").exists(), timeout=30)
-        os.write(master, b"\x03")                 # Ctrl-C
-        rc = finish(proc)
+        term.type(b"\x03")                                       # Ctrl-C
+        rc = finish(term.proc)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        os.close(master)
+        term.close()
     assert record.read_text().splitlines() == ["SIGINT"]
-    assert rc == -signal.SIGINT, (tmp_path / "watch.err").read_text()
+    assert rc == -signal.SIGINT, term.err()
+
+
+def test_ctrl_z_at_a_terminal_stops_the_job_and_fg_resumes_it(box, tmp_path):
+    term = Terminal(box, tmp_path, "--", "bash", "-c", "read -r line; echo got $line; exit 9")
+    try:
+        term.type(b"\x1a")                                       # Ctrl-Z
+        assert wait_for(lambda: state_of(term.job_pid) == "T" and state_of(term.proc.pid) == "T",
+                        timeout=30), (state_of(term.job_pid), state_of(term.proc.pid), term.err())
+        os.killpg(term.proc.pid, signal.SIGCONT)                  # what `fg` does
+        assert wait_for(lambda: state_of(term.job_pid) not in ("T", "gone"), timeout=30)
+        term.type(b"go\n")
+        term.read_until(b"got go")
+        assert finish(term.proc) == 9, term.err()
+    finally:
+        term.close()
 
 
 # ------------------------------------------------------ several per box --
