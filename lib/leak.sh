@@ -12,7 +12,7 @@ leak_init() {
   declare -gA LEAK_CPU_PREV=() LEAK_STATUS=() LEAK_CMDLINES=() LEAK_OPT_ENV=()
   declare -g LEAK_MATCH='' LEAK_ALL=0 LEAK_FAILS=0 LEAK_ACTION=notify LEAK_GRACE=30
   declare -g LEAK_INSTANCE='' LEAK_JOB_PID='' LEAK_JOB_SIGNALLED=0 LEAK_LAST_SIGNAL=''
-  declare -g LEAK_PENDING_SIGNAL='' LEAK_LOCK_FILE='' LEAK_WATCH_DONE=0
+  declare -g LEAK_PENDING_SIGNAL='' LEAK_LOCK_FILE='' LEAK_WATCH_DONE=0 LEAK_JOB_OWN_GROUP=1
   declare -g LEAK_MATCH_WAIT_SINCE=0 LEAK_MATCH_NOTICE_AT=0
   # what the caller ignored (SigIgn mask): the job gets the same
   declare -g LEAK_IGNORED_AT_START=0
@@ -332,6 +332,7 @@ leak_job_start() {
   local -a session=(setsid --)
   if ! command -v setsid >/dev/null; then
     session=()
+    LEAK_JOB_OWN_GROUP=0
     gg_log warn "setsid not found: the job shares the wrapper's process group"
   fi
   (
@@ -348,22 +349,54 @@ leak_job_start() {
   ) <&0 &
   LEAK_JOB_PID=$!
   LEAK_PIDS+=("$LEAK_JOB_PID")
-  if [[ -n $LEAK_PENDING_SIGNAL ]]; then
-    leak_job_forward "$LEAK_PENDING_SIGNAL"
-  fi
+  leak_job_deliver_pending
 }
 
-# Trap handler: passes signal $1 on to the job's process group (to the job
-# alone while it has not made its group yet).
+# Trap handler: passes signal $1 on to the job's process group. Until the
+# job has made its group (between fork and setsid, bash still ignores INT
+# and QUIT there) the signal waits in LEAK_PENDING_SIGNAL.
 leak_job_forward() {
   LEAK_JOB_SIGNALLED=1
   LEAK_LAST_SIGNAL=$1
-  if [[ -z $LEAK_JOB_PID ]]; then
+  if [[ -z $LEAK_JOB_PID ]] || ! leak_job_grouped; then
     LEAK_PENDING_SIGNAL=$1
     return 0
   fi
+  leak_job_send "$1"
+}
+
+# Sends signal $1 to the job's process group (to the job alone without one).
+leak_job_send() {
   gg_log info "passing SIG$1 on to job PID $LEAK_JOB_PID"
   kill -s "$1" -- "-$LEAK_JOB_PID" 2>/dev/null || kill -s "$1" "$LEAK_JOB_PID" 2>/dev/null || true
+}
+
+# True when the job can take a signal as the command would: it leads its
+# own process group (setsid is done), or it never gets one (no setsid).
+leak_job_grouped() {
+  ((LEAK_JOB_OWN_GROUP)) || return 0
+  local line
+  local -a fields
+  { read -r line <"/proc/$LEAK_JOB_PID/stat"; } 2>/dev/null || return 1
+  # after the last ") ": state ppid pgrp ...
+  read -r -a fields <<<"${line##*) }"
+  [[ ${fields[2]} == "$LEAK_JOB_PID" ]]
+}
+
+# Sends a signal that came before the job had its own group, once it has
+# (milliseconds after the start; at most about 5 s, then to the job as is).
+leak_job_deliver_pending() {
+  local sig tries=0
+  [[ -n $LEAK_PENDING_SIGNAL && -n $LEAK_JOB_PID ]] || return 0
+  while leak_job_running && ! leak_job_grouped && ((tries < 100)); do
+    sleep 0.05
+    tries=$((tries + 1))
+  done
+  sig=$LEAK_PENDING_SIGNAL
+  LEAK_PENDING_SIGNAL=''
+  if leak_job_running; then
+    leak_job_send "$sig"
+  fi
 }
 
 # Trap handler for SIGTSTP (Ctrl-Z at the terminal): stops the job's group,
@@ -485,6 +518,7 @@ leak_job_main() {
     LEAK_JOB_SIGNALLED=0
     rc=0
     wait "$LEAK_JOB_PID" 2>/dev/null || rc=$?
+    leak_job_deliver_pending
     # no signal came: wait returned because the job ended
     ((LEAK_JOB_SIGNALLED)) || break
     leak_job_running && continue
