@@ -252,16 +252,16 @@ leak_unlock_job() {
 }
 
 # Removes the lock files of wrapped jobs whose wrapper was killed before it
-# could (no process holds the lock any more), so they do not pile up.
+# could, so they do not pile up. A job lock is named after its wrapper's
+# PID: no such process, no owner. (Taking the lock to test it would make a
+# starting wrapper's own gg_lock fail.)
 leak_sweep_job_locks() {
-  local lockfile fd
+  local lockfile pid
   for lockfile in "$GPUGUARD_STATE_DIR"/leak-job-*.lock; do
-    [[ -f $lockfile && ! -L $lockfile && $lockfile != "$LEAK_LOCK_FILE" ]] || continue
-    exec {fd}<"$lockfile" || continue
-    if flock -n "$fd"; then
-      rm -f -- "$lockfile" "$lockfile.pid"
-    fi
-    exec {fd}<&-
+    pid=${lockfile##*/leak-job-}
+    pid=${pid%.lock}
+    [[ $pid =~ ^[0-9]+$ && ! -d /proc/$pid ]] || continue
+    rm -f -- "$lockfile" "$lockfile.pid"
   done
   return 0
 }

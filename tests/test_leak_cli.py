@@ -127,10 +127,12 @@ def test_command_not_executable_is_126(box):
 
 
 def test_a_job_of_one_second_keeps_its_status_and_leaves_no_lock_behind(box):
-    # a wrapper killed by SIGKILL left these; nothing holds them any more
+    # a wrapper killed by SIGKILL left these: its PID runs no more
+    dead = subprocess.Popen(["true"])
+    dead.wait()
     box.state.mkdir()
-    (box.state / "leak-job-999999.lock").write_text("")
-    (box.state / "leak-job-999999.lock.pid").write_text("999999\n")
+    (box.state / f"leak-job-{dead.pid}.lock").write_text("")
+    (box.state / f"leak-job-{dead.pid}.lock.pid").write_text(f"{dead.pid}\n")
     r = watch(box, "--", "bash", "-c", "sleep 1; exit 5", env=env_for(box, LEAK_INTERVAL="60"))
     assert r.returncode == 5, r.stderr
     assert sorted(p.name for p in box.state.glob("*lock*")) == []
@@ -273,6 +275,18 @@ def test_ctrl_z_at_a_terminal_stops_the_job_and_fg_resumes_it(box, tmp_path):
 
 # ------------------------------------------------------ several per box --
 
+def job_pid_of(proc):
+    return int(err_of(proc).split("started job PID ")[1].split(":")[0])
+
+
+def history_rows(box, pid):
+    """The data rows of a process's GPU memory history (timestamp,pid,MiB)."""
+    rows = []
+    for path in (box.state / "history").glob(f"{pid}-*.csv"):
+        rows += path.read_text().splitlines()[1:]
+    return rows
+
+
 def test_two_wrapped_jobs_run_at_once_on_one_state_folder(box, tmp_path):
     box.write_scenario([{"gpus": [{"utilization.gpu": 0, "memory.used": 0, "power.draw": 70.0}], "apps": []}])
     cmd_a, started_a, release = gate_job(tmp_path, "a", 10)
@@ -281,13 +295,20 @@ def test_two_wrapped_jobs_run_at_once_on_one_state_folder(box, tmp_path):
     b = start(box, tmp_path, "--", *cmd_b, name="b")
     try:
         assert wait_for(lambda: started_a.exists() and started_b.exists(), timeout=30), err_of(a) + err_of(b)
+        # each job's tree now holds GPU memory: each watcher records its own job
+        pids = [job_pid_of(a), job_pid_of(b)]
+        box.write_scenario([{"gpus": [{"utilization.gpu": 50, "memory.used": 9000, "power.draw": 300.0}],
+                             "apps": [{"pid": pid, "process_name": "bash", "used_memory": 3000 + 2000 * i}
+                                      for i, pid in enumerate(pids)]}])
+        assert wait_for(lambda: all(history_rows(box, pid) for pid in pids), timeout=30), err_of(a) + err_of(b)
         release.touch()
         assert (finish(a), finish(b)) == (10, 11), err_of(a) + err_of(b)
     finally:
         for p in (a, b):
             if p.poll() is None:
                 p.kill()
-    assert "watching job PID" in err_of(a) and "watching job PID" in err_of(b)
+    assert [history_rows(box, pid)[0].split(",")[1:] for pid in pids] == [[str(pids[0]), "3000"],
+                                                                           [str(pids[1]), "5000"]]
 
 
 def test_a_wrapped_job_runs_beside_an_all_daemon_and_a_second_daemon_is_refused(box, tmp_path):
