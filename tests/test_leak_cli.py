@@ -331,17 +331,34 @@ def test_a_wrapped_job_runs_beside_an_all_daemon_and_a_second_daemon_is_refused(
 
 # ------------------------------------------- a guard never stops a job --
 
+def path_without_python(tmp_path):
+    """A PATH with every command of /usr/bin and /usr/local/bin but python."""
+    folder = tmp_path / "bin-without-python"
+    folder.mkdir()
+    for src in ("/usr/local/bin", "/usr/bin"):
+        for name in os.listdir(src):
+            if not name.startswith("python") and not (folder / name).exists():
+                (folder / name).symlink_to(os.path.join(src, name))
+    return str(folder)
+
+
 @pytest.mark.parametrize("setup,warning", [
     ("state", "is not writable"),
     ("config", "the configuration could not be loaded"),
+    ("python", "python3 is not installed"),
+    ("smi", "/nonexistent/nvidia-smi is not installed"),
 ])
 def test_the_job_runs_with_a_warning_when_the_watcher_cannot(box, tmp_path, setup, warning):
     env = env_for(box)
     if setup == "state":
         (tmp_path / "a-file").write_text("")
         env["GPUGUARD_STATE_DIR"] = str(tmp_path / "a-file" / "state")    # cannot be created, even by root
-    else:
+    elif setup == "config":
         env["GPUGUARD_CONFIG"] = str(tmp_path / "missing.conf")
+    elif setup == "python":
+        env["PATH"] = path_without_python(tmp_path)
+    else:
+        env["NVIDIA_SMI"] = "/nonexistent/nvidia-smi"
     r = watch(box, "--", "bash", "-c", "echo ran; exit 6", env=env)
     assert r.returncode == 6, r.stderr
     assert r.stdout == "ran\n"
