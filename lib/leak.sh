@@ -13,6 +13,7 @@ leak_init() {
   declare -g LEAK_MATCH='' LEAK_ALL=0 LEAK_FAILS=0 LEAK_ACTION=notify LEAK_GRACE=30
   declare -g LEAK_INSTANCE='' LEAK_JOB_PID='' LEAK_JOB_SIGNALLED=0 LEAK_LAST_SIGNAL=''
   declare -g LEAK_PENDING_SIGNAL='' LEAK_LOCK_FILE='' LEAK_WATCH_DONE=0 LEAK_JOB_OWN_GROUP=1
+  declare -g LEAK_UNWATCHED=''
   declare -g LEAK_MATCH_WAIT_SINCE=0 LEAK_MATCH_NOTICE_AT=0
   # what the caller ignored (SigIgn mask): the job gets the same
   declare -g LEAK_IGNORED_AT_START=0
@@ -424,31 +425,35 @@ leak_job_running() {
   kill -0 "$LEAK_JOB_PID" 2>/dev/null
 }
 
+# Says in LEAK_UNWATCHED why the watcher cannot work beside a job (empty
+# when it can): state folder, python3, nvidia-smi, rules file. Run before
+# the job starts, so the warning comes first and always.
+leak_job_watch_check() {
+  LEAK_UNWATCHED=''
+  if ! gg_state_dir_init; then
+    LEAK_UNWATCHED="the state folder $GPUGUARD_STATE_DIR is not writable"
+  elif ! command -v python3 >/dev/null; then
+    LEAK_UNWATCHED="python3 is not installed"
+  elif ! command -v "$NVIDIA_SMI" >/dev/null; then
+    LEAK_UNWATCHED="$NVIDIA_SMI is not installed"
+  elif [[ -n $LEAK_RULES && ! -r $LEAK_RULES ]]; then
+    LEAK_UNWATCHED="cannot read rules file $LEAK_RULES"
+  else
+    leak_sweep_job_locks
+  fi
+}
+
 # The watcher beside a wrapped job, run as a background subshell so that
 # nothing in it (a failing cycle included) can cost the job or its exit
-# status: state folder, python3, nvidia-smi, lock, then a cycle every
-# LEAK_INTERVAL until the wrapper sends SIGTERM after the job ended.
-# Whatever is missing is a warning and the job runs unwatched.
+# status: a cycle every LEAK_INTERVAL until the wrapper sends SIGTERM after
+# the job ended.
 leak_job_watch() {
-  local why='' stop=0 sleeper=''
-  trap '' INT QUIT HUP
+  local stop=0 sleeper=''
   trap 'stop=1' TERM
+  trap '' INT QUIT HUP
   trap 'leak_job_watch_ended $?' EXIT
-  if ! gg_state_dir_init; then
-    why="the state folder $GPUGUARD_STATE_DIR is not writable"
-  elif ! leak_sweep_job_locks; then
-    why="cannot tidy $GPUGUARD_STATE_DIR"
-  elif ! command -v python3 >/dev/null; then
-    why="python3 is not installed"
-  elif ! command -v "$NVIDIA_SMI" >/dev/null; then
-    why="$NVIDIA_SMI is not installed"
-  elif [[ -n $LEAK_RULES && ! -r $LEAK_RULES ]]; then
-    why="cannot read rules file $LEAK_RULES"
-  elif ! leak_lock; then
-    why="another watcher holds its lock"
-  fi
-  if [[ -n $why ]]; then
-    gg_log warn "not watching job PID $LEAK_JOB_PID for leaks: $why (the job runs normally)"
+  if ! leak_lock; then
+    gg_log warn "not watching job PID $LEAK_JOB_PID for leaks: another watcher holds its lock (the job runs normally)"
     LEAK_WATCH_DONE=1
     return 0
   fi
@@ -489,7 +494,7 @@ leak_job_watch_ended() {
 # Arguments:
 #   the command and its arguments
 leak_job_main() {
-  local rc=0 again sig watcher='' config_ok=1
+  local rc=0 again sig watcher=''
   leak_job_check "$1" || return
   leak_read_ignored_signals
   for sig in INT TERM HUP QUIT; do
@@ -503,16 +508,20 @@ leak_job_main() {
   # gets bash's "Killed" notice printed)
   leak_env_snapshot
   leak_export_options
-  config_load || config_ok=0
+  if config_load; then
+    leak_job_watch_check
+  else
+    LEAK_UNWATCHED="the configuration could not be loaded"
+  fi
   leak_job_start "$@"
   gg_log info "started job PID $LEAK_JOB_PID: $1"
-  if ((config_ok)); then
+  if [[ -z $LEAK_UNWATCHED ]]; then
     leak_instance_name 1 ''
     LEAK_LOCK_FILE=$GPUGUARD_STATE_DIR/leak-$LEAK_INSTANCE.lock
     leak_job_watch &
     watcher=$!
   else
-    gg_log warn "not watching job PID $LEAK_JOB_PID for leaks: the configuration could not be loaded (the job runs normally)"
+    gg_log warn "not watching job PID $LEAK_JOB_PID for leaks: $LEAK_UNWATCHED (the job runs normally)"
   fi
   while :; do
     LEAK_JOB_SIGNALLED=0
