@@ -7,10 +7,12 @@ would hide a job that cannot be interrupted)."""
 import fcntl
 import os
 import resource
+import select
 import signal
 import subprocess
 import sys
 import termios
+import time
 
 import pytest
 from conftest import ROOT, wait_for
@@ -214,10 +216,12 @@ class Terminal:
     def type(self, data):
         os.write(self.master, data)
 
-    def read_until(self, text):
-        out = b""
+    def read_until(self, text, timeout=30):
+        out, end = b"", time.time() + timeout
         while text not in out:
-            out += os.read(self.master, 1024)    # blocks until the job writes (pytest's timeout guards)
+            ready, _, _ = select.select([self.master], [], [], max(0, end - time.time()))
+            assert ready, f"no {text!r} on the terminal after {timeout}s: {out!r} {self.err()}"
+            out += os.read(self.master, 1024)
         return out
 
     def close(self):
