@@ -174,6 +174,27 @@ def test_signals_to_the_wrapper_reach_the_job_once_and_its_end_is_the_status(box
     assert rc == (-signal.SIGINT if sig == signal.SIGINT else 128 + sig), err_of(proc)
 
 
+@pytest.mark.parametrize("ignored", [(), (signal.SIGINT, signal.SIGQUIT), (signal.SIGHUP,)],
+                         ids=["defaults", "from-a-script-background", "nohup"])
+def test_the_job_starts_with_the_signal_dispositions_it_would_have_run_directly(box, ignored):
+    """A wrapped job ignores exactly what the same command run directly
+    would: nothing from a terminal, INT and QUIT when the caller is a
+    script's background job, HUP under nohup."""
+    def caller():
+        default_signals()
+        for s in ignored:
+            signal.signal(s, signal.SIG_IGN)
+
+    def sig_ign(argv):
+        r = subprocess.run(argv, env=env_for(box), text=True, capture_output=True, check=False,
+                           preexec_fn=caller)
+        assert r.returncode == 0, r.stderr
+        return [line for line in r.stdout.splitlines() if line.startswith("SigIgn:")]
+
+    cmd = ["grep", "SigIgn", "/proc/self/status"]
+    assert sig_ign([WATCH, "--", *cmd]) == sig_ign(cmd)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGQUIT], ids=lambda s: s.name)
 def test_a_job_with_default_signal_actions_can_be_interrupted(box, tmp_path, sig):
     """Bash starts background commands with INT and QUIT ignored: a job that
