@@ -9,8 +9,10 @@
 # Declares the watcher's state (empty).
 leak_init() {
   declare -ga LEAK_ROOT_PIDS=() LEAK_PIDS=()
-  declare -gA LEAK_CPU_PREV=() LEAK_STATUS=() LEAK_CMDLINES=() LEAK_OPT_ENV=()
+  declare -gA LEAK_CPU_PREV=() LEAK_STATUS=() LEAK_CMDLINES=()
   declare -g LEAK_MATCH='' LEAK_ALL=0 LEAK_FAILS=0 LEAK_ACTION=notify LEAK_GRACE=30
+  # option values for the Python helper, exported by leak_export_options
+  declare -gA LEAK_OPT_ENV=()
   declare -g LEAK_INSTANCE='' LEAK_JOB_PID='' LEAK_JOB_SIGNALLED=0 LEAK_LAST_SIGNAL=''
   declare -g LEAK_PENDING_SIGNAL='' LEAK_LOCK_FILE='' LEAK_WATCH_DONE=0 LEAK_JOB_OWN_GROUP=1
   declare -g LEAK_UNWATCHED=''
