@@ -352,24 +352,34 @@ leak_job_start() {
   ) <&0 &
   LEAK_JOB_PID=$!
   LEAK_PIDS+=("$LEAK_JOB_PID")
-  leak_job_deliver_pending
+  if [[ -n $LEAK_PENDING_SIGNAL ]]; then
+    leak_job_send "$LEAK_PENDING_SIGNAL"
+  fi
 }
 
-# Trap handler: passes signal $1 on to the job's process group. Until the
-# job has made its group (between fork and setsid, bash still ignores INT
-# and QUIT there) the signal waits in LEAK_PENDING_SIGNAL.
+# Trap handler: passes signal $1 on to the job's process group. A signal
+# that comes before the job was started waits in LEAK_PENDING_SIGNAL for
+# leak_job_start.
 leak_job_forward() {
   LEAK_JOB_SIGNALLED=1
   LEAK_LAST_SIGNAL=$1
-  if [[ -z $LEAK_JOB_PID ]] || ! leak_job_grouped; then
+  if [[ -z $LEAK_JOB_PID ]]; then
     LEAK_PENDING_SIGNAL=$1
     return 0
   fi
   leak_job_send "$1"
 }
 
-# Sends signal $1 to the job's process group (to the job alone without one).
+# Sends signal $1 to the job's process group (to the job alone without
+# one). Between fork and setsid bash still ignores INT and QUIT in the job,
+# so the signal waits until the job has made its group (milliseconds; at
+# most about 5 s, then it goes to the job as it is).
 leak_job_send() {
+  local tries=0
+  while ! leak_job_grouped && leak_job_running && ((tries < 100)); do
+    sleep 0.05
+    tries=$((tries + 1))
+  done
   gg_log info "passing SIG$1 on to job PID $LEAK_JOB_PID"
   kill -s "$1" -- "-$LEAK_JOB_PID" 2>/dev/null || kill -s "$1" "$LEAK_JOB_PID" 2>/dev/null || true
 }
@@ -384,22 +394,6 @@ leak_job_grouped() {
   # after the last ") ": state ppid pgrp ...
   read -r -a fields <<<"${line##*) }"
   [[ ${fields[2]} == "$LEAK_JOB_PID" ]]
-}
-
-# Sends a signal that came before the job had its own group, once it has
-# (milliseconds after the start; at most about 5 s, then to the job as is).
-leak_job_deliver_pending() {
-  local sig tries=0
-  [[ -n $LEAK_PENDING_SIGNAL && -n $LEAK_JOB_PID ]] || return 0
-  while leak_job_running && ! leak_job_grouped && ((tries < 100)); do
-    sleep 0.05
-    tries=$((tries + 1))
-  done
-  sig=$LEAK_PENDING_SIGNAL
-  LEAK_PENDING_SIGNAL=''
-  if leak_job_running; then
-    leak_job_send "$sig"
-  fi
 }
 
 # Trap handler for SIGTSTP (Ctrl-Z at the terminal): stops the job's group,
@@ -529,7 +523,6 @@ leak_job_main() {
     LEAK_JOB_SIGNALLED=0
     rc=0
     wait "$LEAK_JOB_PID" 2>/dev/null || rc=$?
-    leak_job_deliver_pending
     # no signal came: wait returned because the job ended
     ((LEAK_JOB_SIGNALLED)) || break
     leak_job_running && continue
