@@ -241,10 +241,16 @@ leak_instance_name() {
 }
 
 # Takes this instance's lock; returns 1 (the holder logged by gg_lock) when
-# another watcher of the same instance runs on this state folder.
+# another watcher of the same instance runs on this state folder. With the
+# log in a file, the refusal is also said on stderr, where the user looks.
 leak_lock() {
   LEAK_LOCK_FILE=$GPUGUARD_STATE_DIR/leak-$LEAK_INSTANCE.lock
-  gg_lock "$LEAK_LOCK_FILE"
+  gg_lock "$LEAK_LOCK_FILE" && return 0
+  if [[ -n ${GPUGUARD_LOG:-} ]]; then
+    printf '%s: another gpu-leak-watch (%s) already runs on %s (see %s)\n' \
+      "$GG_PROG" "$LEAK_INSTANCE" "$GPUGUARD_STATE_DIR" "$GPUGUARD_LOG" >&2
+  fi
+  return 1
 }
 
 # Removes the lock files of a wrapped job's instance: the name is used once

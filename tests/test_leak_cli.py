@@ -347,6 +347,12 @@ def test_a_wrapped_job_runs_beside_an_all_daemon_and_a_second_daemon_is_refused(
         second = watch(box, "--all")
         assert second.returncode == 1
         assert "another instance holds" in second.stderr and "leak-all.lock" in second.stderr
+        # logging to a file, the refusal is still said where the user looks
+        log = tmp_path / "gpuguard.log"
+        second = watch(box, "--all", env=env_for(box, GPUGUARD_LOG=str(log)))
+        assert second.returncode == 1
+        assert second.stderr == f"gpu-leak-watch: another gpu-leak-watch (all) already runs on {box.state} (see {log})\n"
+        assert "another instance holds" in log.read_text()
         assert daemon.poll() is None
         daemon.send_signal(signal.SIGTERM)
         assert finish(daemon) == 0, err_of(daemon)
