@@ -39,6 +39,8 @@ config_define() {
     [LEAK_RULES]=''
     # report (gpu-history.tsv for gpuguard report)
     [GPU_HISTORY_MAX_BYTES]=8388608
+    # leakcmd
+    [LEAK_MATCH_NOTICE_S]=300
   )
   declare -gA GG_CONFIG_KIND=(
     [THRESHOLD]='int:0:100'
@@ -72,6 +74,8 @@ config_define() {
     [LEAK_RULES]='str'
     # report (gpu-history.tsv for gpuguard report)
     [GPU_HISTORY_MAX_BYTES]='int:1:'
+    # leakcmd
+    [LEAK_MATCH_NOTICE_S]='int:1:'
   )
 }
 

@@ -11,6 +11,14 @@ leak_init() {
   declare -ga LEAK_ROOT_PIDS=() LEAK_PIDS=()
   declare -gA LEAK_CPU_PREV=() LEAK_STATUS=() LEAK_CMDLINES=()
   declare -g LEAK_MATCH='' LEAK_ALL=0 LEAK_FAILS=0 LEAK_ACTION=notify LEAK_GRACE=30
+  # option values for the Python helper, exported by leak_export_options
+  declare -gA LEAK_OPT_ENV=()
+  declare -g LEAK_INSTANCE='' LEAK_JOB_PID='' LEAK_JOB_SIGNALLED=0 LEAK_LAST_SIGNAL=''
+  declare -g LEAK_PENDING_SIGNAL='' LEAK_LOCK_FILE='' LEAK_WATCH_DONE=0 LEAK_JOB_OWN_GROUP=1
+  declare -g LEAK_UNWATCHED=''
+  declare -g LEAK_MATCH_WAIT_SINCE=0 LEAK_MATCH_NOTICE_AT=0
+  # what the caller ignored (SigIgn mask): the job gets the same
+  declare -g LEAK_IGNORED_AT_START=0
   LEAK_CLK_TCK=100
   LEAK_PAGE_KIB=4
 }
@@ -167,26 +175,28 @@ leak_act() {
   return 0
 }
 
-# Applies one option that takes a value.
+# Applies one option that takes a value. Values meant for the Python helper
+# wait in LEAK_OPT_ENV until leak_export_options: a wrapped job is started
+# first and must see the user's environment, not the watcher's settings.
 leak_option() {
   case $1 in
     --interval | --grace | --gpu-total-mib)
       [[ $2 =~ ^[0-9]+$ && $2 -gt 0 ]] || gg_usage_error "$1 needs a whole number of at least 1 (got '$2')" || return
-      [[ $1 == --interval ]] && export LEAK_INTERVAL=$2
+      [[ $1 == --interval ]] && LEAK_OPT_ENV[LEAK_INTERVAL]=$2
       [[ $1 == --grace ]] && LEAK_GRACE=$2
-      [[ $1 == --gpu-total-mib ]] && export LEAK_GPU_TOTAL_MIB=$2
+      [[ $1 == --gpu-total-mib ]] && LEAK_OPT_ENV[LEAK_GPU_TOTAL_MIB]=$2
       ;;
     --threshold)
       gg_is_number "$2" || gg_usage_error "--threshold needs MiB per hour (got '$2')" || return
-      export LEAK_THRESHOLD_MIB_H=$2
+      LEAK_OPT_ENV[LEAK_THRESHOLD_MIB_H]=$2
       ;;
     --bucket)
       [[ $2 =~ ^[0-9]+$ && $2 -gt 0 ]] || gg_usage_error "--bucket needs seconds (got '$2')" || return
-      export LEAK_BUCKET_S=$2
+      LEAK_OPT_ENV[LEAK_BUCKET_S]=$2
       ;;
-    --rules) export LEAK_RULES=$2 ;;
-    --loss-log) export LEAK_LOSS_LOG=$2 ;;
-    --config) export GPUGUARD_CONFIG=$2 ;;
+    --rules) LEAK_OPT_ENV[LEAK_RULES]=$2 ;;
+    --loss-log) LEAK_OPT_ENV[LEAK_LOSS_LOG]=$2 ;;
+    --config) LEAK_OPT_ENV[GPUGUARD_CONFIG]=$2 ;;
     --on-leak)
       [[ $2 == notify || $2 == kill || $2 =~ ^signal:[A-Z0-9]+$ ]] ||
         gg_usage_error "--on-leak takes notify, kill or signal:NAME (got '$2')" || return
@@ -196,42 +206,403 @@ leak_option() {
   return 0
 }
 
-# Samples until stopped; with a job, until the job ends (then its status).
-leak_watch_loop() {
-  local job_pid='' stop=0 rc=0 sleeper
-  if (($#)); then
-    "$@" &
-    job_pid=$!
-    LEAK_PIDS+=("$job_pid")
-    gg_log info "started job PID $job_pid: $1"
-    trap 'kill -TERM "$job_pid" 2>/dev/null' TERM INT
+# Exports the option values collected by leak_option, before config_load so
+# that they override the config file as the environment does.
+leak_export_options() {
+  local name
+  for name in "${!LEAK_OPT_ENV[@]}"; do
+    # shellcheck disable=SC2163 # exporting the variable whose name is $name
+    export "$name=${LEAK_OPT_ENV[$name]}"
+  done
+}
+
+# Names this watcher (contract 6) into LEAK_INSTANCE: job-<wrapper pid>,
+# all, match-<cksum of the pattern>, slurm-<job id>, pid-<pid> or
+# pids-<cksum of the list>. Each instance has its own lock
+# ($GPUGUARD_STATE_DIR/leak-$LEAK_INSTANCE.lock) and detector state, so
+# several wrapped jobs and one --all daemon can share a box.
+# Arguments:
+#   $1 1 when a job is wrapped, $2 the Slurm job ID or ''
+leak_instance_name() {
+  local sum
+  if (($1)); then
+    LEAK_INSTANCE=job-$$
+  elif ((LEAK_ALL)); then
+    LEAK_INSTANCE=all
+  elif [[ -n $LEAK_MATCH ]]; then
+    sum=$(printf '%s' "$LEAK_MATCH" | cksum)
+    LEAK_INSTANCE=match-${sum%% *}
+  elif [[ -n $2 ]]; then
+    LEAK_INSTANCE=slurm-$2
+  elif ((${#LEAK_PIDS[@]} == 1)); then
+    LEAK_INSTANCE=pid-${LEAK_PIDS[0]}
   else
-    trap 'stop=1' TERM INT
+    sum=$(printf '%s\n' "${LEAK_PIDS[@]}" | sort -n | cksum)
+    LEAK_INSTANCE=pids-${sum%% *}
   fi
-  gg_log info "watching every ${LEAK_INTERVAL}s, threshold ${LEAK_THRESHOLD_MIB_H} MiB/h"
-  while ((!stop)); do
+}
+
+# Takes this instance's lock; returns 1 (the holder logged by gg_lock) when
+# another watcher of the same instance runs on this state folder. With the
+# log in a file, the refusal is also said on stderr, where the user looks.
+leak_lock() {
+  LEAK_LOCK_FILE=$GPUGUARD_STATE_DIR/leak-$LEAK_INSTANCE.lock
+  gg_lock "$LEAK_LOCK_FILE" && return 0
+  if [[ -n ${GPUGUARD_LOG:-} ]]; then
+    printf '%s: another gpu-leak-watch (%s) already runs on %s (see %s)\n' \
+      "$GG_PROG" "$LEAK_INSTANCE" "$GPUGUARD_STATE_DIR" "$GPUGUARD_LOG" >&2
+  fi
+  return 1
+}
+
+# Removes the lock files of a wrapped job's instance: the name is used once
+# (the wrapper's PID), so leaving them would grow the state folder forever.
+leak_unlock_job() {
+  [[ $LEAK_INSTANCE == job-* && -n $LEAK_LOCK_FILE ]] || return 0
+  rm -f -- "$LEAK_LOCK_FILE" "$LEAK_LOCK_FILE.pid"
+}
+
+# Removes the lock files of wrapped jobs whose wrapper was killed before it
+# could, so they do not pile up. A job lock is named after its wrapper's
+# PID: no such process, no owner. (Taking the lock to test it would make a
+# starting wrapper's own gg_lock fail.)
+leak_sweep_job_locks() {
+  local lockfile pid
+  for lockfile in "$GPUGUARD_STATE_DIR"/leak-job-*.lock; do
+    pid=${lockfile##*/leak-job-}
+    pid=${pid%.lock}
+    [[ $pid =~ ^[0-9]+$ && ! -d /proc/$pid ]] || continue
+    rm -f -- "$lockfile" "$lockfile.pid"
+  done
+  return 0
+}
+
+# Records which of SIGINT (2) and SIGQUIT (3) the caller left ignored, from
+# this shell's SigIgn mask; call before any trap. Bash starts background
+# commands with both ignored; the job gets them back unless the caller had
+# ignored them too, so it behaves as if run directly.
+leak_read_ignored_signals() {
+  local key value
+  while read -r key value; do
+    if [[ $key == SigIgn: ]]; then
+      LEAK_IGNORED_AT_START=$((16#$value & 6))
+      break
+    fi
+  done </proc/$$/status 2>/dev/null || true
+}
+
+# Prints the shell's one-line error and returns 127 (not found) or 126 (not
+# executable) when $1 cannot be run; returns 0 when it can.
+leak_job_check() {
+  local cmd=$1
+  if [[ $cmd == */* ]]; then
+    if [[ ! -e $cmd ]]; then
+      printf '%s: %s: No such file or directory\n' "$GG_PROG" "$cmd" >&2
+      return 127
+    fi
+    if [[ -d $cmd ]]; then
+      printf '%s: %s: Is a directory\n' "$GG_PROG" "$cmd" >&2
+      return 126
+    fi
+    if [[ ! -x $cmd ]]; then
+      printf '%s: %s: Permission denied\n' "$GG_PROG" "$cmd" >&2
+      return 126
+    fi
+  elif ! type -P -- "$cmd" >/dev/null; then
+    printf '%s: %s: command not found\n' "$GG_PROG" "$cmd" >&2
+    return 127
+  fi
+  return 0
+}
+
+# Notes which configuration and option variables the user's environment
+# has, before config_load and leak_export_options set and export them, so
+# that the job gets the user's environment back (no watcher settings, no
+# secrets read from a file).
+leak_env_snapshot() {
+  local name
+  config_define
+  declare -gA LEAK_USER_ENV=()
+  declare -ga LEAK_ENV_NAMES=("${!GG_CONFIG_DEFAULT[@]}" "${!LEAK_OPT_ENV[@]}")
+  for name in "${LEAK_ENV_NAMES[@]}"; do
+    [[ -z ${!name+set} ]] || LEAK_USER_ENV[$name]=${!name}
+  done
+}
+
+# Starts the job in its own session and process group (setsid), with the
+# user's stdin, stdout, stderr and environment, into LEAK_JOB_PID. Its own
+# group means a Ctrl-C at the terminal reaches the wrapper only, which
+# passes it on once; its own session (no controlling terminal) means it can
+# still read the terminal on stdin without being stopped as a background
+# group. Bash starts background commands with INT and QUIT ignored: they
+# are reset unless the caller had them ignored too.
+leak_job_start() {
+  local -a reset=()
+  ((LEAK_IGNORED_AT_START & 2)) || reset+=(INT)
+  ((LEAK_IGNORED_AT_START & 4)) || reset+=(QUIT)
+  local -a session=(setsid --)
+  if ! command -v setsid >/dev/null; then
+    session=()
+    LEAK_JOB_OWN_GROUP=0
+    gg_log warn "setsid not found: the job shares the wrapper's process group"
+  fi
+  (
+    local name
+    for name in "${LEAK_ENV_NAMES[@]}"; do
+      if [[ -n ${LEAK_USER_ENV[$name]+set} ]]; then
+        export "$name=${LEAK_USER_ENV[$name]}"
+      else
+        unset "$name"
+      fi
+    done
+    ((${#reset[@]} == 0)) || trap - "${reset[@]}"
+    exec "${session[@]}" "$@"
+  ) <&0 &
+  LEAK_JOB_PID=$!
+  LEAK_PIDS+=("$LEAK_JOB_PID")
+  if [[ -n $LEAK_PENDING_SIGNAL ]]; then
+    leak_job_send "$LEAK_PENDING_SIGNAL"
+  fi
+}
+
+# Trap handler: passes signal $1 on to the job's process group. A signal
+# that comes before the job was started waits in LEAK_PENDING_SIGNAL for
+# leak_job_start.
+leak_job_forward() {
+  LEAK_JOB_SIGNALLED=1
+  LEAK_LAST_SIGNAL=$1
+  if [[ -z $LEAK_JOB_PID ]]; then
+    LEAK_PENDING_SIGNAL=$1
+    return 0
+  fi
+  leak_job_send "$1"
+}
+
+# Sends signal $1 to the job's process group (to the job alone without
+# one). Between fork and setsid bash still ignores INT and QUIT in the job,
+# so the signal waits until the job has made its group (milliseconds; at
+# most about 5 s, then it goes to the job as it is).
+leak_job_send() {
+  local tries=0
+  while ! leak_job_grouped && leak_job_running && ((tries < 100)); do
+    sleep 0.05
+    tries=$((tries + 1))
+  done
+  gg_log info "passing SIG$1 on to job PID $LEAK_JOB_PID"
+  kill -s "$1" -- "-$LEAK_JOB_PID" 2>/dev/null || kill -s "$1" "$LEAK_JOB_PID" 2>/dev/null || true
+}
+
+# True when the job can take a signal as the command would: it leads its
+# own process group (setsid is done), or it never gets one (no setsid).
+leak_job_grouped() {
+  ((LEAK_JOB_OWN_GROUP)) || return 0
+  local line
+  local -a fields
+  { read -r line <"/proc/$LEAK_JOB_PID/stat"; } 2>/dev/null || return 1
+  # after the last ") ": state ppid pgrp ...
+  read -r -a fields <<<"${line##*) }"
+  [[ ${fields[2]} == "$LEAK_JOB_PID" ]]
+}
+
+# Trap handler for SIGTSTP (Ctrl-Z at the terminal): stops the job's group,
+# then the wrapper, as a shell's job would stop. SIGSTOP, because the kernel
+# drops SIGTSTP sent to a group in another session (orphaned) that keeps
+# the default action.
+leak_job_suspend() {
+  LEAK_JOB_SIGNALLED=1
+  if [[ -n $LEAK_JOB_PID ]]; then
+    kill -STOP -- "-$LEAK_JOB_PID" 2>/dev/null || kill -STOP "$LEAK_JOB_PID" 2>/dev/null || true
+  fi
+  kill -STOP $$
+}
+
+# Trap handler for SIGCONT (fg or bg in the calling shell): resumes the job.
+leak_job_resume() {
+  LEAK_JOB_SIGNALLED=1
+  if [[ -n $LEAK_JOB_PID ]]; then
+    kill -CONT -- "-$LEAK_JOB_PID" 2>/dev/null || kill -CONT "$LEAK_JOB_PID" 2>/dev/null || true
+  fi
+}
+
+# True while the job has not ended (or ended and was not reaped yet).
+leak_job_running() {
+  kill -0 "$LEAK_JOB_PID" 2>/dev/null
+}
+
+# Says in LEAK_UNWATCHED why the watcher cannot work beside a job (empty
+# when it can): state folder, python3, nvidia-smi, rules file. Run before
+# the job starts, so the warning comes first and always.
+leak_job_watch_check() {
+  LEAK_UNWATCHED=''
+  if ! gg_state_dir_init; then
+    LEAK_UNWATCHED="the state folder $GPUGUARD_STATE_DIR is not writable"
+  elif ! command -v python3 >/dev/null; then
+    LEAK_UNWATCHED="python3 is not installed"
+  elif ! command -v "$NVIDIA_SMI" >/dev/null; then
+    LEAK_UNWATCHED="$NVIDIA_SMI is not installed"
+  elif [[ -n $LEAK_RULES && ! -r $LEAK_RULES ]]; then
+    LEAK_UNWATCHED="cannot read rules file $LEAK_RULES"
+  else
+    leak_sweep_job_locks
+  fi
+}
+
+# The watcher beside a wrapped job, run as a background subshell so that
+# nothing in it (a failing cycle included) can cost the job or its exit
+# status: a cycle every LEAK_INTERVAL until the wrapper sends SIGTERM after
+# the job ended.
+leak_job_watch() {
+  local stop=0 sleeper=''
+  trap 'stop=1' TERM
+  trap '' INT QUIT HUP
+  trap 'leak_job_watch_ended $?' EXIT
+  if ! leak_lock; then
+    gg_log warn "not watching job PID $LEAK_JOB_PID for leaks: another watcher holds its lock (the job runs normally)"
+    LEAK_WATCH_DONE=1
+    return 0
+  fi
+  export LEAK_THRESHOLD_MIB_H LEAK_RULES LEAK_HISTORY_MAX_ROWS LEAK_INSTANCE
+  leak_probe_system
+  if ((stop)) || ! leak_job_running; then
+    LEAK_WATCH_DONE=1
+    return 0
+  fi
+  gg_log info "watching job PID $LEAK_JOB_PID ($LEAK_INSTANCE) every ${LEAK_INTERVAL}s, threshold ${LEAK_THRESHOLD_MIB_H} MiB/h"
+  while ((! stop)) && leak_job_running; do
     leak_cycle "$(gg_now)"
+    ((stop)) && break
+    sleep "$LEAK_INTERVAL" &
+    sleeper=$!
+    wait "$sleeper" || true
+  done
+  if [[ -n $sleeper ]]; then
+    kill "$sleeper" 2>/dev/null || true
+  fi
+  LEAK_WATCH_DONE=1
+  return 0
+}
+
+# EXIT trap of leak_job_watch: a watcher that ends before the wrapper asked
+# (a failed cycle) says so; the job goes on unwatched.
+leak_job_watch_ended() {
+  ((LEAK_WATCH_DONE)) && return 0
+  gg_log warn "the leak watcher stopped (status $1); job PID $LEAK_JOB_PID runs on unwatched"
+}
+
+# Runs a job under the watcher and returns its exit status: its code, 127
+# not found, 126 not executable, 128+N killed by signal N. INT, TERM, HUP
+# and QUIT reaching the wrapper go to the job's process group, and the
+# wrapper waits for the job. Interrupted by SIGINT and ended by it, the
+# wrapper ends by SIGINT too, so a calling shell loop stops as it would with
+# the job run directly.
+# Arguments:
+#   the command and its arguments
+leak_job_main() {
+  local rc=0 again sig watcher=''
+  leak_job_check "$1" || return
+  leak_read_ignored_signals
+  for sig in INT TERM HUP QUIT; do
+    # shellcheck disable=SC2064 # the signal name is fixed now, on purpose
+    trap "leak_job_forward $sig" "$sig"
+  done
+  trap leak_job_suspend TSTP
+  trap leak_job_resume CONT
+  # the configuration is read first: once the job runs, the wrapper only
+  # waits (a job killed by a signal while the shell runs something else
+  # gets bash's "Killed" notice printed)
+  leak_env_snapshot
+  leak_export_options
+  if config_load; then
+    leak_job_watch_check
+  else
+    LEAK_UNWATCHED="the configuration could not be loaded"
+  fi
+  leak_job_start "$@"
+  gg_log info "started job PID $LEAK_JOB_PID: $1"
+  if [[ -z $LEAK_UNWATCHED ]]; then
+    leak_instance_name 1 ''
+    LEAK_LOCK_FILE=$GPUGUARD_STATE_DIR/leak-$LEAK_INSTANCE.lock
+    leak_job_watch &
+    watcher=$!
+  else
+    gg_log warn "not watching job PID $LEAK_JOB_PID for leaks: $LEAK_UNWATCHED (the job runs normally)"
+  fi
+  while :; do
+    LEAK_JOB_SIGNALLED=0
+    rc=0
+    wait "$LEAK_JOB_PID" 2>/dev/null || rc=$?
+    # no signal came: wait returned because the job ended
+    ((LEAK_JOB_SIGNALLED)) || break
+    leak_job_running && continue
+    # the job ended around a signal: was rc its status, or did the signal
+    # interrupt wait? A second wait tells (127: the status was taken)
+    again=0
+    wait "$LEAK_JOB_PID" 2>/dev/null || again=$?
+    ((again == 127)) || rc=$again
+    break
+  done
+  gg_log info "job PID $LEAK_JOB_PID ended with status $rc"
+  if [[ -n $watcher ]]; then
+    kill -TERM "$watcher" 2>/dev/null || true
+    wait "$watcher" 2>/dev/null || true
+    leak_unlock_job
+  fi
+  trap - INT TERM HUP QUIT TSTP CONT
+  if [[ $LEAK_LAST_SIGNAL == INT ]] && ((rc == 130)); then
+    kill -INT $$
+  fi
+  return "$rc"
+}
+
+# Samples until stopped (daemon mode: --pid, --match, --all, --slurm-job).
+leak_watch_loop() {
+  local stop=0 sleeper now
+  trap 'stop=1' TERM INT HUP
+  gg_log info "watching every ${LEAK_INTERVAL}s, threshold ${LEAK_THRESHOLD_MIB_H} MiB/h"
+  if [[ -n $LEAK_MATCH ]]; then
+    gg_log info "watching processes whose command line matches '$LEAK_MATCH'"
+  fi
+  while ((! stop)); do
+    now=$(gg_now)
+    leak_cycle "$now"
+    leak_match_notice "$now"
     if leak_all_targets_gone; then
       gg_log info "every watched process has ended; stopping"
       return 0
     fi
     sleep "$LEAK_INTERVAL" &
     sleeper=$!
-    if [[ -n $job_pid ]]; then
-      wait -n "$sleeper" "$job_pid" 2>/dev/null || true
-      if ! kill -0 "$job_pid" 2>/dev/null; then
-        kill "$sleeper" 2>/dev/null || true
-        rc=0
-        wait "$job_pid" || rc=$?
-        gg_log info "job PID $job_pid ended with status $rc"
-        return "$rc"
-      fi
-    else
-      wait "$sleeper" || true
-    fi
+    wait "$sleeper" || true
   done
   kill "$sleeper" 2>/dev/null || true
   gg_log info "stopped"
+  return 0
+}
+
+# With --match: says when nothing matches (at once, then every
+# LEAK_MATCH_NOTICE_S seconds) and when matching processes appear, so a
+# pattern that never matches does not wait in silence.
+# Arguments:
+#   $1 now (unix seconds)
+leak_match_notice() {
+  local now=$1
+  [[ -n $LEAK_MATCH ]] || return 0
+  if ((${#LEAK_ROOT_PIDS[@]} > 0)); then
+    if ((LEAK_MATCH_WAIT_SINCE != 0 || LEAK_MATCH_NOTICE_AT == 0)); then
+      gg_log info "found ${#LEAK_ROOT_PIDS[@]} process(es) matching '$LEAK_MATCH': PID ${LEAK_ROOT_PIDS[*]}"
+    fi
+    LEAK_MATCH_WAIT_SINCE=0
+    LEAK_MATCH_NOTICE_AT=$now
+    return 0
+  fi
+  if ((LEAK_MATCH_WAIT_SINCE == 0)); then
+    LEAK_MATCH_WAIT_SINCE=$now
+    LEAK_MATCH_NOTICE_AT=$now
+    gg_log info "no process matches '$LEAK_MATCH' yet; waiting for one (checking every ${LEAK_INTERVAL}s)"
+  elif ((now - LEAK_MATCH_NOTICE_AT >= ${LEAK_MATCH_NOTICE_S:-300})); then
+    LEAK_MATCH_NOTICE_AT=$now
+    gg_log info "still waiting for a process matching '$LEAK_MATCH' ($(((now - LEAK_MATCH_WAIT_SINCE) / 60)) min so far)"
+  fi
   return 0
 }
 
@@ -247,11 +618,11 @@ leak_all_targets_gone() {
   return 0
 }
 
-# True when $1 is a valid extended regular expression.
+# True when $1 is a valid extended regular expression for bash's =~ (the
+# matcher leak_select_roots uses): [[ =~ ]] returns 2 on a bad pattern.
 leak_regex_ok() {
-  local rc=0
-  grep -Eq -- "$1" <<<'' 2>/dev/null || rc=$?
-  ((rc != 2))
+  # shellcheck disable=SC2319 # $? of the test is the point: 2 = bad pattern
+  [[ '' =~ $1 ]] || (($? != 2))
 }
 
 # Reads the clock tick rate and page size once.

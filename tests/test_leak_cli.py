@@ -1,0 +1,433 @@
+"""gpu-leak-watch as a user types it: `gpu-leak-watch -- CMD` behaves like
+running CMD (exit status, stdin/stdout/stderr, environment, signals, the
+terminal), several watchers share a box, --match says what it waits for,
+--version. Every command runs with default signal dispositions (a test
+runner started in the background of a script inherits SIGINT ignored, which
+would hide a job that cannot be interrupted)."""
+import fcntl
+import os
+import resource
+import select
+import signal
+import subprocess
+import sys
+import termios
+import time
+
+import pytest
+from conftest import ROOT, wait_for
+
+WATCH = str(ROOT / "bin" / "gpu-leak-watch")
+FORWARDED = [signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT]
+
+# A job that records every forwarded signal it gets (one line each), waits a
+# moment so that a second delivery would be recorded too, then dies of the
+# first one, as an uncaught signal would kill it.
+RECORDER = r"""
+import os, signal, sys, time
+out = sys.argv[1]
+got = []
+def record(sig, frame):
+    got.append(sig)
+    with open(out, "a") as f:
+        f.write(signal.Signals(sig).name + "\n")
+for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+    signal.signal(s, record)
+open(out + ".ready", "w").close()
+end = time.time() + 120
+while not got and time.time() < end:
+    time.sleep(0.05)
+time.sleep(0.5)
+signal.signal(got[0], signal.SIG_DFL)
+os.kill(os.getpid(), got[0])
+"""
+
+
+def default_signals():
+    """preexec_fn: the dispositions of a login shell's foreground command."""
+    for s in FORWARDED:
+        signal.signal(s, signal.SIG_DFL)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))     # SIGQUIT: no core file
+
+
+def env_for(box, **extra):
+    env = dict(box.env, LEAK_INTERVAL="1")
+    env.update(extra)
+    return env
+
+
+def watch(box, *args, env=None, input=None, timeout=60):
+    """Runs gpu-leak-watch to the end, as typed in a shell."""
+    return subprocess.run([WATCH, *args], env=env or env_for(box), text=True, input=input, check=False,
+                          capture_output=True, timeout=timeout,
+                          preexec_fn=default_signals)
+
+
+def start(box, tmp_path, *args, env=None, name="watch", **kw):
+    """Starts gpu-leak-watch in the background; its stderr goes to a file
+    the test can poll (returned as proc.err_path)."""
+    err_path = tmp_path / (name + ".err")
+    with open(err_path, "w") as err:
+        proc = subprocess.Popen([WATCH, *args], env=env or env_for(box), stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=err,
+                                preexec_fn=default_signals, **kw)  # noqa: PLW1509 (no threads)
+    proc.err_path = err_path
+    return proc
+
+
+def err_of(proc):
+    return proc.err_path.read_text() if proc.err_path.exists() else ""
+
+
+def finish(proc, timeout=30):
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise
+
+
+def gate_job(tmp_path, name, status):
+    """A job that says it started, then waits for a release file."""
+    started, release = tmp_path / (name + ".started"), tmp_path / "release"
+    return (["bash", "-c", 'touch "$1"; while [ ! -e "$2" ]; do sleep 0.1; done; exit "$3"', "_",
+             str(started), str(release), str(status)], started, release)
+
+
+# ----------------------------------------------------------- exit status --
+
+@pytest.mark.parametrize("cmd,status", [
+    (["bash", "-c", "echo hi; exit 3"], 3),
+    (["true"], 0),
+    (["bash", "-c", "kill -KILL $$"], 128 + 9),
+    (["bash", "-c", "kill -TERM $$"], 128 + 15),
+])
+def test_exit_status_is_the_jobs_even_before_the_first_cycle(box, cmd, status):
+    r = watch(box, "--", *cmd)
+    assert r.returncode == status, r.stderr
+    assert r.stdout == ("hi\n" if "echo hi" in cmd[-1] else "")
+    assert "Killed" not in r.stderr and "Terminated" not in r.stderr     # no bash job notice
+    assert f"ended with status {status}" in r.stderr
+
+
+def test_command_not_found_is_127_with_one_shell_like_line(box):
+    r = watch(box, "--", "no-such-cmd-gpuguard")
+    assert r.returncode == 127
+    assert r.stderr == "gpu-leak-watch: no-such-cmd-gpuguard: command not found\n"
+    r = watch(box, "--", str(box.tmp / "missing.sh"))
+    assert r.returncode == 127 and r.stderr.endswith("missing.sh: No such file or directory\n")
+
+
+def test_command_not_executable_is_126(box):
+    script = box.tmp / "train.sh"
+    script.write_text("#!/bin/sh\necho ran\n")
+    script.chmod(0o644)
+    r = watch(box, "--", str(script))
+    assert r.returncode == 126 and r.stdout == ""
+    assert r.stderr == f"gpu-leak-watch: {script}: Permission denied\n"
+
+
+def test_a_job_of_one_second_keeps_its_status_and_leaves_no_lock_behind(box):
+    # a wrapper killed by SIGKILL left these: its PID runs no more
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    box.state.mkdir()
+    (box.state / f"leak-job-{dead.pid}.lock").write_text("")
+    (box.state / f"leak-job-{dead.pid}.lock.pid").write_text(f"{dead.pid}\n")
+    r = watch(box, "--", "bash", "-c", "sleep 1; exit 5", env=env_for(box, LEAK_INTERVAL="60"))
+    assert r.returncode == 5, r.stderr
+    assert sorted(p.name for p in box.state.glob("*lock*")) == []
+
+
+def test_the_job_gets_the_users_stdin_and_environment(box, tmp_path):
+    conf = tmp_path / "gpuguard.conf"
+    conf.write_text("NOTIFY_URL=https://hooks.example/secret-token\nLEAK_THRESHOLD_MIB_H=80\n")
+    conf.chmod(0o600)
+    env = dict(box.env, GPUGUARD_CONFIG=str(conf), MY_VAR="kept")
+    r = watch(box, "--interval", "5", "--", "bash", "-c", 'cat; env', env=env, input="hello from stdin\n")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == "hello from stdin"
+    assert "MY_VAR=kept" in lines and f"GPUGUARD_CONFIG={conf}" in lines
+    names = {line.split("=", 1)[0] for line in lines[1:]}
+    assert not names & {"NOTIFY_URL", "LEAK_INTERVAL", "LEAK_THRESHOLD_MIB_H", "LEAK_INSTANCE"}
+    assert "secret-token" not in r.stdout
+
+
+# --------------------------------------------------------------- signals --
+
+@pytest.mark.parametrize("sig", FORWARDED, ids=lambda s: s.name)
+def test_signals_to_the_wrapper_reach_the_job_once_and_its_end_is_the_status(box, tmp_path, sig):
+    record = tmp_path / "signals"
+    proc = start(box, tmp_path, "--", sys.executable, "-c", RECORDER, str(record))
+    try:
+        assert wait_for(lambda: (tmp_path / "signals.ready").exists(), timeout=30), err_of(proc)
+        proc.send_signal(sig)
+        rc = finish(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert record.read_text().splitlines() == [sig.name]
+    # ended by the Ctrl-C it passed on, the wrapper ends by SIGINT too (a
+    # calling shell loop then stops); otherwise 128+N as a shell reports it
+    assert rc == (-signal.SIGINT if sig == signal.SIGINT else 128 + sig), err_of(proc)
+
+
+@pytest.mark.parametrize("ignored", [(), (signal.SIGINT, signal.SIGQUIT), (signal.SIGHUP,)],
+                         ids=["defaults", "from-a-script-background", "nohup"])
+def test_the_job_starts_with_the_signal_dispositions_it_would_have_run_directly(box, ignored):
+    """A wrapped job ignores exactly what the same command run directly
+    would: nothing from a terminal, INT and QUIT when the caller is a
+    script's background job, HUP under nohup."""
+    def caller():
+        default_signals()
+        for s in ignored:
+            signal.signal(s, signal.SIG_IGN)
+
+    def sig_ign(argv):
+        r = subprocess.run(argv, env=env_for(box), text=True, capture_output=True, check=False,
+                           preexec_fn=caller)
+        assert r.returncode == 0, r.stderr
+        return [line for line in r.stdout.splitlines() if line.startswith("SigIgn:")]
+
+    cmd = ["grep", "SigIgn", "/proc/self/status"]
+    assert sig_ign([WATCH, "--", *cmd]) == sig_ign(cmd)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGQUIT], ids=lambda s: s.name)
+def test_a_job_with_default_signal_actions_can_be_interrupted(box, tmp_path, sig):
+    """Bash starts background commands with INT and QUIT ignored: a job that
+    keeps the default actions (sleep, most C programs) must still stop."""
+    proc = start(box, tmp_path, "--", "sleep", "600")
+    try:
+        assert wait_for(lambda: "started job PID" in err_of(proc), timeout=30), err_of(proc)
+        proc.send_signal(sig)
+        rc = finish(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == (-signal.SIGINT if sig == signal.SIGINT else 128 + sig), err_of(proc)
+
+
+class Terminal:
+    """gpu-leak-watch run as a shell runs a foreground command: session
+    leader of a pseudo-terminal, its process group in the foreground."""
+
+    def __init__(self, box, tmp_path, *args):
+        self.master, slave = os.openpty()
+        self.err_path = tmp_path / "watch.err"
+
+        def session():
+            default_signals()
+            os.setsid()
+            fcntl.ioctl(slave, termios.TIOCSCTTY, 0)
+
+        with open(self.err_path, "w") as err:
+            self.proc = subprocess.Popen([WATCH, *args], env=env_for(box), stdin=slave, stdout=slave,
+                                         stderr=err, preexec_fn=session,  # noqa: PLW1509 (no threads)
+                                         pass_fds=(slave,))
+        os.close(slave)
+        assert wait_for(lambda: "started job PID" in self.err(), timeout=30), self.err()
+        self.job_pid = int(self.err().split("started job PID ")[1].split(":")[0])
+
+    def err(self):
+        return self.err_path.read_text()
+
+    def type(self, data):
+        os.write(self.master, data)
+
+    def read_until(self, text, timeout=30):
+        out, end = b"", time.time() + timeout
+        while text not in out:
+            ready, _, _ = select.select([self.master], [], [], max(0, end - time.time()))
+            assert ready, f"no {text!r} on the terminal after {timeout}s: {out!r} {self.err()}"
+            out += os.read(self.master, 1024)
+        return out
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+        try:
+            os.killpg(self.job_pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+        os.close(self.master)
+
+
+def state_of(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(") ", 1)[1][0]
+    except FileNotFoundError:
+        return "gone"
+
+
+def test_ctrl_c_at_a_terminal_reaches_the_job_once_and_the_job_can_read_the_terminal(box, tmp_path):
+    """The job reads a line typed at the terminal (it is not stopped as a
+    background group would be), then Ctrl-C is typed: the job gets exactly
+    one SIGINT, and the wrapper ends by SIGINT as the job did."""
+    record = tmp_path / "signals"
+    job = "import sys; print('read:', sys.stdin.readline().strip(), flush=True); exec(sys.argv[2])"
+    term = Terminal(box, tmp_path, "--", sys.executable, "-c", job, str(record), RECORDER)
+    try:
+        term.type(b"typed line\n")
+        term.read_until(b"read: typed line")
+        assert wait_for(lambda: (tmp_path / "signals.ready").exists(), timeout=30)
+        term.type(b"\x03")                                       # Ctrl-C
+        rc = finish(term.proc)
+    finally:
+        term.close()
+    assert record.read_text().splitlines() == ["SIGINT"]
+    assert rc == -signal.SIGINT, term.err()
+
+
+def test_ctrl_z_at_a_terminal_stops_the_job_and_fg_resumes_it(box, tmp_path):
+    term = Terminal(box, tmp_path, "--", "bash", "-c", "read -r line; echo got $line; exit 9")
+    try:
+        term.type(b"\x1a")                                       # Ctrl-Z
+        assert wait_for(lambda: state_of(term.job_pid) == "T" and state_of(term.proc.pid) == "T",
+                        timeout=30), (state_of(term.job_pid), state_of(term.proc.pid), term.err())
+        os.killpg(term.proc.pid, signal.SIGCONT)                  # what `fg` does
+        assert wait_for(lambda: state_of(term.job_pid) not in ("T", "gone"), timeout=30)
+        term.type(b"go\n")
+        term.read_until(b"got go")
+        assert finish(term.proc) == 9, term.err()
+    finally:
+        term.close()
+
+
+# ------------------------------------------------------ several per box --
+
+def job_pid_of(proc):
+    return int(err_of(proc).split("started job PID ")[1].split(":")[0])
+
+
+def history_rows(box, pid):
+    """The data rows of a process's GPU memory history (timestamp,pid,MiB)."""
+    rows = []
+    for path in (box.state / "history").glob(f"{pid}-*.csv"):
+        rows += path.read_text().splitlines()[1:]
+    return rows
+
+
+def test_two_wrapped_jobs_run_at_once_on_one_state_folder(box, tmp_path):
+    box.write_scenario([{"gpus": [{"utilization.gpu": 0, "memory.used": 0, "power.draw": 70.0}], "apps": []}])
+    cmd_a, started_a, release = gate_job(tmp_path, "a", 10)
+    cmd_b, started_b, _ = gate_job(tmp_path, "b", 11)
+    a = start(box, tmp_path, "--", *cmd_a, name="a")
+    b = start(box, tmp_path, "--", *cmd_b, name="b")
+    try:
+        assert wait_for(lambda: started_a.exists() and started_b.exists(), timeout=30), err_of(a) + err_of(b)
+        # each job's tree now holds GPU memory: each watcher records its own job
+        pids = [job_pid_of(a), job_pid_of(b)]
+        box.write_scenario([{"gpus": [{"utilization.gpu": 50, "memory.used": 9000, "power.draw": 300.0}],
+                             "apps": [{"pid": pid, "process_name": "bash", "used_memory": 3000 + 2000 * i}
+                                      for i, pid in enumerate(pids)]}])
+        assert wait_for(lambda: all(history_rows(box, pid) for pid in pids), timeout=30), err_of(a) + err_of(b)
+        release.touch()
+        assert (finish(a), finish(b)) == (10, 11), err_of(a) + err_of(b)
+    finally:
+        for p in (a, b):
+            if p.poll() is None:
+                p.kill()
+    # timestamp,pid,used_memory_mib[,...]
+    assert [history_rows(box, pid)[0].split(",")[1:3] for pid in pids] == [[str(pids[0]), "3000"],
+                                                                            [str(pids[1]), "5000"]]
+
+
+def test_a_wrapped_job_runs_beside_an_all_daemon_and_a_second_daemon_is_refused(box, tmp_path):
+    box.write_scenario([{"gpus": [{"utilization.gpu": 0, "memory.used": 0, "power.draw": 70.0}], "apps": []}])
+    daemon = start(box, tmp_path, "--all", name="daemon")
+    try:
+        assert wait_for(lambda: "watching every" in err_of(daemon), timeout=30), err_of(daemon)
+        r = watch(box, "--", "bash", "-c", "exit 4")
+        assert r.returncode == 4, r.stderr
+        second = watch(box, "--all")
+        assert second.returncode == 1
+        assert "another instance holds" in second.stderr and "leak-all.lock" in second.stderr
+        # logging to a file, the refusal is still said where the user looks
+        log = tmp_path / "gpuguard.log"
+        second = watch(box, "--all", env=env_for(box, GPUGUARD_LOG=str(log)))
+        assert second.returncode == 1
+        assert second.stderr == f"gpu-leak-watch: another gpu-leak-watch (all) already runs on {box.state} (see {log})\n"
+        assert "another instance holds" in log.read_text()
+        assert daemon.poll() is None
+        daemon.send_signal(signal.SIGTERM)
+        assert finish(daemon) == 0, err_of(daemon)
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+
+
+# ------------------------------------------- a guard never stops a job --
+
+def path_without_python(tmp_path):
+    """A PATH with every command of /usr/bin and /usr/local/bin but python."""
+    folder = tmp_path / "bin-without-python"
+    folder.mkdir()
+    for src in ("/usr/local/bin", "/usr/bin"):
+        for name in os.listdir(src):
+            if not name.startswith("python") and not (folder / name).exists():
+                (folder / name).symlink_to(os.path.join(src, name))
+    return str(folder)
+
+
+@pytest.mark.parametrize("setup,warning", [
+    ("state", "is not writable"),
+    ("config", "the configuration could not be loaded"),
+    ("python", "python3 is not installed"),
+    ("smi", "/nonexistent/nvidia-smi is not installed"),
+])
+def test_the_job_runs_with_a_warning_when_the_watcher_cannot(box, tmp_path, setup, warning):
+    env = env_for(box)
+    if setup == "state":
+        (tmp_path / "a-file").write_text("")
+        env["GPUGUARD_STATE_DIR"] = str(tmp_path / "a-file" / "state")    # cannot be created, even by root
+    elif setup == "config":
+        env["GPUGUARD_CONFIG"] = str(tmp_path / "missing.conf")
+    elif setup == "python":
+        env["PATH"] = path_without_python(tmp_path)
+    else:
+        env["NVIDIA_SMI"] = "/nonexistent/nvidia-smi"
+    r = watch(box, "--", "bash", "-c", "echo ran; exit 6", env=env)
+    assert r.returncode == 6, r.stderr
+    assert r.stdout == "ran\n"
+    assert "WARN" in r.stderr and warning in r.stderr and "the job runs normally" in r.stderr
+
+
+# ---------------------------------------------------------------- match --
+
+def test_match_that_matches_nothing_says_what_it_waits_for(box, tmp_path):
+    box.write_scenario([{"gpus": [{"utilization.gpu": 0, "memory.used": 0, "power.draw": 70.0}], "apps": []}])
+    proc = start(box, tmp_path, "--match", "no-such-training-job-[0-9]+",
+                 env=env_for(box, LEAK_MATCH_NOTICE_S="1"))
+    try:
+        assert wait_for(lambda: "still waiting for a process matching" in err_of(proc), timeout=30), err_of(proc)
+        proc.send_signal(signal.SIGTERM)
+        assert finish(proc) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "no process matches 'no-such-training-job-[0-9]+' yet; waiting for one" in err_of(proc)
+
+
+def test_match_with_an_invalid_pattern_is_one_line_exit_2(box):
+    r = watch(box, "--match", "train(")
+    assert r.returncode == 2 and r.stderr == "gpu-leak-watch: --match: invalid regular expression 'train('\n"
+
+
+# --------------------------------------------------------------- options --
+
+def test_version(box):
+    r = watch(box, "--version")
+    assert r.returncode == 0
+    assert r.stdout == "gpu-leak-watch {}\n".format((ROOT / "VERSION").read_text().strip())
+
+
+def test_bad_option_is_one_line_exit_2_and_help_stays(box):
+    r = watch(box, "--frobnicate", "--", "true")
+    assert r.returncode == 2 and r.stderr == "gpu-leak-watch: unknown option '--frobnicate' (see --help)\n"
+    r = watch(box, "--help")
+    assert r.returncode == 0 and "--version" in r.stdout and r.stdout.startswith("Summary:")
