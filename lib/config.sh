@@ -13,7 +13,7 @@ config_define() {
     [MAX_IDLE_CYCLES]=3
     [REPEAT_INTERVAL]=3600
     [IDLE_MEM_MIB]=1024
-    [IDLE_POWER_PCT]=0
+    [IDLE_POWER_PCT]=22
     [NVIDIA_SMI]=nvidia-smi
     [SMI_TIMEOUT]=10
     [SMI_FAIL_ALERT_CYCLES]=5
@@ -37,6 +37,12 @@ config_define() {
     [LEAK_THRESHOLD_MIB_H]=50
     [LEAK_HISTORY_MAX_ROWS]=20000
     [LEAK_RULES]=''
+    # idle watchdog: spin rule, per-job rules, cost of idle time (idle branch)
+    [SPIN_UTIL_MIN]=90
+    [SPIN_CYCLES]=5
+    [IDLE_RULES]=''
+    [GPU_HOUR_PRICE]=0
+    [GPU_PRICE_CURRENCY]='¥'
   )
   declare -gA GG_CONFIG_KIND=(
     [THRESHOLD]='int:0:100'
@@ -68,6 +74,12 @@ config_define() {
     [LEAK_THRESHOLD_MIB_H]='num'
     [LEAK_HISTORY_MAX_ROWS]='int:100:'
     [LEAK_RULES]='str'
+    # idle watchdog: spin rule, per-job rules, cost of idle time (idle branch)
+    [SPIN_UTIL_MIN]='int:1:100'
+    [SPIN_CYCLES]='int:1:'
+    [IDLE_RULES]='str'
+    [GPU_HOUR_PRICE]='num'
+    [GPU_PRICE_CURRENCY]='str'
   )
 }
 
