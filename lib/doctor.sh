@@ -136,7 +136,7 @@ status_show() {
     [[ -n $pid ]] || continue
     slope[$pid]=$s
     leaking[$pid]=$f
-  done < <(python3 -S "$GPUGUARD_ROOT/python/gpuguard_leak.py" slopes 2>/dev/null)
+  done < <(gg_python gpuguard_leak.py "LEAK_THRESHOLD_MIB_H LEAK_BUCKET_S" slopes 2>/dev/null)
   printf '%-4s %5s %17s %6s %-8s %s\n' GPU UTIL MEMORY IDLE STATE 'RECENT UTIL'
   local uuid state name mem
   for uuid in "${SMI_UUIDS[@]}"; do

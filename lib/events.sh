@@ -5,6 +5,9 @@
 # helper is asked to deliver it, so a crash, a missing python3 or a receiver
 # that is down never loses it: the outbox is retried on every later cycle.
 
+# The configuration keys the alert helper reads (gg_python exports only these).
+EVENTS_PY_VARS="NOTIFY_URL NOTIFY_TYPE NOTIFY_SECRET NOTIFY_LANG NOTIFY_TIMEOUT NOTIFY_RETRIES NOTIFY_RATE_PER_MIN NOTIFY_MENTION ALERTMANAGER_URL OUTBOX_MAX REPEAT_INTERVAL"
+
 # Appends an event and hands it to the alert helper.
 # Arguments:
 #   $1 the event, one line of JSON
@@ -43,7 +46,7 @@ events_flush() {
     gg_log error "python3 not found: events wait in $dir"
     return 0
   fi
-  python3 -S "$GPUGUARD_ROOT/python/gpuguard_alert.py" flush ||
+  gg_python gpuguard_alert.py "$EVENTS_PY_VARS" flush ||
     gg_log warn "alert helper exited $?; undelivered events stay in $dir"
 }
 
@@ -55,5 +58,5 @@ events_test_alert() {
     gg_log error "python3 not found: it is needed to send alerts"
     return 1
   }
-  python3 -S "$GPUGUARD_ROOT/python/gpuguard_alert.py" test
+  gg_python gpuguard_alert.py "$EVENTS_PY_VARS" test
 }
