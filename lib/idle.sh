@@ -58,8 +58,8 @@ IDLE_FORGET_AFTER=60
 # Declares the watchdog's state arrays (empty).
 idle_init() {
   declare -gA IDLE_CYCLES=() IDLE_SPIN=() IDLE_SINCE=() IDLE_FIRING=() IDLE_KIND=() \
-    IDLE_LAST_ALERT=() IDLE_ABSENT=() IDLE_NA_LOGGED=() IDLE_HISTORY=() IDLE_JOB_PID=() \
-    IDLE_FAULT=() IDLE_FAULT_FIRING=()
+  IDLE_LAST_ALERT=() IDLE_ABSENT=() IDLE_NA_LOGGED=() IDLE_HISTORY=() IDLE_JOB_PID=() \
+  IDLE_FAULT=() IDLE_FAULT_FIRING=()
   declare -ga IDLE_PENDING=() IDLE_PENDING_IDS=()
   declare -g IDLE_PENDING_RECOVERED=0
   # filled by smi_sample (contract 1); declared so an older smi.sh reads as "no fault"
@@ -195,7 +195,7 @@ idle_pending_emit() {
   for i in "${!IDLE_PENDING[@]}"; do
     id=${IDLE_PENDING_IDS[i]}
     if ((IDLE_PENDING_RECOVERED)) &&
-      grep -qF -- "\"id\":\"$id\"" "$GPUGUARD_STATE_DIR/events.jsonl" 2>/dev/null; then
+      grep -qE -- "\"id\": ?\"${id//[^A-Za-z0-9_:-]/.}\"" "$GPUGUARD_STATE_DIR/events.jsonl" 2>/dev/null; then
       continue
     fi
     events_emit "${IDLE_PENDING[i]}"
@@ -249,7 +249,7 @@ idle_judge_fault() {
   local fault=${SMI_GPU_FAULT[$uuid]:-}
   if [[ -n $fault ]]; then
     IDLE_FAULT[$uuid]=$((${IDLE_FAULT[$uuid]:-0} + 1))
-    if ((!${IDLE_FAULT_FIRING[$uuid]:-0} && ${IDLE_FAULT[$uuid]} >= SMI_FAIL_ALERT_CYCLES)); then
+    if ((! ${IDLE_FAULT_FIRING[$uuid]:-0} && ${IDLE_FAULT[$uuid]} >= SMI_FAIL_ALERT_CYCLES)); then
       IDLE_FAULT_FIRING[$uuid]=1
       idle_emit_fault "$now" "$uuid" firing fault
     fi
@@ -277,6 +277,8 @@ idle_settings_for() {
     fi
   done <<<"${SMI_PROCS[$uuid]:-}"
   [[ -n $best ]] || return 0
+  # a PID that is another process in this namespace matches no rule
+  jobinfo_holds_gpu "$best" || (($? == 2)) || return 0
   local user cmd i setting
   jobinfo_match_text_into "$best" user cmd
   for i in "${!IDLE_RULE_KIND[@]}"; do
@@ -393,6 +395,7 @@ idle_rules_load() {
 # exempt (a per-job rule). Returns 2 when it cannot be told this cycle
 # (utilization, or memory of a GPU without listed processes, unknown; power
 # unknown while a spin is being counted).
+# shellcheck disable=SC2034 # verdict_ref: nameref, assigns the caller's variable
 idle_classify() {
   local uuid=$1
   local -n verdict_ref=$2
@@ -401,7 +404,6 @@ idle_classify() {
   local power=${SMI_POWER[$uuid]:-} limit=${SMI_POWER_LIMIT[$uuid]:-}
   [[ -n $util ]] || return 2
   idle_settings_for "$uuid"
-  # shellcheck disable=SC2034 # nameref: assigns the caller's variable
   if ((${SMI_NPROCS[$uuid]:-0} == 0)); then
     # The process list is hidden (container PID namespace) or empty: held
     # when memory is; unknown memory is not "released".
@@ -459,7 +461,7 @@ idle_judge_gpu() {
       ;;
   esac
   ((${IDLE_SINCE[$uuid]:-0} > 0)) || IDLE_SINCE[$uuid]=$now
-  if ((!${IDLE_FIRING[$uuid]:-0})); then
+  if ((! ${IDLE_FIRING[$uuid]:-0})); then
     local kind=''
     if ((${IDLE_CYCLES[$uuid]} >= IDLE_T_MAX)); then
       kind=gpu_idle
@@ -615,7 +617,7 @@ idle_monitor_failed() {
     gg_log error "$SMI_ERROR (logged once until nvidia-smi answers again)"
   fi
   MON_LAST_ERROR=$SMI_ERROR
-  if ((!MON_FIRING && MON_FAILS >= SMI_FAIL_ALERT_CYCLES)); then
+  if ((! MON_FIRING && MON_FAILS >= SMI_FAIL_ALERT_CYCLES)); then
     MON_FIRING=1
     idle_emit_monitor "$now" firing
   fi

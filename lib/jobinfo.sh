@@ -3,15 +3,17 @@
 # /proc without forks (a cycle may ask for dozens of PIDs).
 #
 # A job is the process the user started: walking up from the GPU process,
-# each parent is taken in until the parent is PID 0/1, a known supervisor
-# (sshd, tmux, screen, sudo, su, login, systemd, init, cron, containerd-shim,
-# runc, conmon, tini, slurmstepd, ...) or a shell that leads its session (a
-# login or terminal shell). So `torchrun ... train.py` (whose workers hold
-# the GPUs), `timeout 60 python3 work.py` and `bash train.sh` are jobs, and
-# the terminal or tmux pane they run in is not; a session leader or a
-# process group alone would merge every job of one terminal (no job control
-# in scripts) or split torchrun from its workers. The job's "pids" are the
-# GPU processes (from the last smi_sample) that share the job's top process.
+# each parent is taken in until the process reached leads its own session
+# (setsid, Slurm tasks, Jupyter kernels, daemons), or its parent is PID 0/1,
+# a known supervisor (sshd, tmux, screen, sudo, su, login, systemd, cron,
+# containerd-shim, runc, conmon, tini, slurmstepd, ...) or a shell that leads
+# its session (a login, terminal or tmux-pane shell). So `torchrun ...
+# train.py` (whose workers hold the GPUs), `timeout 60 python3 work.py` and
+# `bash train.sh` are jobs, and the terminal they run in is not. A session
+# or a process group alone would not do: scripts run without job control
+# (every job of a script shares its group), and one terminal session holds
+# many jobs. The job's "pids" are the GPU processes of the last smi_sample
+# that share the job's top process.
 #
 # Nothing false: a PID that this PID namespace cannot see (the driver lists
 # host PIDs; a container sees its own) or that is another process here (its
@@ -64,6 +66,7 @@ jobinfo_stat_into() {
   JOBINFO_STAT[$pid]="${stat_ref[*]}"
 }
 
+# shellcheck disable=SC2034 # top_ref: nameref, assigns the caller's variable
 # Puts the top process of PID's job (see the module comment) into $2;
 # PID itself when it cannot be read.
 jobinfo_top_into() {
@@ -78,6 +81,9 @@ jobinfo_top_into() {
   while ((depth < 64)) && jobinfo_stat_into "$cur" st; do
     depth=$((depth + 1))
     parent=${st[0]}
+    # a session leader started a session of its own (setsid, Slurm tasks,
+    # Jupyter kernels, daemons): its parents are not part of the job
+    ((st[2] == cur)) && break
     ((parent > 1)) || break
     jobinfo_stat_into "$parent" pst || break
     [[ ${pst[4]} =~ $JOBINFO_STOP_RE ]] && break
@@ -227,7 +233,8 @@ jobinfo_environ_into() {
   { mapfile -d '' -t entries <"/proc/$pid/environ"; } 2>/dev/null || return 0
   for entry in "${entries[@]}"; do
     key=${entry%%=*}
-    [[ -n ${wanted[$key]:-} ]] && env_ref[$key]=${entry#*=}
+    # shellcheck disable=SC2034 # nameref: assigns the caller's array
+    [[ -n ${wanted[$key]:-} ]] && env_ref["$key"]=${entry#*=}
   done
   return 0
 }
@@ -283,6 +290,7 @@ jobinfo_json_into() {
   local ji_pid=$1
   local -n job_ref=$2
   [[ -n ${JOBINFO_TOP+set} ]] || jobinfo_reset
+  # shellcheck disable=SC2034 # filled by jobinfo_stat_into; only its status is used
   local -a ji_st
   local ji_rc=0
   jobinfo_holds_gpu "$ji_pid" || ji_rc=$?
