@@ -333,7 +333,7 @@ idle_rules_load() {
     gg_usage_error "IDLE_RULES: cannot read rules file $file"
     return
   fi
-  local line n=0 match settings last kind pat key value rc
+  local line n=0 match settings last rest kind pat key value rc
   while IFS= read -r line || [[ -n $line ]]; do
     n=$((n + 1))
     ((n == 1)) && line=${line#$'\xef\xbb\xbf'}
@@ -342,9 +342,9 @@ idle_rules_load() {
     match=${line#"${line%%[![:space:]]*}"} settings=''
     # settings are the trailing words that look like settings
     while [[ $match =~ ^(.*[^[:space:]])[[:space:]]+([^[:space:]]+)$ ]]; do
-      last=${BASH_REMATCH[2]}
+      last=${BASH_REMATCH[2]} rest=${BASH_REMATCH[1]}
       [[ $last == exempt || $last =~ ^[A-Z_]+=.*$ ]] || break
-      match=${BASH_REMATCH[1]}
+      match=$rest
       settings="$last${settings:+ $settings}"
     done
     if [[ -z $settings || ! $match =~ ^(cmd|user):(.+)$ ]]; then
@@ -494,39 +494,39 @@ idle_history_add() {
 # each job object gets "used_memory_mib" (its memory on this GPU). Records
 # the main job's top PID in IDLE_JOB_PID.
 idle_jobs_json_into() {
-  local uuid=$1
+  local ij_uuid=$1
   local -n main_ref=$2 all_ref=$3
-  local pid name mem key
-  local -A group_mem=() group_pid=()
-  local -a order=()
-  while IFS=$'\t' read -r pid name mem; do
-    [[ -n $pid ]] || continue
-    key=x$pid
+  local ij_pid ij_mem ij_key
+  local -A ij_group_mem=() ij_group_pid=()
+  local -a ij_order=()
+  while IFS=$'\t' read -r ij_pid _ ij_mem; do
+    [[ -n $ij_pid ]] || continue
+    ij_key=x$ij_pid
     # a PID this namespace cannot vouch for stays a job of its own
-    if jobinfo_holds_gpu "$pid" || (($? == 2)); then
-      jobinfo_top_into "$pid" key
+    if jobinfo_holds_gpu "$ij_pid" || (($? == 2)); then
+      jobinfo_top_into "$ij_pid" ij_key
     fi
-    if [[ -z ${group_pid[$key]:-} ]]; then
-      group_pid[$key]=$pid
-      order+=("$key")
+    if [[ -z ${ij_group_pid[$ij_key]:-} ]]; then
+      ij_group_pid[$ij_key]=$ij_pid
+      ij_order+=("$ij_key")
     fi
-    group_mem[$key]=$((${group_mem[$key]:-0} + ${mem:-0}))
-  done <<<"${SMI_PROCS[$uuid]:-}"
-  local job best='' best_mem=-1 all=''
+    ij_group_mem[$ij_key]=$((${ij_group_mem[$ij_key]:-0} + ${ij_mem:-0}))
+  done <<<"${SMI_PROCS[$ij_uuid]:-}"
+  local ij_job ij_best='' ij_best_mem=-1 ij_all=''
   main_ref=null
-  for key in "${order[@]}"; do
-    jobinfo_json_into "${group_pid[$key]}" job
-    job="${job%\}},\"used_memory_mib\":${group_mem[$key]}}"
-    all+="${all:+,}$job"
-    if ((${group_mem[$key]} > best_mem)); then
-      best_mem=${group_mem[$key]} main_ref=$job best=$key
+  for ij_key in "${ij_order[@]}"; do
+    jobinfo_json_into "${ij_group_pid[$ij_key]}" ij_job
+    ij_job="${ij_job%\}},\"used_memory_mib\":${ij_group_mem[$ij_key]}}"
+    ij_all+="${ij_all:+,}$ij_job"
+    if ((${ij_group_mem[$ij_key]} > ij_best_mem)); then
+      ij_best_mem=${ij_group_mem[$ij_key]} main_ref=$ij_job ij_best=$ij_key
     fi
   done
   # shellcheck disable=SC2034 # nameref: assigns the caller's variable
-  all_ref="[$all]"
-  if [[ -n $best ]]; then
-    local top=${main_ref#*\"pid\":}
-    IDLE_JOB_PID[$uuid]=${top%%,*}
+  all_ref="[$ij_all]"
+  if [[ -n $ij_best ]]; then
+    local ij_top=${main_ref#*\"pid\":}
+    IDLE_JOB_PID[$ij_uuid]=${ij_top%%,*}
   fi
 }
 
