@@ -4,12 +4,15 @@ user meets it: every pattern measured on an H200
 samples in tests/fixtures/h200/dmon-gpm.txt) replayed through the
 nvidia-smi double with the default configuration: every spin raises one
 gpu_stuck alert, no busy pattern ever does."""
+import json
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from conftest import app, busy_gpu, idle_gpu
+from conftest import H200_UUID, ROOT, app, busy_gpu, idle_gpu, require
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "h200" / "dmon-gpm.txt"
 CYCLES = 7          # SPIN_CYCLES (5) + 2: a spin must have fired by then
@@ -118,7 +121,6 @@ def test_spin_threshold_follows_the_power_limit(box):
     assert fired(box.events()) == [("gpu_stuck", "firing")]
     capped = {"gpus": [{"index": 0, "uuid": "GPU-cap0", "memory.total": 81559, "power.limit": 400.0}],
               "steps": [held(100, 150)] * 6}
-    import json
     box.scenario.write_text(json.dumps(capped))
     (box.tmp / "smi-step").write_text("0")
     for t in range(6):
@@ -175,3 +177,29 @@ def test_spinning_free_gpu_is_not_held(box):
     for t in range(7):
         box.once(now=t)
     assert box.events() == []
+
+
+PROMTOOL = shutil.which("promtool")
+
+
+def test_stuck_gpu_in_the_textfile_metrics(box, tmp_path):
+    require(PROMTOOL is not None, "promtool (Debian package prometheus) not installed")
+    textdir = tmp_path / "textfile"
+    box.write_scenario([held(100, 125)] * 6)
+    for t in range(6):
+        box.once(now=t, env={"GPUGUARD_TEXTFILE_DIR": str(textdir)})
+    text = (textdir / "gpuguard_idle.prom").read_text()
+    r = subprocess.run([PROMTOOL, "check", "metrics"], input=text, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lbl = '{gpu="0",uuid="%s"}' % H200_UUID
+    for line in ("gpuguard_gpu_stuck%s 1" % lbl, "gpuguard_gpu_idle%s 0" % lbl,
+                 "gpuguard_gpu_spin_cycles%s 6" % lbl, "gpuguard_gpu_power_limit_watts%s 700.00" % lbl,
+                 "gpuguard_gpu_fault%s 0" % lbl):
+        assert line in text.splitlines(), line
+
+
+def test_shipped_rules_stuck_and_degraded_under_promtool():
+    require(PROMTOOL is not None, "promtool (Debian package prometheus) not installed")
+    r = subprocess.run([PROMTOOL, "test", "rules", "tests/prometheus/idle.rules.test.yml"], cwd=ROOT,
+                       capture_output=True, text=True)
+    assert r.returncode == 0 and "SUCCESS" in r.stdout, r.stdout + r.stderr
