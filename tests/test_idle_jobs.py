@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import app, busy_gpu, idle_gpu, uuid_for, wait_for
+from conftest import app, busy_gpu, idle_gpu, wait_for
 
 SECRETS = ["SEKRIT1", "SEKRIT2", "SEKRIT3", "SEKRIT4", "hf_abcdefghijklmnopqrstuvwx"]
 
@@ -264,6 +264,3 @@ def test_daemon_stays_up_and_names_job(gbox, jobs):
     assert rc == 0, err
     assert gbox.events()[0]["job"]["pid"] == job.pid
 
-
-def test_uuid_helper_matches_the_double():
-    assert uuid_for(0).startswith("GPU-")
