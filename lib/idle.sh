@@ -63,10 +63,12 @@ idle_init() {
   declare -ga IDLE_PENDING=() IDLE_PENDING_IDS=()
   declare -g IDLE_PENDING_RECOVERED=0
   # filled by smi_sample (contract 1); declared so an older smi.sh reads as "no fault"
-  [[ -n ${SMI_GPU_FAULT+set} ]] || declare -gA SMI_GPU_FAULT=()
-  [[ -n ${SMI_NAME+set} ]] || declare -gA SMI_NAME=()
+  declare -p SMI_GPU_FAULT &>/dev/null || declare -gA SMI_GPU_FAULT=()
+  declare -p SMI_NAME &>/dev/null || declare -gA SMI_NAME=()
   declare -g MON_FAILS=0 MON_FIRING=0 MON_SINCE=0 MON_LAST_OK=0 MON_LAST_ERROR=''
-  [[ -n ${IDLE_RULE_KIND+set} ]] || declare -ga IDLE_RULE_KIND=() IDLE_RULE_PAT=() IDLE_RULE_SET=() IDLE_RULE_WHERE=()
+  # the rules are idle_rules_load's; kept when it ran first
+  declare -p IDLE_RULE_KIND &>/dev/null ||
+    declare -ga IDLE_RULE_KIND=() IDLE_RULE_PAT=() IDLE_RULE_SET=() IDLE_RULE_WHERE=()
 }
 
 # Loads persisted state from $GPUGUARD_STATE_DIR/idle.state; a corrupt line

@@ -131,41 +131,41 @@ jobinfo_args_into() {
 jobinfo_mask_args_into() {
   local -n masked_ref=$1
   shift
-  local restore_case=0
-  shopt -q nocasematch || restore_case=1
+  local jm_restore_case=0
+  shopt -q nocasematch || jm_restore_case=1
   shopt -s nocasematch
-  local arg out='' mask_next=0 n
-  local flag_re="^--?[A-Za-z0-9_.-]*${JOBINFO_SECRET_NAME}$"
-  local flag_eq_re="^(--?[A-Za-z0-9_.-]*${JOBINFO_SECRET_NAME})="
-  local pair_re="[A-Za-z0-9_.-]*${JOBINFO_SECRET_NAME}=[^&;,[:space:]]+"
-  local query_re='[?&](key|sig|signature|code)=[^&;,[:space:]]+'
-  local url_re='://[^/@:[:space:]]*:[^/@[:space:]]+@'
-  local bearer_re='bearer[[:space:]]+[^[:space:]]+'
-  for arg in "$@"; do
-    if ((mask_next)); then
-      arg='***'
-      mask_next=0
-    elif [[ $arg =~ $flag_re ]]; then
-      mask_next=1
-    elif [[ $arg =~ $flag_eq_re ]]; then
-      arg="${BASH_REMATCH[1]}=***"
+  local jm_arg jm_out='' jm_mask_next=0 jm_n
+  local jm_flag_re="^--?[A-Za-z0-9_.-]*${JOBINFO_SECRET_NAME}$"
+  local jm_flag_eq_re="^(--?[A-Za-z0-9_.-]*${JOBINFO_SECRET_NAME})="
+  local jm_pair_re="[A-Za-z0-9_.-]*${JOBINFO_SECRET_NAME}=[^&;,[:space:]]+"
+  local jm_query_re='[?&](key|sig|sign|signature|code)=[^&;,[:space:]]+'
+  local jm_url_re='://[^/@:[:space:]]*:[^/@[:space:]]+@'
+  local jm_bearer_re='bearer[[:space:]]+[^[:space:]]+'
+  for jm_arg in "$@"; do
+    if ((jm_mask_next)); then
+      jm_arg='***'
+      jm_mask_next=0
+    elif [[ $jm_arg =~ $jm_flag_re ]]; then
+      jm_mask_next=1
+    elif [[ $jm_arg =~ $jm_flag_eq_re ]]; then
+      jm_arg="${BASH_REMATCH[1]}=***"
     else
-      jobinfo_mask_matches_into arg "$arg" "$url_re" url
-      jobinfo_mask_matches_into arg "$arg" "$pair_re" pair
-      jobinfo_mask_matches_into arg "$arg" "$query_re" pair
-      jobinfo_mask_matches_into arg "$arg" "$bearer_re" word
-      jobinfo_mask_matches_into arg "$arg" "$JOBINFO_TOKEN_RE" token
+      jobinfo_mask_matches_into jm_arg "$jm_arg" "$jm_url_re" url
+      jobinfo_mask_matches_into jm_arg "$jm_arg" "$jm_pair_re" pair
+      jobinfo_mask_matches_into jm_arg "$jm_arg" "$jm_query_re" pair
+      jobinfo_mask_matches_into jm_arg "$jm_arg" "$jm_bearer_re" word
+      jobinfo_mask_matches_into jm_arg "$jm_arg" "$JOBINFO_TOKEN_RE" token
     fi
-    [[ $arg == *[[:space:]]* || -z $arg ]] && arg="'$arg'"
-    out+="${out:+ }$arg"
+    [[ $jm_arg == *[[:space:]]* || -z $jm_arg ]] && jm_arg="'$jm_arg'"
+    jm_out+="${jm_out:+ }$jm_arg"
   done
-  ((restore_case)) && shopt -u nocasematch
-  n=${#out}
-  if ((n > JOBINFO_CMDLINE_MAX)); then
-    out="${out:0:JOBINFO_CMDLINE_MAX-80} … ${out:n-70}"
+  ((jm_restore_case)) && shopt -u nocasematch
+  jm_n=${#jm_out}
+  if ((jm_n > JOBINFO_CMDLINE_MAX)); then
+    jm_out="${jm_out:0:JOBINFO_CMDLINE_MAX-80} … ${jm_out:jm_n-70}"
   fi
   # shellcheck disable=SC2034 # nameref: assigns the caller's variable
-  masked_ref=$out
+  masked_ref=$jm_out
 }
 
 # Replaces every match of a regular expression in $2 by its masked form,
@@ -175,23 +175,23 @@ jobinfo_mask_args_into() {
 #   (name=***), word (first word ***), token (prefix***)
 jobinfo_mask_matches_into() {
   local -n mm_ref=$1
-  local rest=$2 re=$3 how=$4 out='' match repl
-  while [[ -n $rest && $rest =~ $re ]]; do
-    match=${BASH_REMATCH[0]}
-    case $how in
+  local jx_rest=$2 jx_re=$3 jx_how=$4 jx_out='' jx_match jx_repl
+  while [[ -n $jx_rest && $jx_rest =~ $jx_re ]]; do
+    jx_match=${BASH_REMATCH[0]}
+    case $jx_how in
       url)
-        repl=${match#://}
-        repl="://${repl%%:*}:***@"
+        jx_repl=${jx_match#://}
+        jx_repl="://${jx_repl%%:*}:***@"
         ;;
-      pair) repl="${match%%=*}=***" ;;
-      word) repl="${match%%[[:space:]]*} ***" ;;
-      token) repl="${BASH_REMATCH[1]}***" ;;
+      pair) jx_repl="${jx_match%%=*}=***" ;;
+      word) jx_repl="${jx_match%%[[:space:]]*} ***" ;;
+      token) jx_repl="${BASH_REMATCH[1]}***" ;;
     esac
-    out+="${rest%%"$match"*}$repl"
-    rest=${rest#*"$match"}
+    jx_out+="${jx_rest%%"$jx_match"*}$jx_repl"
+    jx_rest=${jx_rest#*"$jx_match"}
   done
   # shellcheck disable=SC2034 # nameref: assigns the caller's variable
-  mm_ref=$out$rest
+  mm_ref=$jx_out$jx_rest
 }
 
 # Puts the uid and user name of PID into the variables named $2 and $3
@@ -239,10 +239,15 @@ jobinfo_environ_into() {
   return 0
 }
 
-# Prints the container a process runs in, from /proc/PID/cgroup:
-# "docker:ID12", "containerd:ID12", "podman:ID12", "kubepods:POD-UID" ('' on
-# the host) into the variable named $2.
+# Puts the container a process runs in, from /proc/PID/cgroup, into the
+# variable named $2: "docker:ID12", "containerd:ID12", "podman:ID12",
+# "kubepods:POD-UID" ('' on the host).
 jobinfo_container_into() {
+  jobinfo_container_from_file "/proc/$1/cgroup" "$2"
+}
+
+# The same, from a cgroup file ($1).
+jobinfo_container_from_file() {
   local line id='' kind=''
   local -n container_ref=$2
   local re_docker='docker[-/]([0-9a-f]{64})'
@@ -260,7 +265,7 @@ jobinfo_container_into() {
     elif [[ $line =~ $re_podman ]]; then
       kind=podman id=${BASH_REMATCH[1]:0:12}
     fi
-  done 2>/dev/null <"/proc/$1/cgroup" || true
+  done 2>/dev/null <"$1" || true
   # shellcheck disable=SC2034 # nameref: assigns the caller's variable
   container_ref=${kind:+$kind:$id}
 }
@@ -289,7 +294,7 @@ jobinfo_json_str_into() {
 jobinfo_json_into() {
   local ji_pid=$1
   local -n job_ref=$2
-  [[ -n ${JOBINFO_TOP+set} ]] || jobinfo_reset
+  declare -p JOBINFO_TOP &>/dev/null || jobinfo_reset
   # shellcheck disable=SC2034 # filled by jobinfo_stat_into; only its status is used
   local -a ji_st
   local ji_rc=0
