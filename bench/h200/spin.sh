@@ -81,7 +81,7 @@ spin_phase() {
   read -r -a args <<<"$mode"
   printf '%s\n' "$mode" >"$w/phase"
   start=$(date +%s)
-  CUDA_VISIBLE_DEVICES=0 timeout -s KILL $((seconds + 20)) \
+  CUDA_VISIBLE_DEVICES=0 timeout -s KILL $((seconds + 8)) \
     python3 "$SPIN_ROOT/bench/h200/spin_workload.py" "${args[0]}" "$seconds" "${args[@]:1}" \
     >>"$out/spin_workload.log" 2>&1 &
   pid=$!
@@ -98,10 +98,10 @@ spin_nccl() {
   printf 'nccl\n' >"$w/phase"
   start=$(date +%s)
   rm -f "$w/nccl-init"
-  timeout -s KILL 60 python3 "$SPIN_ROOT/bench/h200/spin_workload.py" nccl 30 0 2 "$w/nccl-init" \
+  timeout -s KILL 45 python3 "$SPIN_ROOT/bench/h200/spin_workload.py" nccl 20 0 2 "$w/nccl-init" \
     >>"$out/spin_workload.log" 2>&1 &
   r0=$!
-  timeout -s KILL 60 python3 "$SPIN_ROOT/bench/h200/spin_workload.py" nccl 30 1 2 "$w/nccl-init" \
+  timeout -s KILL 45 python3 "$SPIN_ROOT/bench/h200/spin_workload.py" nccl 20 1 2 "$w/nccl-init" \
     >"$w/rank1.log" 2>&1 &
   r1=$!
   wait "$r0" || echo "nccl rank 0: exited $?" >>"$out/spin_workload.log"
