@@ -81,7 +81,7 @@ spin_phase() {
   read -r -a args <<<"$mode"
   printf '%s\n' "$mode" >"$w/phase"
   start=$(date +%s)
-  CUDA_VISIBLE_DEVICES=0 timeout -s KILL $((seconds + 8)) \
+  CUDA_VISIBLE_DEVICES=0 timeout -s KILL $((seconds + 12)) \
     python3 "$SPIN_ROOT/bench/h200/spin_workload.py" "${args[0]}" "$seconds" "${args[@]:1}" \
     >>"$out/spin_workload.log" 2>&1 &
   pid=$!
