@@ -2,15 +2,18 @@
 (--once from cron, the daemon): no false idle alert, no false resolved,
 one monitor_degraded per persistent fault, one gpu_degraded per faulted
 GPU, and an incident is never lost nor sent twice across kill -9."""
+import fcntl
 import json
+import os
 import random
 import signal
+import socket
 import subprocess
 import time
 
 import pytest
 
-from conftest import H200_UUID, ROOT, app, busy_gpu, idle_gpu, uuid_for
+from conftest import H200_UUID, ROOT, app, busy_gpu, idle_gpu, uuid_for, wait_for
 
 IDLE = {"gpus": [idle_gpu()], "apps": [app(1410)]}
 BUSY = {"gpus": [busy_gpu()], "apps": [app(1410)]}
@@ -163,6 +166,16 @@ def test_pending_events_of_a_killed_run_are_enqueued_once(box):
     assert "pending" not in (box.state / "idle.state").read_text()
 
 
+def lock_free(path):
+    with open(path, "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return False
+        fcntl.flock(f, fcntl.LOCK_UN)
+        return True
+
+
 def test_kill_9_at_random_points_never_loses_nor_repeats_an_incident(box):
     """--once runs killed at random moments over a job that idles and gets
     busy again and again; then clean runs. Incidents alternate firing,
@@ -172,7 +185,7 @@ def test_kill_9_at_random_points_never_loses_nor_repeats_an_incident(box):
     env = dict(box.env, FAKE_SMI_LOOP="1", GPUGUARD_LOG_LEVEL="error")
     rng = random.Random(7)
     kills = 0
-    for i in range(60):
+    for i in range(100):
         env["GPUGUARD_NOW"] = str(1000 + i)
         p = subprocess.Popen([str(ROOT / "bin/yichuidingyin.sh"), "--once"], env=env,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -181,6 +194,8 @@ def test_kill_9_at_random_points_never_loses_nor_repeats_an_incident(box):
             p.send_signal(signal.SIGKILL)
             kills += 1
         p.wait()
+    # a killed run's children (nvidia-smi) may hold the lock a moment longer
+    assert wait_for(lambda: lock_free(box.state / "yichuidingyin.lock"))
     for i in range(12):
         env["GPUGUARD_NOW"] = str(2000 + i)
         r = subprocess.run([str(ROOT / "bin/yichuidingyin.sh"), "--once"], env=env, capture_output=True, text=True)
@@ -191,3 +206,31 @@ def test_kill_9_at_random_points_never_loses_nor_repeats_an_incident(box):
     assert all(a != b for a, b in zip(states, states[1:])), states
     ids = [e["id"] for e in box.events()]
     assert len(ids) == len(set(ids))
+
+
+def test_kill_9_while_the_alert_is_being_sent_does_not_fire_it_twice(box):
+    """The receiver hangs while the firing alert goes out; the watchdog is
+    killed (-9, with its children) in that moment; the next run does not
+    fire the same incident again."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)                       # accepts connections, never answers
+    url = "http://127.0.0.1:%d/generic" % silent.getsockname()[1]
+    try:
+        box.write_scenario([IDLE] * 6)
+        for t in range(2):
+            box.once(now=t, env={"NOTIFY_URL": url})
+        env = dict(box.env, NOTIFY_URL=url, NOTIFY_TIMEOUT="30", GPUGUARD_NOW="2")
+        p = subprocess.Popen([str(ROOT / "bin/yichuidingyin.sh"), "--once"], env=env, start_new_session=True,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        fired = wait_for(lambda: any(e["state"] == "firing" for e in box.events()))
+        time.sleep(0.5)
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+        assert fired
+    finally:
+        silent.close()
+    assert wait_for(lambda: lock_free(box.state / "yichuidingyin.lock"))
+    for t in range(3, 5):
+        box.once(now=t)
+    assert kinds(box.events()) == [("gpu_idle", "firing")]
