@@ -13,7 +13,8 @@
 #
 # Keys (environment over config file over default):
 #   THRESHOLD=10  CHECK_INTERVAL=60  MAX_IDLE_CYCLES=3  REPEAT_INTERVAL=3600
-#   IDLE_MEM_MIB=1024  IDLE_POWER_PCT=0  NVIDIA_SMI=nvidia-smi  SMI_TIMEOUT=10
+#   IDLE_MEM_MIB=1024  IDLE_POWER_PCT=22  SPIN_UTIL_MIN=90  SPIN_CYCLES=5
+#   IDLE_RULES  GPU_HOUR_PRICE=0  GPU_PRICE_CURRENCY=¥  NVIDIA_SMI=nvidia-smi  SMI_TIMEOUT=10
 #   SMI_FAIL_ALERT_CYCLES=5  NOTIFY_URL  NOTIFY_TYPE  NOTIFY_SECRET
 #   ALERTMANAGER_URL  GPUGUARD_STATE_DIR  GPUGUARD_LOG  GPUGUARD_TEXTFILE_DIR
 # Exit status: 0 done or stopped by SIGTERM/SIGINT, 1 another instance runs,
@@ -30,6 +31,8 @@ source "$GPUGUARD_ROOT/lib/smi.sh"
 source "$GPUGUARD_ROOT/lib/events.sh"
 # shellcheck source=../lib/textfile.sh
 source "$GPUGUARD_ROOT/lib/textfile.sh"
+# shellcheck source=../lib/jobinfo.sh
+source "$GPUGUARD_ROOT/lib/jobinfo.sh"
 # shellcheck source=../lib/idle.sh
 source "$GPUGUARD_ROOT/lib/idle.sh"
 # shellcheck source=../lib/gpuhistory.sh
@@ -59,6 +62,7 @@ main() {
   gg_state_dir_init || return
   gg_lock "$GPUGUARD_STATE_DIR/yichuidingyin.lock" || return 1
   idle_init
+  idle_rules_load || return
   idle_state_load
   if ((once)); then
     idle_cycle "$(gg_now)"

@@ -88,6 +88,73 @@ gg_is_number() {
   [[ $1 =~ ^[0-9]+([.][0-9]+)?$ ]]
 }
 
+# The one numeric check for everything read from outside (nvidia-smi output,
+# the configuration): a plain decimal within [MIN, MAX], with leading zeros
+# removed ("07" -> "7", "076.50" -> "76.50"). Anything else fails: signs,
+# exponents (1e30), hex, and values too long for bash arithmetic, which wraps
+# at 2^63 (18446744073709551615, unsigned -1, would read as -1). Lengths are
+# compared before numbers, so no arithmetic ever sees more than 18 digits.
+# No forks: it runs for every field of every GPU every cycle.
+# Arguments:
+#   $1 name of the variable to receive the normalised value
+#   $2 the text; $3 int (whole numbers only) or dec (decimals allowed)
+#   $4 MIN, $5 MAX (whole numbers; MAX empty = 10^15)
+# Returns:
+#   0 and the value set; 1 (variable set to '') when invalid or out of range
+gg_number_into() {
+  local -n _num_out=$1
+  local _num_text=$2 _num_kind=$3 _num_min=$4 _num_max=${5:-1000000000000000} _num_whole _num_frac=''
+  _num_out=''
+  if [[ $_num_kind == int ]]; then
+    [[ $_num_text =~ ^[0-9]+$ ]] || return 1
+    _num_whole=$_num_text
+  else
+    [[ $_num_text =~ ^([0-9]+)([.][0-9]+)?$ ]] || return 1
+    _num_whole=${BASH_REMATCH[1]} _num_frac=${BASH_REMATCH[2]}
+  fi
+  [[ $_num_whole =~ ^0*([0-9]+)$ ]] && _num_whole=${BASH_REMATCH[1]}
+  # longer than MAX (or than 18 digits) is out of range without arithmetic
+  ((${#_num_whole} <= 18 && ${#_num_whole} <= ${#_num_max})) || return 1
+  ((_num_whole >= _num_min && _num_whole <= _num_max)) || return 1
+  # MAX.5 is above MAX
+  if ((_num_whole == _num_max)) && [[ -n $_num_frac && ! $_num_frac =~ ^[.]0+$ ]]; then
+    return 1
+  fi
+  # shellcheck disable=SC2034 # nameref: assigns the caller's variable
+  _num_out=$_num_whole$_num_frac
+}
+
+# Runs a Python helper with only what it needs in its environment: the
+# configuration is never exported (secrets must not reach nvidia-smi, the
+# job or any other child), so each call names the keys its helper reads.
+# Arguments:
+#   $1 script name under $GPUGUARD_ROOT/python; $2 space-separated variable
+#   names to export; $3... the script's arguments (stdin passes through)
+# Returns:
+#   the helper's status; 127 with one log line when python3 is missing
+gg_python() {
+  local script=$1 wanted=$2
+  shift 2
+  if ! command -v python3 >/dev/null 2>&1; then
+    gg_log error "python3 not found: cannot run $script"
+    return 127
+  fi
+  (
+    local name
+    # a key the user exported stays exported unless listed
+    for name in ${GG_CONFIG_DEFAULT[@]+"${!GG_CONFIG_DEFAULT[@]}"}; do
+      # shellcheck disable=SC2163 # un-exporting the variable named by $name
+      export -n "$name" 2>/dev/null || true
+    done
+    for name in $wanted GPUGUARD_STATE_DIR GPUGUARD_HOST GPUGUARD_LOG GPUGUARD_LOG_LEVEL GPUGUARD_SYSLOG; do
+      [[ $name =~ ^[A-Za-z_][A-Za-z0-9_]*$ && -n ${!name+set} ]] || continue
+      # shellcheck disable=SC2163 # exporting the variable named by $name
+      export "$name"
+    done
+    exec python3 -S "$GPUGUARD_ROOT/python/$script" "$@"
+  )
+}
+
 # Creates the state folder (mode 700) and its outbox; prints a clear error and
 # returns 2 when it cannot.
 # Globals:
@@ -147,7 +214,7 @@ gg_now() {
 # shellcheck disable=SC2034 # GG_PROC_* are read by leak.sh and lowprio.sh
 gg_proc_scan() {
   declare -gA GG_PROC_PPID=() GG_PROC_KIDS=() GG_PROC_START=() GG_PROC_TICKS=() \
-    GG_PROC_RSS=() GG_PROC_COMM=()
+  GG_PROC_RSS=() GG_PROC_COMM=()
   local f line pid rest comm
   local -a a
   for f in /proc/[0-9]*/stat; do

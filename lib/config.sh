@@ -13,7 +13,7 @@ config_define() {
     [MAX_IDLE_CYCLES]=3
     [REPEAT_INTERVAL]=3600
     [IDLE_MEM_MIB]=1024
-    [IDLE_POWER_PCT]=0
+    [IDLE_POWER_PCT]=22
     [NVIDIA_SMI]=nvidia-smi
     [SMI_TIMEOUT]=10
     [SMI_FAIL_ALERT_CYCLES]=5
@@ -41,6 +41,12 @@ config_define() {
     [GPU_HISTORY_MAX_BYTES]=8388608
     # leakcmd
     [LEAK_MATCH_NOTICE_S]=300
+    # idle watchdog: spin rule, per-job rules, cost of idle time (idle branch)
+    [SPIN_UTIL_MIN]=90
+    [SPIN_CYCLES]=5
+    [IDLE_RULES]=''
+    [GPU_HOUR_PRICE]=0
+    [GPU_PRICE_CURRENCY]='¥'
   )
   declare -gA GG_CONFIG_KIND=(
     [THRESHOLD]='int:0:100'
@@ -76,6 +82,12 @@ config_define() {
     [GPU_HISTORY_MAX_BYTES]='int:1:'
     # leakcmd
     [LEAK_MATCH_NOTICE_S]='int:1:'
+    # idle watchdog: spin rule, per-job rules, cost of idle time (idle branch)
+    [SPIN_UTIL_MIN]='int:1:100'
+    [SPIN_CYCLES]='int:1:'
+    [IDLE_RULES]='str'
+    [GPU_HOUR_PRICE]='num'
+    [GPU_PRICE_CURRENCY]='str'
   )
 }
 
@@ -100,18 +112,30 @@ config_path() {
 
 # Reads a KEY=VALUE file into the associative array named $2. Blank lines and
 # lines starting with # are skipped; one pair of surrounding quotes is removed;
-# `export KEY=VALUE` is accepted. Nothing in the file is executed.
-# Returns 2 with a one-line error naming file and line for anything else.
+# `export KEY=VALUE` is accepted; a UTF-8 byte-order mark (Windows editors)
+# and CRLF line ends are ignored. Nothing in the file is executed.
+# Returns 2 with a one-line error naming file and line for anything else,
+# and for a path that is a folder or cannot be read.
 config_parse_file() {
   local file=$1
   local -n into_ref=$2
   local line key value n=0
-  [[ -r $file ]] || {
-    gg_usage_error "cannot read config file $file"
+  if [[ -d $file ]]; then
+    gg_usage_error "config file $file is a folder, not a file"
     return
-  }
+  fi
+  if [[ ! -e $file ]]; then
+    gg_usage_error "config file $file does not exist"
+    return
+  fi
+  # -r says what access(2) says; the open below is the real test (root, ACLs)
+  if ! { : <"$file"; } 2>/dev/null; then
+    gg_usage_error "cannot read config file $file (permission denied?)"
+    return
+  fi
   while IFS= read -r line || [[ -n $line ]]; do
     n=$((n + 1))
+    ((n == 1)) && line=${line#$'\xef\xbb\xbf'}
     line=${line%$'\r'}
     [[ $line =~ ^[[:space:]]*(#|$) ]] && continue
     if [[ ! $line =~ ^[[:space:]]*(export[[:space:]]+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$ ]]; then
@@ -124,31 +148,37 @@ config_parse_file() {
     if [[ $value =~ ^\"(.*)\"$ || $value =~ ^\'(.*)\'$ ]]; then
       value=${BASH_REMATCH[1]}
     fi
-  # shellcheck disable=SC2034 # nameref: assigns the caller's variable
+    # shellcheck disable=SC2034 # nameref: assigns the caller's variable
     into_ref["$key"]=$value
   done <"$file"
 }
 
-# Checks one value against its kind; prints the error and returns 2 if bad.
+# Checks one value against its kind and stores it, normalised ("07" -> 7),
+# as element KEY of the associative array named $4; prints the error and
+# returns 2 if bad.
+# Numbers go through gg_number_into, the one numeric check: 1.8e19 or a
+# 20-digit THRESHOLD is refused, never wrapped by bash arithmetic.
 config_validate() {
-  local key=$1 value=$2 kind=$3
-  local min max
+  local key=$1 value=$2 kind=$3 into=$4
+  local min max normal
   case $kind in
     int:*)
       IFS=: read -r _ min max <<<"$kind"
-      if ! gg_is_uint "$value" || ((10#$value < min)) ||
-        { [[ -n $max ]] && ((10#$value > max)); }; then
+      if ! gg_number_into normal "$value" int "$min" "$max"; then
         local range="of at least $min"
         [[ -n $max ]] && range="from $min to $max"
+        [[ -z $max && $value =~ ^[0-9]{16,}$ ]] && range+=" (at most 10^15)"
         gg_usage_error "$key must be a whole number $range (got '$value')"
         return
       fi
+      printf -v "${into}[$key]" '%s' "$normal"
       ;;
     num)
-      gg_is_number "$value" || {
-        gg_usage_error "$key must be a number (got '$value')"
+      gg_number_into normal "$value" dec 0 || {
+        gg_usage_error "$key must be a decimal number from 0 to 10^15 (got '$value')"
         return
       }
+      printf -v "${into}[$key]" '%s' "$normal"
       ;;
     bool)
       [[ $value == 0 || $value == 1 ]] || {
@@ -167,37 +197,67 @@ config_validate() {
   return 0
 }
 
-# Loads the configuration into plain global variables named after the keys
-# and exports them for the Python helpers (environment, never argv).
+# Loads the configuration into plain global variables named after the keys.
+# Nothing is exported: a key the user exported is un-exported too, so secrets
+# never reach nvidia-smi, the job or any child; Python helpers get the keys
+# they need through gg_python. GPUGUARD_STATE_DIR and GPUGUARD_HOST stay
+# exported (no secret; every helper reads them).
+# Sources, highest first: the environment (as it was at the first load, so a
+# reload on SIGHUP sees new file values), secrets.conf beside the config file
+# (webhook URLs and secrets, mode 0600; skipped silently when unreadable),
+# the config file, the defaults. All values are checked before any is set:
+# a bad file leaves the configuration in force untouched.
 # Globals:
-#   sets every key of GG_CONFIG_DEFAULT; GG_CONFIG_FILE (the file read)
+#   sets every key of GG_CONFIG_DEFAULT; GG_CONFIG_FILE (the file read),
+#   GG_SECRETS_FILE (its secrets.conf) and GG_SECRETS_READ (1 when read)
 # Returns:
 #   2 on a malformed file or a bad value
 config_load() {
   config_define
-  local -A from_file=()
-  GG_CONFIG_FILE=$(config_path)
-  if [[ -n $GG_CONFIG_FILE ]]; then
-    config_parse_file "$GG_CONFIG_FILE" from_file || return
+  local -A from_file=() from_secrets=() checked=()
+  local key file secrets
+  if [[ -z ${GG_CONFIG_ENV_TAKEN:-} ]]; then
+    declare -gA GG_CONFIG_ENV=()
+    for key in "${!GG_CONFIG_DEFAULT[@]}"; do
+      [[ -n ${!key+set} ]] && GG_CONFIG_ENV[$key]=${!key}
+    done
+    GG_CONFIG_ENV_TAKEN=1
   fi
-  local key
-  for key in "${!from_file[@]}"; do
+  file=$(config_path)
+  secrets=''
+  if [[ -n $file ]]; then
+    config_parse_file "$file" from_file || return
+    secrets=$(dirname -- "$file")/secrets.conf
+    # unreadable or absent: skipped here; delivering commands warn once
+    if [[ -f $secrets ]] && { : <"$secrets"; } 2>/dev/null; then
+      config_parse_file "$secrets" from_secrets || return
+    fi
+  fi
+  for key in "${!from_file[@]}" "${!from_secrets[@]}"; do
     if [[ -z ${GG_CONFIG_KIND[$key]+set} ]]; then
-      gg_log warn "unknown key $key in $GG_CONFIG_FILE (ignored)"
+      gg_log warn "unknown key $key in ${file} or its secrets.conf (ignored)"
     fi
   done
   for key in "${!GG_CONFIG_DEFAULT[@]}"; do
-    if [[ -z ${!key+set} ]]; then
-      if [[ -n ${from_file[$key]+set} ]]; then
-        printf -v "$key" '%s' "${from_file[$key]}"
-      else
-        printf -v "$key" '%s' "${GG_CONFIG_DEFAULT[$key]}"
-      fi
+    if [[ -n ${GG_CONFIG_ENV[$key]+set} ]]; then
+      checked[$key]=${GG_CONFIG_ENV[$key]}
+    elif [[ -n ${from_secrets[$key]+set} ]]; then
+      checked[$key]=${from_secrets[$key]}
+    elif [[ -n ${from_file[$key]+set} ]]; then
+      checked[$key]=${from_file[$key]}
+    else
+      checked[$key]=${GG_CONFIG_DEFAULT[$key]}
     fi
-    config_validate "$key" "${!key}" "${GG_CONFIG_KIND[$key]}" || return
-    # shellcheck disable=SC2163 # exporting the variable whose name is $key
-    export "$key"
+    config_validate "$key" "${checked[$key]}" "${GG_CONFIG_KIND[$key]}" checked || return
   done
+  for key in "${!checked[@]}"; do
+    printf -v "$key" '%s' "${checked[$key]}"
+    # shellcheck disable=SC2163 # un-exporting the variable named by $key
+    export -n "$key"
+  done
+  GG_CONFIG_FILE=$file
+  GG_SECRETS_FILE=$secrets
+  GG_SECRETS_READ=$((${#from_secrets[@]} > 0))
   if [[ -z $GPUGUARD_STATE_DIR ]]; then
     if ((EUID == 0)); then
       GPUGUARD_STATE_DIR=/var/lib/gpuguard
@@ -210,15 +270,27 @@ config_load() {
   config_warn_secret_file
 }
 
-# Warns when the config file holds a webhook secret or token and others can
-# read it. Never prints the secret itself.
+# Warns when a file holding webhook credentials (the config file, or
+# secrets.conf beside it) can be read by group or others. Never prints the
+# secret itself.
 config_warn_secret_file() {
-  [[ -n ${GG_CONFIG_FILE:-} && -f $GG_CONFIG_FILE ]] || return 0
-  grep -Eq '^[[:space:]]*(export[[:space:]]+)?(NOTIFY_SECRET|NOTIFY_URL|ALERTMANAGER_URL)=.' \
-    "$GG_CONFIG_FILE" 2>/dev/null || return 0
-  local mode
-  mode=$(stat -c '%a' -- "$GG_CONFIG_FILE" 2>/dev/null) || return 0
-  if (((8#$mode & 8#044) != 0)); then
-    gg_log warn "$GG_CONFIG_FILE holds webhook credentials and is readable by others (mode $mode): chmod 600 it"
-  fi
+  local mode file
+  for file in "${GG_CONFIG_FILE:-}" "${GG_SECRETS_FILE:-}"; do
+    [[ -n $file && -f $file ]] || continue
+    grep -Eq '^[[:space:]]*(export[[:space:]]+)?(NOTIFY_SECRET|NOTIFY_URL|ALERTMANAGER_URL)=.' \
+      "$file" 2>/dev/null || continue
+    mode=$(stat -c '%a' -- "$file" 2>/dev/null) || continue
+    if (((8#$mode & 8#044) != 0)); then
+      gg_log warn "$file holds webhook credentials and is readable by others (mode $mode): chmod 600 it"
+    fi
+  done
+}
+
+# For commands that deliver alerts: warns once when secrets.conf exists but
+# this user cannot read it (alerts then go only to the log and the outbox).
+config_warn_secrets_unreadable() {
+  [[ -n ${GG_SECRETS_FILE:-} && -e $GG_SECRETS_FILE ]] || return 0
+  ((${GG_SECRETS_READ:-0})) && return 0
+  { : <"$GG_SECRETS_FILE"; } 2>/dev/null && return 0
+  gg_log warn "cannot read $GG_SECRETS_FILE (webhook URLs and secrets): run as its owner or root"
 }

@@ -229,7 +229,7 @@ status_collect() {
     [[ -n $pid ]] || continue
     STATUS_LEAK[$pid]="$slope $firing"
     STATUS_SPARK[$pid]=$values
-  done < <(LEAK_THRESHOLD_MIB_H=${LEAK_THRESHOLD_MIB_H:-} python3 -S "$GPUGUARD_ROOT/python/gpuguard_report.py" leaks 2>/dev/null)
+  done < <(gg_python gpuguard_report.py "LEAK_THRESHOLD_MIB_H" leaks 2>/dev/null)
   gg_proc_scan
   return 0
 }

@@ -14,7 +14,7 @@
 #   $@ the helper's command and arguments
 events_helper() {
   local vars="NOTIFY_URL NOTIFY_TYPE NOTIFY_SECRET NOTIFY_LANG NOTIFY_TIMEOUT NOTIFY_RETRIES"
-  vars+=" NOTIFY_RATE_PER_MIN NOTIFY_MENTION ALERTMANAGER_URL OUTBOX_MAX REPEAT_INTERVAL GPU_HOUR_PRICE"
+  vars+=" NOTIFY_RATE_PER_MIN NOTIFY_MENTION ALERTMANAGER_URL OUTBOX_MAX REPEAT_INTERVAL GPU_HOUR_PRICE GPU_PRICE_CURRENCY"
   if declare -F gg_python >/dev/null; then
     gg_python gpuguard_alert.py "$vars" "$@"
     return
@@ -33,16 +33,19 @@ events_helper() {
 #   GPUGUARD_STATE_DIR, NOTIFY_URL, ALERTMANAGER_URL; EVENTS_PENDING (set)
 events_emit() {
   local event=$1 dir=$GPUGUARD_STATE_DIR
+  # The outbox first: after a crash the watchdog re-queues a pending event
+  # whose id is not yet in events.jsonl, so events.jsonl must never hold an
+  # event that the outbox lacks.
+  if events_targets_configured; then
+    declare -ga EVENTS_PENDING
+    EVENTS_PENDING+=("$event")
+    events_enqueue_pending || true
+  else
+    events_warn_no_target
+  fi
   if ! { flock 9 && printf '%s\n' "$event" >>"$dir/events.jsonl"; } 9>>"$dir/events.lock" 2>/dev/null; then
     gg_log error "could not append to $dir/events.jsonl (disk full?)"
   fi
-  if ! events_targets_configured; then
-    events_warn_no_target
-    return 0
-  fi
-  declare -ga EVENTS_PENDING
-  EVENTS_PENDING+=("$event")
-  events_enqueue_pending || true
 }
 
 # Writes the events kept in memory (EVENTS_PENDING) to the outbox, oldest

@@ -1,12 +1,55 @@
 # shellcheck shell=bash
-# The idle watchdog's rule and memory. A GPU is "idle but occupied" when its
-# utilization is under THRESHOLD (or, with IDLE_POWER_PCT set, its power draw
-# is under that share of its limit: a hung NCCL rank spins at 100 %) while
-# it is held: compute processes on it, or, when the process list is hidden
-# or empty (containers), memory.used above IDLE_MEM_MIB. MAX_IDLE_CYCLES such
-# cycles in a row fire one alert; REPEAT_INTERVAL gives reminders; busy again
-# or released gives one resolved. Counters are kept by GPU UUID, persisted
-# after every cycle so --once (cron) and restarts keep counting.
+# The idle watchdog's rules and memory. A GPU held by a job (compute
+# processes on it, or, when the process list is hidden or empty, as in a
+# container, memory.used above IDLE_MEM_MIB) is judged each cycle by two
+# signals:
+#
+# - idle (event gpu_idle): utilization under THRESHOLD for MAX_IDLE_CYCLES
+#   cycles in a row.
+# - stuck, spinning (event gpu_stuck): utilization at or above SPIN_UTIL_MIN
+#   while the power draw stays under IDLE_POWER_PCT % of the GPU's power
+#   limit, for SPIN_CYCLES cycles in a row. A kernel that spin-waits (a
+#   collective waiting for a dead peer, torch.cuda._sleep) keeps
+#   utilization.gpu at 100 %, which only says a kernel was resident during
+#   the sample window, while the SMs do next to nothing and the GPU draws
+#   its idle floor.
+#
+# Default from measurements on an H200 (power limit 700 W,
+# shared/research/gpu-monitoring-anchors.md): spinning drew 121-135 W
+# (17-19 % of the limit) at 100 %; the lightest real work at 100 %
+# (latency-bound tiny kernels replayed by a CUDA graph) drew 183-192 W
+# (26-27 %), batch-1 GEMV decode 545-640 W, a memory copy 409-476 W, a bf16
+# matmul 692 W. IDLE_POWER_PCT=22 (154 W on 700 W) sits between, 19 W above
+# the highest spin and 29 W below the lightest work. SPIN_UTIL_MIN=90 keeps
+# launch-bound work out (tiny kernels launched from Python: 23-41 % at
+# 125-139 W, spin-level power); every spin read 100 %. SPIN_CYCLES=5 is
+# longer than MAX_IDLE_CYCLES because healthy ranks also spin for a while in
+# a collective while one rank saves a checkpoint or evaluates, and shorter
+# than PyTorch's default NCCL timeout (10 min) at the default 60 s cycle.
+# A loop starved by its data loader (a burst of kernels, then hundreds of ms
+# of CPU) reads 0-a few % at the idle floor: it is idle under the
+# utilization rule, like any held GPU doing nothing most of the time, and
+# never stuck (its utilization is far under SPIN_UTIL_MIN); a burst read
+# over THRESHOLD restarts its count.
+#
+# One incident per GPU: cycles of either kind keep it open (a spinning job
+# that then idles is still the same hung job), a busy cycle or the job
+# leaving resolves it, with the event name it fired under. Per-job rules
+# (IDLE_RULES, see idle_rules_load) exempt jobs or change THRESHOLD,
+# MAX_IDLE_CYCLES, SPIN_CYCLES and IDLE_POWER_PCT for them.
+#
+# Faults: a cycle whose process list could not be read (SMI_APPS_OK=0) or
+# whose GPU reads no utilization or memory changes no count and resolves
+# nothing; failed cycles in a row raise one monitor_degraded event after
+# SMI_FAIL_ALERT_CYCLES. A GPU whose line carries a device fault
+# (SMI_GPU_FAULT: "GPU requires reset", "Unknown Error") for
+# SMI_FAIL_ALERT_CYCLES readings raises one critical gpu_degraded event,
+# resolved when it reads fine again.
+#
+# Exactly once across kill -9: events of a cycle are first saved with the
+# state (one atomic write, "pending" lines), then enqueued (events_emit),
+# then the state is saved without them, then events_flush delivers. A run
+# that finds pending lines enqueues those its events.jsonl does not hold.
 
 # GPUs absent from this many successful samples in a row are forgotten, so
 # the state stays bounded when GPUs are reset or MIG is reconfigured.
@@ -14,40 +57,67 @@ IDLE_FORGET_AFTER=60
 
 # Declares the watchdog's state arrays (empty).
 idle_init() {
-  declare -gA IDLE_CYCLES=() IDLE_SINCE=() IDLE_FIRING=() IDLE_LAST_ALERT=() \
-    IDLE_ABSENT=() IDLE_NA_LOGGED=() IDLE_HISTORY=()
+  declare -gA IDLE_CYCLES=() IDLE_SPIN=() IDLE_SINCE=() IDLE_FIRING=() IDLE_KIND=() \
+  IDLE_LAST_ALERT=() IDLE_ABSENT=() IDLE_NA_LOGGED=() IDLE_HISTORY=() IDLE_JOB_PID=() \
+  IDLE_FAULT=() IDLE_FAULT_FIRING=()
+  declare -ga IDLE_PENDING=() IDLE_PENDING_IDS=()
+  declare -g IDLE_PENDING_RECOVERED=0
+  # filled by smi_sample (contract 1); declared so an older smi.sh reads as "no fault"
+  declare -p SMI_GPU_FAULT &>/dev/null || declare -gA SMI_GPU_FAULT=()
+  declare -p SMI_NAME &>/dev/null || declare -gA SMI_NAME=()
   declare -g MON_FAILS=0 MON_FIRING=0 MON_SINCE=0 MON_LAST_OK=0 MON_LAST_ERROR=''
+  # the rules are idle_rules_load's; kept when it ran first
+  declare -p IDLE_RULE_KIND &>/dev/null ||
+    declare -ga IDLE_RULE_KIND=() IDLE_RULE_PAT=() IDLE_RULE_SET=() IDLE_RULE_WHERE=()
 }
 
 # Loads persisted state from $GPUGUARD_STATE_DIR/idle.state; a corrupt line
 # is skipped with a warning (the counter starts again from 0).
 idle_state_load() {
-  local file=$GPUGUARD_STATE_DIR/idle.state kind uuid cycles since firing last absent na
+  local file=$GPUGUARD_STATE_DIR/idle.state line kind uuid
   [[ -f $file ]] || return 0
-  while read -r kind uuid cycles since firing last absent na; do
+  local -a f
+  while IFS= read -r line || [[ -n $line ]]; do
+    kind=${line%% *}
     case $kind in
       gpu)
-        if gg_is_uint "$cycles" && gg_is_uint "$since" && gg_is_uint "$firing" &&
-          gg_is_uint "$last" && gg_is_uint "$absent"; then
-          IDLE_CYCLES[$uuid]=$cycles IDLE_SINCE[$uuid]=$since
-          IDLE_FIRING[$uuid]=$firing IDLE_LAST_ALERT[$uuid]=$last
-          IDLE_ABSENT[$uuid]=$absent
-          [[ ${na:-0} == 1 ]] && IDLE_NA_LOGGED[$uuid]=1
+        # gpu UUID low since firing last absent na [spin kind jobpid fault faultfiring]
+        read -r -a f <<<"$line"
+        uuid=${f[1]:-}
+        : "${f[8]:=0}" "${f[9]:=-}" "${f[10]:=0}" "${f[11]:=0}" "${f[12]:=0}"
+        if ((${#f[@]} >= 8)) && [[ $uuid =~ ^(GPU|MIG)- ]] && idle_all_uint "${f[@]:2:5}" "${f[8]}" "${f[10]}" "${f[11]}" "${f[12]}" &&
+          [[ ${f[9]} =~ ^(-|gpu_idle|gpu_stuck)$ ]]; then
+          IDLE_CYCLES[$uuid]=${f[2]} IDLE_SINCE[$uuid]=${f[3]}
+          IDLE_FIRING[$uuid]=${f[4]} IDLE_LAST_ALERT[$uuid]=${f[5]}
+          IDLE_ABSENT[$uuid]=${f[6]} IDLE_SPIN[$uuid]=${f[8]} IDLE_KIND[$uuid]=${f[9]}
+          IDLE_JOB_PID[$uuid]=${f[10]} IDLE_FAULT[$uuid]=${f[11]} IDLE_FAULT_FIRING[$uuid]=${f[12]}
+          [[ ${f[7]:-0} == 1 ]] && IDLE_NA_LOGGED[$uuid]=1
           continue
         fi
         ;;
       history)
         # uuid column, then the last utilization samples, comma separated
-        if [[ $cycles =~ ^[0-9,-]*$ ]]; then
-          IDLE_HISTORY[$uuid]=$cycles
+        read -r -a f <<<"$line"
+        if [[ ${f[2]:-} =~ ^[0-9,-]*$ && ${#f[@]} == 3 ]]; then
+          IDLE_HISTORY[${f[1]}]=${f[2]}
           continue
         fi
         ;;
       monitor)
         # columns: failure streak, firing flag, streak start, last success
-        if gg_is_uint "$uuid" && gg_is_uint "$cycles" && gg_is_uint "$since" &&
-          gg_is_uint "$firing"; then
-          MON_FAILS=$uuid MON_FIRING=$cycles MON_SINCE=$since MON_LAST_OK=$firing
+        read -r -a f <<<"$line"
+        if idle_all_uint "${f[@]:1:4}" && ((${#f[@]} >= 5)); then
+          MON_FAILS=${f[1]} MON_FIRING=${f[2]} MON_SINCE=${f[3]} MON_LAST_OK=${f[4]}
+          continue
+        fi
+        ;;
+      pending)
+        # pending ID EVENT-JSON: saved, maybe not enqueued (killed between)
+        read -r kind uuid f <<<"$line"
+        if [[ -n $uuid && ${line#pending "$uuid" } == '{'*'}' ]]; then
+          IDLE_PENDING_IDS+=("$uuid")
+          IDLE_PENDING+=("${line#pending "$uuid" }")
+          IDLE_PENDING_RECOVERED=1
           continue
         fi
         ;;
@@ -56,33 +126,61 @@ idle_state_load() {
   done <"$file"
 }
 
+# True when every argument is a whole number.
+idle_all_uint() {
+  local v
+  for v in "$@"; do gg_is_uint "$v" || return 1; done
+}
+
 # Writes the state atomically, and only when it changed since the last write.
 idle_state_save() {
-  local uuid state
+  local uuid state i
   printf -v state 'monitor %s %s %s %s 0 0 0\n' "$MON_FAILS" "$MON_FIRING" "$MON_SINCE" "$MON_LAST_OK"
   for uuid in "${!IDLE_CYCLES[@]}"; do
-    printf -v state '%sgpu %s %s %s %s %s %s %s\n' "$state" "$uuid" "${IDLE_CYCLES[$uuid]}" \
-      "${IDLE_SINCE[$uuid]}" "${IDLE_FIRING[$uuid]}" \
-      "${IDLE_LAST_ALERT[$uuid]}" "${IDLE_ABSENT[$uuid]:-0}" "${IDLE_NA_LOGGED[$uuid]:-0}"
+    printf -v state '%sgpu %s %s %s %s %s %s %s %s %s %s %s %s\n' "$state" "$uuid" "${IDLE_CYCLES[$uuid]}" \
+      "${IDLE_SINCE[$uuid]:-0}" "${IDLE_FIRING[$uuid]:-0}" \
+      "${IDLE_LAST_ALERT[$uuid]:-0}" "${IDLE_ABSENT[$uuid]:-0}" "${IDLE_NA_LOGGED[$uuid]:-0}" \
+      "${IDLE_SPIN[$uuid]:-0}" "${IDLE_KIND[$uuid]:--}" "${IDLE_JOB_PID[$uuid]:-0}" \
+      "${IDLE_FAULT[$uuid]:-0}" "${IDLE_FAULT_FIRING[$uuid]:-0}"
   done
   for uuid in "${!IDLE_HISTORY[@]}"; do
     [[ -n ${IDLE_CYCLES[$uuid]+set} ]] && state+="history $uuid ${IDLE_HISTORY[$uuid]}"$'\n'
+  done
+  for i in "${!IDLE_PENDING[@]}"; do
+    state+="pending ${IDLE_PENDING_IDS[i]} ${IDLE_PENDING[i]}"$'\n'
   done
   [[ $state == "${IDLE_SAVED_STATE:-}" ]] && return 0
   gg_write_atomic "$GPUGUARD_STATE_DIR/idle.state" "$state" || return
   IDLE_SAVED_STATE=$state
 }
 
-# Runs one watchdog cycle: sample, judge every GPU, emit events, save.
+# Runs one watchdog cycle: sample, judge every GPU, save the incidents with
+# their events, enqueue the events, save, deliver.
 # Arguments:
 #   $1 current time, unix seconds
 idle_cycle() {
   local now=$1
+  # events saved by a run killed before it enqueued them
+  ((${#IDLE_PENDING[@]} == 0)) || idle_pending_emit
+  jobinfo_reset
   if ! smi_sample; then
     idle_monitor_failed "$now"
+  elif ((${SMI_APPS_OK:-1} != 1)); then
+    # The GPU lines are fine but the process list is not: nothing about
+    # occupancy can be told this cycle; device faults still can.
+    idle_monitor_failed "$now"
+    idle_judge_all "$now" faults-only
   else
     idle_monitor_ok "$now"
     idle_judge_all "$now"
+  fi
+  if ((${#IDLE_PENDING[@]})); then
+    # the incident and its events reach the disk together, before any send
+    if idle_state_save; then
+      idle_pending_emit
+    else
+      gg_log error "could not save $GPUGUARD_STATE_DIR/idle.state; events of this cycle wait for the next"
+    fi
   fi
   idle_state_save || gg_log error "could not save $GPUGUARD_STATE_DIR/idle.state"
   events_flush
@@ -92,93 +190,295 @@ idle_cycle() {
   gpuhistory_append "$now" || gg_log warn "could not append to $GPUGUARD_STATE_DIR/gpu-history.tsv"
 }
 
+# Enqueues the pending events, in order, then forgets them. After a crash
+# (pending lines loaded from the state), an event whose id events.jsonl
+# already holds was enqueued before the kill and is not enqueued again.
+idle_pending_emit() {
+  local i id
+  for i in "${!IDLE_PENDING[@]}"; do
+    id=${IDLE_PENDING_IDS[i]}
+    if ((IDLE_PENDING_RECOVERED)) &&
+      grep -qE -- "\"id\": ?\"${id//[^A-Za-z0-9_:-]/.}\"" "$GPUGUARD_STATE_DIR/events.jsonl" 2>/dev/null; then
+      continue
+    fi
+    events_emit "${IDLE_PENDING[i]}"
+  done
+  IDLE_PENDING=() IDLE_PENDING_IDS=()
+  IDLE_PENDING_RECOVERED=0
+}
+
+# Queues an event of this cycle (see idle_cycle for the order of writes).
+# Arguments:
+#   $1 unique id (also in the JSON as "id"), $2 the event, one line of JSON
+idle_queue_event() {
+  IDLE_PENDING_IDS+=("$1")
+  IDLE_PENDING+=("$2")
+}
+
 # Judges every GPU of a successful sample and forgets long-absent ones.
+# Arguments:
+#   $1 now, $2 "faults-only" to judge device faults only (no process list)
 idle_judge_all() {
-  local now=$1 uuid
+  local now=$1 mode=${2:-} uuid
   local -A seen=()
+  idle_settings_default
   for uuid in "${SMI_UUIDS[@]}"; do
     seen[$uuid]=1
     IDLE_ABSENT[$uuid]=0
-    idle_judge_gpu "$now" "$uuid"
+    : "${IDLE_CYCLES[$uuid]:=0}"
+    if idle_judge_fault "$now" "$uuid" && [[ $mode != faults-only ]]; then
+      idle_judge_gpu "$now" "$uuid"
+    fi
   done
+  idle_settings_default
   for uuid in "${!IDLE_CYCLES[@]}"; do
     [[ -n ${seen[$uuid]:-} ]] && continue
     # A GPU missing from one sample (a garbage line) keeps its state.
     IDLE_ABSENT[$uuid]=$((${IDLE_ABSENT[$uuid]:-0} + 1))
     if ((${IDLE_ABSENT[$uuid]} >= IDLE_FORGET_AFTER)); then
-      if ((${IDLE_FIRING[$uuid]:-0})); then
-        idle_emit "$now" "$uuid" resolved gone
-      fi
-      unset "IDLE_CYCLES[$uuid]" "IDLE_SINCE[$uuid]" "IDLE_FIRING[$uuid]" \
-        "IDLE_LAST_ALERT[$uuid]" "IDLE_ABSENT[$uuid]" "IDLE_NA_LOGGED[$uuid]" "IDLE_HISTORY[$uuid]"
+      ((${IDLE_FIRING[$uuid]:-0})) && idle_emit "$now" "$uuid" resolved gone
+      ((${IDLE_FAULT_FIRING[$uuid]:-0})) && idle_emit_fault "$now" "$uuid" resolved gone
+      unset "IDLE_CYCLES[$uuid]" "IDLE_SPIN[$uuid]" "IDLE_SINCE[$uuid]" "IDLE_FIRING[$uuid]" \
+        "IDLE_KIND[$uuid]" "IDLE_LAST_ALERT[$uuid]" "IDLE_ABSENT[$uuid]" "IDLE_NA_LOGGED[$uuid]" \
+        "IDLE_HISTORY[$uuid]" "IDLE_JOB_PID[$uuid]" "IDLE_FAULT[$uuid]" "IDLE_FAULT_FIRING[$uuid]"
     fi
   done
 }
 
-# Prints why a GPU counts as idle-but-occupied ("" when it does not) into the
-# variable named $2; returns 2 when it cannot be judged (no utilization).
+# Follows a GPU's device fault (SMI_GPU_FAULT, contract 1). Returns 1 while
+# the GPU reads a fault: its values are unknown, so it is not judged idle.
+idle_judge_fault() {
+  local now=$1 uuid=$2
+  local fault=${SMI_GPU_FAULT[$uuid]:-}
+  if [[ -n $fault ]]; then
+    IDLE_FAULT[$uuid]=$((${IDLE_FAULT[$uuid]:-0} + 1))
+    if ((! ${IDLE_FAULT_FIRING[$uuid]:-0} && ${IDLE_FAULT[$uuid]} >= SMI_FAIL_ALERT_CYCLES)); then
+      IDLE_FAULT_FIRING[$uuid]=1
+      idle_emit_fault "$now" "$uuid" firing fault
+    fi
+    return 1
+  fi
+  if ((${IDLE_FAULT_FIRING[$uuid]:-0})); then
+    idle_emit_fault "$now" "$uuid" resolved recovered
+  fi
+  IDLE_FAULT[$uuid]=0 IDLE_FAULT_FIRING[$uuid]=0
+  return 0
+}
+
+# Sets the rule values in force for one GPU (IDLE_T_THRESHOLD, IDLE_T_MAX,
+# IDLE_T_SPIN, IDLE_T_PCT, IDLE_T_EXEMPT, IDLE_T_RULE) from the defaults and
+# the first per-job rule matching the job that holds most memory on it.
+idle_settings_for() {
+  local uuid=$1
+  idle_settings_default
+  ((${#IDLE_RULE_KIND[@]})) || return 0
+  local pid name mem best='' best_mem=-1
+  while IFS=$'\t' read -r pid name mem; do
+    [[ -n $pid ]] || continue
+    if ((${mem:-0} > best_mem)); then
+      best=$pid best_mem=${mem:-0}
+    fi
+  done <<<"${SMI_PROCS[$uuid]:-}"
+  [[ -n $best ]] || return 0
+  # a PID that is another process in this namespace matches no rule
+  jobinfo_holds_gpu "$best" || (($? == 2)) || return 0
+  local user cmd i setting
+  jobinfo_match_text_into "$best" user cmd
+  for i in "${!IDLE_RULE_KIND[@]}"; do
+    idle_rule_matches "$i" "$user" "$cmd" || continue
+    IDLE_T_RULE=${IDLE_RULE_WHERE[i]}
+    for setting in ${IDLE_RULE_SET[i]}; do
+      case $setting in
+        exempt) IDLE_T_EXEMPT=1 ;;
+        THRESHOLD=*) IDLE_T_THRESHOLD=${setting#*=} ;;
+        MAX_IDLE_CYCLES=*) IDLE_T_MAX=${setting#*=} ;;
+        SPIN_CYCLES=*) IDLE_T_SPIN=${setting#*=} ;;
+        IDLE_POWER_PCT=*) IDLE_T_PCT=${setting#*=} ;;
+      esac
+    done
+    return 0
+  done
+}
+
+# Sets the rule values in force to the configuration's (no per-job rule).
+idle_settings_default() {
+  IDLE_T_THRESHOLD=$THRESHOLD IDLE_T_MAX=$MAX_IDLE_CYCLES IDLE_T_SPIN=$SPIN_CYCLES
+  IDLE_T_PCT=$IDLE_POWER_PCT IDLE_T_EXEMPT=0 IDLE_T_RULE=''
+}
+
+# True when rule $1 matches a job's user ($2) or command lines ($3).
+idle_rule_matches() {
+  local i=$1 user=$2 cmd=$3 rc=1
+  case ${IDLE_RULE_KIND[i]} in
+    user) [[ " $user " == *" ${IDLE_RULE_PAT[i]} "* ]] && rc=0 ;;
+    cmd)
+      shopt -s nocasematch
+      [[ $cmd =~ ${IDLE_RULE_PAT[i]} ]] && rc=0
+      shopt -u nocasematch
+      ;;
+  esac
+  return "$rc"
+}
+
+# Reads the per-job idle rules from $IDLE_RULES (nothing when empty). One
+# rule a line, "MATCH SETTING...": MATCH is cmd:REGEX (extended, case-
+# insensitive, searched in the GPU process's and its job's command lines;
+# may hold spaces) or user:NAME (name or uid); SETTINGs are `exempt` or
+# KEY=VALUE for THRESHOLD, MAX_IDLE_CYCLES, SPIN_CYCLES, IDLE_POWER_PCT
+# (checked like the configuration). # starts a comment line. Parsed as data.
+# Returns:
+#   2 with "FILE:LINE: why" for a line that is not a rule, or an unreadable file
+idle_rules_load() {
+  declare -ga IDLE_RULE_KIND=() IDLE_RULE_PAT=() IDLE_RULE_SET=() IDLE_RULE_WHERE=()
+  local file=${IDLE_RULES:-}
+  [[ -n $file ]] || return 0
+  if [[ -d $file || ! -r $file ]]; then
+    gg_usage_error "IDLE_RULES: cannot read rules file $file"
+    return
+  fi
+  local line n=0 match settings last rest kind pat key value rc
+  while IFS= read -r line || [[ -n $line ]]; do
+    n=$((n + 1))
+    ((n == 1)) && line=${line#$'\xef\xbb\xbf'}
+    line=${line%$'\r'}
+    [[ $line =~ ^[[:space:]]*(#|$) ]] && continue
+    match=${line#"${line%%[![:space:]]*}"} settings=''
+    # settings are the trailing words that look like settings
+    while [[ $match =~ ^(.*[^[:space:]])[[:space:]]+([^[:space:]]+)$ ]]; do
+      last=${BASH_REMATCH[2]} rest=${BASH_REMATCH[1]}
+      [[ $last == exempt || $last =~ ^[A-Z_]+=.*$ ]] || break
+      match=$rest
+      settings="$last${settings:+ $settings}"
+    done
+    if [[ -z $settings || ! $match =~ ^(cmd|user):(.+)$ ]]; then
+      gg_usage_error "$file:$n: expected 'cmd:REGEX SETTING...' or 'user:NAME SETTING...' (SETTING: exempt or KEY=VALUE)"
+      return
+    fi
+    kind=${BASH_REMATCH[1]} pat=${BASH_REMATCH[2]}
+    if [[ $kind == cmd ]]; then
+      # status 2: the expression does not compile (1: it does, no match)
+      rc=0
+      # shellcheck disable=SC2319 # $? is the status of the [[ =~ ]] test
+      [[ '' =~ $pat ]] || rc=$?
+      if ((rc == 2)); then
+        gg_usage_error "$file:$n: bad regular expression '$pat'"
+        return
+      fi
+    elif [[ $pat =~ [[:space:]] ]]; then
+      gg_usage_error "$file:$n: a user name has no spaces"
+      return
+    fi
+    local setting normalised=''
+    for setting in $settings; do
+      if [[ $setting == exempt ]]; then
+        normalised+=" exempt"
+        continue
+      fi
+      key=${setting%%=*} value=${setting#*=}
+      case $key in
+        THRESHOLD | MAX_IDLE_CYCLES | SPIN_CYCLES | IDLE_POWER_PCT) ;;
+        *)
+          gg_usage_error "$file:$n: unknown setting $key (THRESHOLD, MAX_IDLE_CYCLES, SPIN_CYCLES, IDLE_POWER_PCT or exempt)"
+          return
+          ;;
+      esac
+      local -A checked=()
+      # the configuration's own check, its error prefixed with file:line
+      GG_PROG="${GG_PROG:-gpuguard}: $file:$n" config_validate "$key" "$value" "${GG_CONFIG_KIND[$key]}" checked || return
+      value=${checked[$key]:-$value}
+      normalised+=" $key=$((10#$value))"
+    done
+    IDLE_RULE_KIND+=("$kind") IDLE_RULE_PAT+=("$pat") IDLE_RULE_SET+=("${normalised# }")
+    IDLE_RULE_WHERE+=("$file:$n")
+  done <"$file"
+}
+
+# Decides, for one GPU, whether it is idle or spinning, into the variable
+# named $2: utilization, spinning, busy, released (no longer held) or
+# exempt (a per-job rule). Returns 2 when it cannot be told this cycle
+# (utilization, or memory of a GPU without listed processes, unknown; power
+# unknown while a spin is being counted).
+# shellcheck disable=SC2034 # verdict_ref: nameref, assigns the caller's variable
 idle_classify() {
   local uuid=$1
   local -n verdict_ref=$2
   verdict_ref=''
-  local util=${SMI_UTIL[$uuid]} used=${SMI_MEM_USED[$uuid]:-0}
-  local power=${SMI_POWER[$uuid]} limit=${SMI_POWER_LIMIT[$uuid]}
+  local util=${SMI_UTIL[$uuid]:-} used=${SMI_MEM_USED[$uuid]:-}
+  local power=${SMI_POWER[$uuid]:-} limit=${SMI_POWER_LIMIT[$uuid]:-}
   [[ -n $util ]] || return 2
-  local occupied=0
-  if ((${SMI_NPROCS[$uuid]:-0} > 0)); then
-    occupied=1
-  elif ((${used%.*} > IDLE_MEM_MIB)); then
-    # The process list is hidden (container PID namespace) or unavailable,
-    # yet memory is held: count the GPU as occupied.
-    occupied=1
+  idle_settings_for "$uuid"
+  if ((${SMI_NPROCS[$uuid]:-0} == 0)); then
+    # The process list is hidden (container PID namespace) or empty: held
+    # when memory is; unknown memory is not "released".
+    [[ -n $used ]] || return 2
+    if ((${used%.*} <= IDLE_MEM_MIB)); then
+      verdict_ref=released
+      return 0
+    fi
   fi
-  ((occupied)) || return 0
-  # shellcheck disable=SC2034 # nameref: assigns the caller's variable
-  if ((${util%.*} < THRESHOLD)); then
+  if ((IDLE_T_EXEMPT)); then
+    verdict_ref=exempt
+  elif ((${util%.*} < IDLE_T_THRESHOLD)); then
     verdict_ref=utilization
-  elif ((IDLE_POWER_PCT > 0)) && [[ -n $power && -n $limit ]] &&
-    ((${power%.*} * 100 < IDLE_POWER_PCT * ${limit%.*})); then
-    verdict_ref=power
+  elif ((IDLE_T_PCT > 0 && ${util%.*} >= SPIN_UTIL_MIN)); then
+    if [[ -z $power || -z $limit ]] || ((${limit%.*} == 0)); then
+      # cannot tell spinning from busy: hold a spin count, else busy
+      if ((${IDLE_SPIN[$uuid]:-0} > 0)) || [[ ${IDLE_KIND[$uuid]:-} == gpu_stuck ]]; then
+        return 2
+      fi
+      verdict_ref=busy
+    elif ((${power%.*} * 100 < IDLE_T_PCT * ${limit%.*})); then
+      verdict_ref=spinning
+    else
+      verdict_ref=busy
+    fi
+  else
+    verdict_ref=busy
   fi
   return 0
 }
 
-# Applies the rule to one GPU.
+# Applies the rules to one GPU.
 idle_judge_gpu() {
   local now=$1 uuid=$2 verdict rc=0
   idle_classify "$uuid" verdict || rc=$?
   if ((rc == 2)); then
-    if [[ -z ${IDLE_NA_LOGGED[$uuid]:-} ]]; then
+    if [[ -z ${SMI_UTIL[$uuid]} && -z ${IDLE_NA_LOGGED[$uuid]:-} ]]; then
       gg_log warn "GPU ${SMI_INDEX[$uuid]} ($uuid): utilization not available ([N/A], MIG?); not judged"
       IDLE_NA_LOGGED[$uuid]=1
     fi
-    : "${IDLE_CYCLES[$uuid]:=0}" "${IDLE_SINCE[$uuid]:=0}" "${IDLE_FIRING[$uuid]:=0}" "${IDLE_LAST_ALERT[$uuid]:=0}"
     return 0
   fi
   unset "IDLE_NA_LOGGED[$uuid]"
   idle_history_add "$uuid" "${SMI_UTIL[$uuid]%.*}"
-  if [[ -n $verdict ]]; then
-    local cycles=$((${IDLE_CYCLES[$uuid]:-0} + 1))
-    IDLE_CYCLES[$uuid]=$cycles
-    ((${IDLE_SINCE[$uuid]:-0} > 0)) || IDLE_SINCE[$uuid]=$now
-    : "${IDLE_FIRING[$uuid]:=0}" "${IDLE_LAST_ALERT[$uuid]:=0}"
-    if ((!${IDLE_FIRING[$uuid]} && cycles >= MAX_IDLE_CYCLES)); then
-      IDLE_FIRING[$uuid]=1
-      IDLE_LAST_ALERT[$uuid]=$now
-      idle_emit "$now" "$uuid" firing "$verdict"
-    elif ((${IDLE_FIRING[$uuid]} && REPEAT_INTERVAL > 0 &&
-      now - ${IDLE_LAST_ALERT[$uuid]} >= REPEAT_INTERVAL)); then
-      IDLE_LAST_ALERT[$uuid]=$now
-      idle_emit "$now" "$uuid" reminder "$verdict"
+  case $verdict in
+    utilization) IDLE_CYCLES[$uuid]=$((${IDLE_CYCLES[$uuid]:-0} + 1)) ;;
+    spinning) IDLE_SPIN[$uuid]=$((${IDLE_SPIN[$uuid]:-0} + 1)) ;;
+    *)
+      if ((${IDLE_FIRING[$uuid]:-0})); then
+        idle_emit "$now" "$uuid" resolved "$verdict"
+      fi
+      IDLE_CYCLES[$uuid]=0 IDLE_SPIN[$uuid]=0 IDLE_SINCE[$uuid]=0 IDLE_FIRING[$uuid]=0
+      IDLE_LAST_ALERT[$uuid]=0 IDLE_KIND[$uuid]=- IDLE_JOB_PID[$uuid]=0
+      return 0
+      ;;
+  esac
+  ((${IDLE_SINCE[$uuid]:-0} > 0)) || IDLE_SINCE[$uuid]=$now
+  if ((! ${IDLE_FIRING[$uuid]:-0})); then
+    local kind=''
+    if ((${IDLE_CYCLES[$uuid]} >= IDLE_T_MAX)); then
+      kind=gpu_idle
+    elif ((${IDLE_SPIN[$uuid]:-0} >= IDLE_T_SPIN)); then
+      kind=gpu_stuck
     fi
-    return 0
+    if [[ -n $kind ]]; then
+      IDLE_FIRING[$uuid]=1 IDLE_KIND[$uuid]=$kind IDLE_LAST_ALERT[$uuid]=$now
+      idle_emit "$now" "$uuid" firing "$verdict"
+    fi
+  elif ((REPEAT_INTERVAL > 0 && now - ${IDLE_LAST_ALERT[$uuid]:-0} >= REPEAT_INTERVAL)); then
+    IDLE_LAST_ALERT[$uuid]=$now
+    idle_emit "$now" "$uuid" reminder "$verdict"
   fi
-  if ((${IDLE_FIRING[$uuid]:-0})); then
-    local reason=busy
-    ((${SMI_NPROCS[$uuid]:-0} > 0 || ${SMI_MEM_USED[$uuid]:-0} > IDLE_MEM_MIB)) || reason=released
-    idle_emit "$now" "$uuid" resolved "$reason"
-  fi
-  IDLE_CYCLES[$uuid]=0 IDLE_SINCE[$uuid]=0 IDLE_FIRING[$uuid]=0 IDLE_LAST_ALERT[$uuid]=0
 }
 
 # Keeps the last 24 utilization samples of a GPU (for gpuguard status).
@@ -192,12 +492,74 @@ idle_history_add() {
   IDLE_HISTORY[$uuid]=$h
 }
 
-# Builds and emits a gpu_idle event for one GPU.
+# Puts the JSON of the jobs holding a GPU into the variables named $2 (the
+# job holding the most memory, or null) and $3 (all of them, a JSON list);
+# each job object gets "used_memory_mib" (its memory on this GPU). Records
+# the main job's top PID in IDLE_JOB_PID.
+idle_jobs_json_into() {
+  local ij_uuid=$1
+  local -n main_ref=$2 all_ref=$3
+  local ij_pid ij_mem ij_key
+  local -A ij_group_mem=() ij_group_pid=()
+  local -a ij_order=()
+  while IFS=$'\t' read -r ij_pid _ ij_mem; do
+    [[ -n $ij_pid ]] || continue
+    ij_key=x$ij_pid
+    # a PID this namespace cannot vouch for stays a job of its own
+    if jobinfo_holds_gpu "$ij_pid" || (($? == 2)); then
+      jobinfo_top_into "$ij_pid" ij_key
+    fi
+    if [[ -z ${ij_group_pid[$ij_key]:-} ]]; then
+      ij_group_pid[$ij_key]=$ij_pid
+      ij_order+=("$ij_key")
+    fi
+    ij_group_mem[$ij_key]=$((${ij_group_mem[$ij_key]:-0} + ${ij_mem:-0}))
+  done <<<"${SMI_PROCS[$ij_uuid]:-}"
+  local ij_job ij_best='' ij_best_mem=-1 ij_all=''
+  main_ref=null
+  for ij_key in "${ij_order[@]}"; do
+    jobinfo_json_into "${ij_group_pid[$ij_key]}" ij_job
+    ij_job="${ij_job%\}},\"used_memory_mib\":${ij_group_mem[$ij_key]}}"
+    ij_all+="${ij_all:+,}$ij_job"
+    if ((${ij_group_mem[$ij_key]} > ij_best_mem)); then
+      ij_best_mem=${ij_group_mem[$ij_key]} main_ref=$ij_job ij_best=$ij_key
+    fi
+  done
+  # shellcheck disable=SC2034 # nameref: assigns the caller's variable
+  all_ref="[$ij_all]"
+  if [[ -n $ij_best ]]; then
+    local ij_top=${main_ref#*\"pid\":}
+    IDLE_JOB_PID[$ij_uuid]=${ij_top%%,*}
+  fi
+}
+
+# Puts the cost of SECONDS of one GPU at GPU_HOUR_PRICE a hour, with two
+# decimals, into the variable named $2 ('' when no price is set).
+idle_cost_into() {
+  local seconds=$1
+  local -n cost_ref=$2
+  cost_ref=''
+  local price=${GPU_HOUR_PRICE:-0} int frac
+  int=${price%%.*} frac=''
+  [[ $price == *.* ]] && frac=${price#*.}
+  frac=${frac}000
+  frac=${frac:0:3}
+  local milli=$((10#$int * 1000 + 10#$frac))
+  ((milli > 0)) || return 0
+  # cents, rounded half up
+  local cents=$(((milli * seconds + 18000) / 36000))
+  # shellcheck disable=SC2034 # nameref: assigns the caller's variable
+  printf -v cost_ref '%d.%02d' "$((cents / 100))" "$((cents % 100))"
+}
+
+# Builds and queues a gpu_idle or gpu_stuck event for one GPU.
 # Arguments:
 #   $1 now, $2 uuid, $3 state (firing|reminder|resolved), $4 reason
+#   (utilization|spinning; busy|released|exempt|gone when resolved)
 idle_emit() {
   local now=$1 uuid=$2 state=$3 reason=$4
-  local since=${IDLE_SINCE[$uuid]:-0} procs='' pid name mem esc
+  local kind=${IDLE_KIND[$uuid]:-gpu_idle} since=${IDLE_SINCE[$uuid]:-0} procs='' pid name mem esc
+  [[ $kind == - ]] && kind=gpu_idle
   local idle_seconds=0
   ((since > 0)) && idle_seconds=$((now - since))
   while IFS=$'\t' read -r pid name mem; do
@@ -205,16 +567,46 @@ idle_emit() {
     gg_json_escape_into "$name" esc
     procs+="${procs:+,}{\"pid\":$pid,\"name\":\"$esc\",\"used_memory_mib\":${mem:-null}}"
   done <<<"${SMI_PROCS[$uuid]:-}"
-  local host_esc
+  local job=null jobs='[]'
+  [[ -n ${SMI_PROCS[$uuid]:-} ]] && idle_jobs_json_into "$uuid" job jobs
+  local host_esc gpu_name=null cost='' cost_json=''
   gg_json_escape_into "$GPUGUARD_HOST" host_esc
-  local event
-  printf -v event '{"ts":%s,"host":"%s","event":"gpu_idle","state":"%s","reason":"%s","gpu":%s,"uuid":"%s","utilization":%s,"threshold":%s,"memory_used_mib":%s,"memory_total_mib":%s,"power_draw_w":%s,"idle_cycles":%s,"idle_seconds":%s,"processes":[%s]}' \
-    "$now" "$host_esc" "$state" "$reason" "${SMI_INDEX[$uuid]:-null}" "$uuid" \
-    "${SMI_UTIL[$uuid]:-null}" "$THRESHOLD" "${SMI_MEM_USED[$uuid]:-null}" \
-    "${SMI_MEM_TOTAL[$uuid]:-null}" "${SMI_POWER[$uuid]:-null}" \
-    "${IDLE_CYCLES[$uuid]:-0}" "$idle_seconds" "$procs"
-  gg_log warn "gpu_idle $state: GPU ${SMI_INDEX[$uuid]:-?} util ${SMI_UTIL[$uuid]:-?}% for ${IDLE_CYCLES[$uuid]:-0} cycles, ${SMI_NPROCS[$uuid]:-0} processes ($reason)"
-  events_emit "$event"
+  jobinfo_json_str_into "${SMI_NAME[$uuid]:-}" gpu_name
+  idle_cost_into "$idle_seconds" cost
+  if [[ -n $cost ]]; then
+    gg_json_escape_into "$GPU_PRICE_CURRENCY" esc
+    cost_json=",\"gpu_hour_price\":$GPU_HOUR_PRICE,\"currency\":\"$esc\",\"cost\":$cost"
+  fi
+  local rule=null
+  jobinfo_json_str_into "${IDLE_T_RULE:-}" rule
+  local job_pid=${IDLE_JOB_PID[$uuid]:-0}
+  ((job_pid > 0)) || job_pid=null
+  local id="$now-$uuid-$kind-$state" event
+  printf -v event '{"id":"%s","ts":%s,"host":"%s","event":"%s","state":"%s","reason":"%s","gpu":%s,"uuid":"%s","gpu_name":%s,"utilization":%s,"threshold":%s,"memory_used_mib":%s,"memory_total_mib":%s,"power_draw_w":%s,"power_limit_w":%s,"idle_power_pct":%s,"idle_cycles":%s,"spin_cycles":%s,"idle_seconds":%s,"since":%s,"rule":%s,"processes":[%s],"job":%s,"jobs":%s,"incident_job_pid":%s%s}' \
+    "$id" "$now" "$host_esc" "$kind" "$state" "$reason" "${SMI_INDEX[$uuid]:-null}" "$uuid" "$gpu_name" \
+    "${SMI_UTIL[$uuid]:-null}" "${IDLE_T_THRESHOLD:-$THRESHOLD}" "${SMI_MEM_USED[$uuid]:-null}" \
+    "${SMI_MEM_TOTAL[$uuid]:-null}" "${SMI_POWER[$uuid]:-null}" "${SMI_POWER_LIMIT[$uuid]:-null}" \
+    "${IDLE_T_PCT:-$IDLE_POWER_PCT}" "$((${IDLE_CYCLES[$uuid]:-0} + ${IDLE_SPIN[$uuid]:-0}))" \
+    "${IDLE_SPIN[$uuid]:-0}" "$idle_seconds" "$since" "$rule" "$procs" "$job" "$jobs" "$job_pid" "$cost_json"
+  gg_log warn "$kind $state: GPU ${SMI_INDEX[$uuid]:-?} util ${SMI_UTIL[$uuid]:-?}% for $((${IDLE_CYCLES[$uuid]:-0} + ${IDLE_SPIN[$uuid]:-0})) cycles, ${SMI_NPROCS[$uuid]:-0} processes ($reason), power ${SMI_POWER[$uuid]:-?} W"
+  idle_queue_event "$id" "$event"
+}
+
+# Builds and queues a gpu_degraded event (critical) for a GPU whose line
+# carries a device fault.
+# Arguments:
+#   $1 now, $2 uuid, $3 state (firing|resolved), $4 reason (fault|recovered|gone)
+idle_emit_fault() {
+  local now=$1 uuid=$2 state=$3 reason=$4 host_esc gpu_name fault event
+  gg_json_escape_into "$GPUGUARD_HOST" host_esc
+  jobinfo_json_str_into "${SMI_NAME[$uuid]:-}" gpu_name
+  jobinfo_json_str_into "${SMI_GPU_FAULT[$uuid]:-}" fault
+  local id="$now-$uuid-gpu_degraded-$state"
+  printf -v event '{"id":"%s","ts":%s,"host":"%s","event":"gpu_degraded","state":"%s","reason":"%s","severity":"critical","gpu":%s,"uuid":"%s","gpu_name":%s,"fault":%s,"faulted_cycles":%s}' \
+    "$id" "$now" "$host_esc" "$state" "$reason" "${SMI_INDEX[$uuid]:-null}" "$uuid" "$gpu_name" "$fault" \
+    "${IDLE_FAULT[$uuid]:-0}"
+  gg_log error "gpu_degraded $state: GPU ${SMI_INDEX[$uuid]:-?} ($uuid): ${SMI_GPU_FAULT[$uuid]:-$reason}"
+  idle_queue_event "$id" "$event"
 }
 
 # Records a failed sample: logged once per streak, reported as a
@@ -228,7 +620,7 @@ idle_monitor_failed() {
     gg_log error "$SMI_ERROR (logged once until nvidia-smi answers again)"
   fi
   MON_LAST_ERROR=$SMI_ERROR
-  if ((!MON_FIRING && MON_FAILS >= SMI_FAIL_ALERT_CYCLES)); then
+  if ((! MON_FIRING && MON_FAILS >= SMI_FAIL_ALERT_CYCLES)); then
     MON_FIRING=1
     idle_emit_monitor "$now" firing
   fi
@@ -249,13 +641,14 @@ idle_monitor_ok() {
   MON_FAILS=0 MON_FIRING=0 MON_SINCE=0 MON_LAST_OK=$now
 }
 
-# Emits a monitor_degraded event.
+# Queues a monitor_degraded event.
 idle_emit_monitor() {
   local now=$1 state=$2 err host_esc event
   gg_json_escape_into "${MON_LAST_ERROR:-}" err
   gg_json_escape_into "$GPUGUARD_HOST" host_esc
-  printf -v event '{"ts":%s,"host":"%s","event":"monitor_degraded","state":"%s","failures":%s,"since":%s,"error":"%s"}' \
-    "$now" "$host_esc" "$state" "$MON_FAILS" "$MON_SINCE" "$err"
+  local id="$now-monitor-$state"
+  printf -v event '{"id":"%s","ts":%s,"host":"%s","event":"monitor_degraded","state":"%s","failures":%s,"since":%s,"error":"%s"}' \
+    "$id" "$now" "$host_esc" "$state" "$MON_FAILS" "$MON_SINCE" "$err"
   gg_log warn "monitor_degraded $state after $MON_FAILS failed cycles"
-  events_emit "$event"
+  idle_queue_event "$id" "$event"
 }

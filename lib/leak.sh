@@ -127,7 +127,7 @@ leak_cycle() {
 # shellcheck disable=SC2034 # LEAK_STATUS is read by textfile_write_leak
 leak_run_detector() {
   local out kind state pid rest
-  out=$(printf '%s' "$1" | python3 -S "$GPUGUARD_ROOT/python/gpuguard_leak.py" check) || {
+  out=$(printf '%s' "$1" | gg_python gpuguard_leak.py "LEAK_THRESHOLD_MIB_H LEAK_BUCKET_S LEAK_RULES LEAK_HISTORY_MAX_ROWS LEAK_GPU_TOTAL_MIB LEAK_LOSS_LOG" check) || {
     gg_log error "leak detector failed (exit $?)"
     return 0
   }

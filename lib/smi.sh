@@ -7,15 +7,33 @@
 
 # Fields of the per-GPU query, in order. power.draw and power.limit ride along
 # in the same call as a second signal: a hung NCCL rank can spin at 100 %
-# utilization while drawing idle power.
-SMI_GPU_FIELDS=index,uuid,utilization.gpu,memory.used,memory.total,power.draw,power.limit
+# utilization while drawing idle power. name comes last: the parser accepts
+# lines without it (older recordings) and a name may hold commas.
+SMI_GPU_FIELDS=index,uuid,utilization.gpu,memory.used,memory.total,power.draw,power.limit,name
 SMI_APP_FIELDS=pid,process_name,used_memory,gpu_uuid
 
-# Runs nvidia-smi with the given arguments under the timeout.
+# Ranges of the values read, for gg_number_into (the one numeric check):
+# anything outside becomes '' (unknown), never a number that could alert.
+# 16 TiB of GPU memory, 5 kW of board power, PIDs up to the kernel's 2^22.
+SMI_MAX_MIB=16777216
+SMI_MAX_WATTS=5000
+SMI_MAX_PID=4194304
+
+# Placeholders nvidia-smi prints for a value it does not have. Any other
+# bracketed text in a GPU's line ([GPU requires reset], [Unknown Error],
+# [GPU is lost], ...) is a fault of that device, kept in SMI_GPU_FAULT.
+SMI_PLACEHOLDERS='|N/A|Not Supported|Insufficient Permissions|Requested functionality has been deprecated|Not Available|'
+
+# Runs nvidia-smi with the given arguments, bounded by SMI_TIMEOUT + 1 s
+# whatever it does: `timeout` runs it in its own process group and kills the
+# group (TERM, then KILL 1 s later), and its output is read with a deadline,
+# so a child that escaped the group (setsid) and still holds the pipe cannot
+# keep us waiting either. No temporary file: this works on a full disk.
 # Globals:
 #   NVIDIA_SMI (command line, may be "ssh node7 nvidia-smi"), SMI_TIMEOUT
 # Outputs:
-#   nvidia-smi's stdout and stderr, merged (it writes errors to stdout)
+#   nvidia-smi's stdout and stderr, merged (it writes errors to stdout);
+#   NUL bytes dropped
 # Returns:
 #   nvidia-smi's status; 124 when it timed out; 127 when it is missing
 smi_run() {
@@ -25,7 +43,38 @@ smi_run() {
     printf '%s: command not found\n' "${cmd[0]}"
     return 127
   fi
-  timeout -k 2 "${SMI_TIMEOUT:-10}" "${cmd[@]}" "$@" 2>&1
+  local limit=${SMI_TIMEOUT:-10} fd pid chunk output='' rc=0 now left timed_out=0 deadline
+  deadline=${EPOCHREALTIME/[.,]/}
+  deadline=$((deadline + (limit + 1) * 1000000))
+  exec {fd}< <(exec timeout -k 1 "$limit" "${cmd[@]}" "$@" 2>&1)
+  pid=$!
+  while :; do
+    now=${EPOCHREALTIME/[.,]/}
+    left=$((deadline - now))
+    if ((left <= 0)); then
+      timed_out=1
+      break
+    fi
+    chunk=''
+    IFS= read -r -d '' -t "$((left / 1000000)).$(printf '%06d' $((left % 1000000)))" -u "$fd" chunk
+    rc=$?
+    output+=$chunk
+    ((rc == 0)) && continue
+    ((rc > 128)) && timed_out=1
+    break
+  done
+  exec {fd}<&-
+  if ((timed_out)); then
+    # timeout(1) leads its group: take the whole group down, then reap it
+    kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+    printf '%s' "$output"
+    return 124
+  fi
+  rc=0
+  wait "$pid" || rc=$?
+  printf '%s' "$output"
+  return "$rc"
 }
 
 # Describes a failed call in one line, for logs and monitor_degraded events.
@@ -40,23 +89,46 @@ smi_describe_failure() {
   esac
 }
 
+# Declares (empty) every SMI_* output of smi_sample.
+smi_reset() {
+  declare -ga SMI_UUIDS=()
+  declare -gA SMI_INDEX=() SMI_UTIL=() SMI_MEM_USED=() SMI_MEM_TOTAL=() \
+  SMI_POWER=() SMI_POWER_LIMIT=() SMI_NAME=() SMI_GPU_FAULT=() SMI_NPROCS=() \
+  SMI_PROCS=() SMI_PIDS_MEM=() SMI_PID_UUIDS=()
+  SMI_BAD_LINES=0
+  SMI_TRUNCATED=0
+  SMI_BAD_VALUES=0
+  SMI_APPS_OK=0
+  SMI_ERROR=''
+}
+
+# Forgets the process list of the last sample (unread or garbage): every GPU
+# then has 0 processes and SMI_APPS_OK stays 0, so consumers know.
+smi_forget_apps() {
+  local uuid
+  declare -gA SMI_PIDS_MEM=() SMI_PID_UUIDS=()
+  for uuid in "${SMI_UUIDS[@]}"; do
+    SMI_NPROCS[$uuid]=0
+    SMI_PROCS[$uuid]=''
+  done
+}
+
 # Samples every GPU with at most two nvidia-smi calls, whatever the GPU count.
 # Globals (set):
 #   SMI_UUIDS (array, in index order); SMI_INDEX, SMI_UTIL, SMI_MEM_USED,
-#   SMI_MEM_TOTAL, SMI_POWER, SMI_POWER_LIMIT (assoc, by UUID; "" = no value);
-#   SMI_NPROCS (assoc, by
+#   SMI_MEM_TOTAL, SMI_POWER, SMI_POWER_LIMIT, SMI_NAME (assoc, by UUID;
+#   "" = unknown: a placeholder, a fault or a value out of range, never 0);
+#   SMI_GPU_FAULT (assoc, by UUID: '' or the device fault nvidia-smi printed
+#   in that GPU's line, e.g. "GPU requires reset"); SMI_NPROCS (assoc, by
 #   UUID); SMI_PROCS (assoc, by UUID: lines "pid<TAB>name<TAB>MiB");
 #   SMI_PIDS_MEM (assoc, by PID: MiB summed over GPUs); SMI_PID_UUIDS;
+#   SMI_APPS_OK (1 when this cycle's process list was read and parsed);
 #   SMI_BAD_LINES (lines skipped as unparseable); SMI_ERROR (why it failed)
 # Returns:
-#   0 when the GPU query succeeded and gave at least one valid GPU line
+#   0 when the GPU query succeeded and gave at least one GPU line and no
+#   truncated one (a GPU missing from a sample must not read as released)
 smi_sample() {
-  declare -ga SMI_UUIDS=()
-  declare -gA SMI_INDEX=() SMI_UTIL=() SMI_MEM_USED=() SMI_MEM_TOTAL=() \
-    SMI_POWER=() SMI_POWER_LIMIT=() SMI_NPROCS=() SMI_PROCS=() SMI_PIDS_MEM=() \
-    SMI_PID_UUIDS=()
-  SMI_BAD_LINES=0
-  SMI_ERROR=''
+  smi_reset
   local output rc=0
   output=$(smi_run --query-gpu="$SMI_GPU_FIELDS" --format=csv,noheader,nounits) || rc=$?
   if ((rc != 0)); then
@@ -64,87 +136,151 @@ smi_sample() {
     return 1
   fi
   smi_parse_gpus "$output"
+  if ((SMI_TRUNCATED > 0)); then
+    SMI_ERROR="nvidia-smi printed ${SMI_TRUNCATED} truncated GPU line(s)"
+    return 1
+  fi
   if ((${#SMI_UUIDS[@]} == 0)); then
     SMI_ERROR="nvidia-smi printed no valid GPU line (${SMI_BAD_LINES} unparseable)"
     return 1
   fi
   rc=0
   output=$(smi_run --query-compute-apps="$SMI_APP_FIELDS" --format=csv,noheader,nounits) || rc=$?
-  # An unreadable process list leaves SMI_NPROCS at 0: the idle rule then
-  # judges occupancy by memory.used, as for hidden (container) processes.
+  # An unreadable process list leaves SMI_NPROCS at 0 and SMI_APPS_OK at 0:
+  # consumers must not read it as "no processes".
   if ((rc != 0)); then
     SMI_ERROR="process list: $(smi_describe_failure "$rc" "$output")"
+    smi_forget_apps
   elif ! smi_parse_apps "$output"; then
     SMI_ERROR="process list: unparseable output"
+    smi_forget_apps
+  else
+    SMI_APPS_OK=1
   fi
   return 0
 }
 
-# Parses `--query-gpu` CSV (noheader, nounits) into the SMI_* arrays; lines
-# that do not have the shape of a GPU line are counted in SMI_BAD_LINES.
+# Reads one value of a GPU line: a placeholder gives '', a device fault
+# gives '' and is recorded for the GPU, a number is checked by gg_number_into.
+# Arguments:
+#   $1 variable for the value, $2 text, $3 int|dec, $4 MIN, $5 MAX,
+#   $6 variable collecting the fault text
+smi_value_into() {
+  local -n _smi_out=$1 _smi_fault=$6
+  local _smi_text=$2
+  _smi_out=''
+  case $_smi_text in
+    '' | N/A) return 0 ;;
+    '['*']')
+      _smi_text=${_smi_text:1:-1}
+      [[ $SMI_PLACEHOLDERS == *"|$_smi_text|"* ]] || _smi_fault=${_smi_fault:-$_smi_text}
+      return 0
+      ;;
+  esac
+  gg_number_into _smi_out "$_smi_text" "$3" "$4" "$5" || SMI_BAD_VALUES=$((SMI_BAD_VALUES + 1))
+  return 0
+}
+
+# Parses `--query-gpu` CSV (noheader, nounits) into the SMI_* arrays.
+# A GPU line (index, then a UUID or a bracketed fault) with the wrong number
+# of fields is truncated (SMI_TRUNCATED); any other line that is not a GPU
+# line (a warning, garbage) is skipped; both count in SMI_BAD_LINES. A value
+# that is not a valid number in range is unknown (''), counted in
+# SMI_BAD_VALUES. A second line for the same GPU is skipped.
 # One regular expression a line and no forks: it runs every cycle for every
 # GPU.
 smi_parse_gpus() {
-  local re='^ *([0-9]+), *((GPU|MIG)-[0-9A-Za-z/-]+), *([^,]*), *([^,]*), *([^,]*), *([^,]*), *([^,]*)$'
-  local line uuid bad i
-  local -a value
+  local start='^ *([0-9]+), *((GPU|MIG)-[0-9A-Za-z/-]+|\[[^],]*\])'
+  local re="$start"', *([^,]*), *([^,]*), *([^,]*), *([^,]*), *([^,]*)(, *(.*))?$'
+  local text=${1#$'\xef\xbb\xbf'} line uuid index name fault
+  local -a raw
+  local util used total power limit
+  # callers that declare the arrays themselves (tests) may predate these
+  declare -gA SMI_NAME SMI_GPU_FAULT
+  SMI_TRUNCATED=${SMI_TRUNCATED:-0} SMI_BAD_VALUES=${SMI_BAD_VALUES:-0}
   while IFS= read -r line; do
     line=${line%$'\r'}
     [[ -z ${line//[[:space:]]/} ]] && continue
-    if [[ ! $line =~ $re ]] || [[ -n ${SMI_INDEX[${BASH_REMATCH[2]}]+set} ]]; then
+    if [[ ! $line =~ $re ]]; then
       SMI_BAD_LINES=$((SMI_BAD_LINES + 1))
+      [[ $line =~ $start ]] && SMI_TRUNCATED=$((SMI_TRUNCATED + 1))
       continue
     fi
-    uuid=${BASH_REMATCH[2]}
-    # utilization, memory used, memory total, power draw, power limit
-    value=("${BASH_REMATCH[@]:4:5}")
-    value[4]=${value[4]%"${value[4]##*[![:space:]]}"}
-    bad=0
-    # A placeholder ([N/A], [Not Supported], N/A) becomes an empty value;
-    # anything else that is not a plain number makes the line garbage.
-    for i in 0 1 2 3 4; do
-      case ${value[i]} in '' | '['*']' | N/A) value[i]='' ;; *[!0-9.]* | .* | *. | *.*.*) bad=1 ;; esac
+    raw=("${BASH_REMATCH[@]}")
+    # trailing spaces of each field
+    local i
+    for i in 4 5 6 7 8 10; do
+      raw[i]=${raw[i]%"${raw[i]##*[![:space:]]}"}
     done
-    if ((bad)); then
+    fault=''
+    gg_number_into index "${raw[1]}" int 0 65535 || {
+      SMI_BAD_LINES=$((SMI_BAD_LINES + 1))
+      continue
+    }
+    uuid=${raw[2]}
+    if [[ $uuid == '['* ]]; then
+      # no UUID to key it by: the index stands in, so the fault still shows
+      fault=${uuid:1:-1}
+      uuid=GPU-index-$index
+    fi
+    if [[ -n ${SMI_INDEX[$uuid]+set} ]]; then
       SMI_BAD_LINES=$((SMI_BAD_LINES + 1))
       continue
     fi
+    smi_value_into total "${raw[6]}" int 1 "$SMI_MAX_MIB" fault
+    smi_value_into util "${raw[4]}" dec 0 100 fault
+    smi_value_into used "${raw[5]}" int 0 "${total:-$SMI_MAX_MIB}" fault
+    smi_value_into power "${raw[7]}" dec 0 "$SMI_MAX_WATTS" fault
+    smi_value_into limit "${raw[8]}" dec 0 "$SMI_MAX_WATTS" fault
+    name=${raw[10]}
+    case $name in
+      '[N/A]' | N/A) name='' ;;
+      '['*']')
+        [[ $SMI_PLACEHOLDERS == *"|${name:1:-1}|"* ]] || fault=${fault:-${name:1:-1}}
+        name=''
+        ;;
+    esac
     SMI_UUIDS+=("$uuid")
-    SMI_INDEX[$uuid]=${BASH_REMATCH[1]}
-    SMI_UTIL[$uuid]=${value[0]}
-    SMI_MEM_USED[$uuid]=${value[1]}
-    SMI_MEM_TOTAL[$uuid]=${value[2]}
-    SMI_POWER[$uuid]=${value[3]}
-    SMI_POWER_LIMIT[$uuid]=${value[4]}
+    SMI_INDEX[$uuid]=$index
+    SMI_UTIL[$uuid]=$util
+    SMI_MEM_USED[$uuid]=$used
+    SMI_MEM_TOTAL[$uuid]=$total
+    SMI_POWER[$uuid]=$power
+    SMI_POWER_LIMIT[$uuid]=$limit
+    SMI_NAME[$uuid]=${name//$'\t'/ }
+    SMI_GPU_FAULT[$uuid]=$fault
     SMI_NPROCS[$uuid]=0
     SMI_PROCS[$uuid]=''
-  done <<<"$1"
+  done <<<"$text"
 }
 
 # Parses `--query-compute-apps=pid,process_name,used_memory,gpu_uuid` CSV.
 # The name is what lies between the first and the last two fields, since
-# older drivers do not replace commas in process names.
+# older drivers do not replace commas in process names. Processes on GPUs
+# not in the GPU sample are ignored; memory out of range is unknown ('').
 # Returns:
-#   1 when any non-empty line is not a process line (garbage)
+#   1 when any non-empty line is not a process line (garbage, truncated)
 smi_parse_apps() {
-  local re='^ *([0-9]+), (.*), *([0-9]+|\[[^]]*\]|N/A|), *((GPU|MIG)-[0-9A-Za-z/-]+) *$'
-  local line pid name mem uuid
+  local re='^ *([0-9]+), (.*), *([^,]*), *((GPU|MIG)-[0-9A-Za-z/-]+) *$'
+  local text=${1#$'\xef\xbb\xbf'} line pid name mem uuid fault
   while IFS= read -r line; do
     line=${line%$'\r'}
     [[ -z ${line//[[:space:]]/} ]] && continue
     [[ $line =~ $re ]] || return 1
-    pid=${BASH_REMATCH[1]} name=${BASH_REMATCH[2]} mem=${BASH_REMATCH[3]} uuid=${BASH_REMATCH[4]}
+    name=${BASH_REMATCH[2]} mem=${BASH_REMATCH[3]} uuid=${BASH_REMATCH[4]}
+    gg_number_into pid "${BASH_REMATCH[1]}" int 1 "$SMI_MAX_PID" || return 1
     [[ -n ${SMI_INDEX[$uuid]+set} ]] || continue
-    [[ $mem == [0-9]* ]] || mem=''
+    mem=${mem%"${mem##*[![:space:]]}"}
+    fault=''
+    smi_value_into mem "$mem" int 0 "${SMI_MEM_TOTAL[$uuid]:-$SMI_MAX_MIB}" fault
     name=${name//$'\t'/ }
     SMI_NPROCS[$uuid]=$((SMI_NPROCS[$uuid] + 1))
     SMI_PROCS[$uuid]+="${pid}"$'\t'"${name}"$'\t'"${mem}"$'\n'
     SMI_PIDS_MEM[$pid]=$((${SMI_PIDS_MEM[$pid]:-0} + ${mem:-0}))
     SMI_PID_UUIDS[$pid]+="${SMI_PID_UUIDS[$pid]:+ }$uuid"
-  done <<<"$1"
+  done <<<"$text"
   return 0
 }
-
 
 # Asks for the facts doctor reports, one line per GPU:
 # "index, name, driver_version, mig.mode.current, persistence_mode".

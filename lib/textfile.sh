@@ -41,9 +41,21 @@ textfile_family() {
 textfile_write_idle() {
   local now=$1 dir=$GPUGUARD_TEXTFILE_DIR
   local util='' used='' total='' procs='' cycles='' idle='' power='' pmem='' uuid lbl
+  local limit='' spin='' stuck='' fault='' degraded=''
   if ((MON_FAILS == 0)); then
     for uuid in "${SMI_UUIDS[@]}"; do
       lbl="{gpu=\"${SMI_INDEX[$uuid]}\",uuid=\"$uuid\"}"
+      [[ -n ${SMI_POWER_LIMIT[$uuid]} ]] && limit+="$lbl ${SMI_POWER_LIMIT[$uuid]}"$'\n'
+      spin+="$lbl ${IDLE_SPIN[$uuid]:-0}"$'\n'
+      # which alert fires for the GPU: the idle one or the stuck one
+      local firing_idle=0 firing_stuck=0 faulted=0
+      if ((${IDLE_FIRING[$uuid]:-0})); then
+        if [[ ${IDLE_KIND[$uuid]:-} == gpu_stuck ]]; then firing_stuck=1; else firing_idle=1; fi
+      fi
+      [[ -n ${SMI_GPU_FAULT[$uuid]:-} ]] && faulted=1
+      stuck+="$lbl $firing_stuck"$'\n'
+      fault+="$lbl $faulted"$'\n'
+      degraded+="$lbl ${IDLE_FAULT_FIRING[$uuid]:-0}"$'\n'
       if [[ -n ${SMI_UTIL[$uuid]} ]]; then
         local ratio
         printf -v ratio '%d.%02d' "$((${SMI_UTIL[$uuid]%.*} / 100))" "$((${SMI_UTIL[$uuid]%.*} % 100))"
@@ -54,7 +66,7 @@ textfile_write_idle() {
       [[ -n ${SMI_POWER[$uuid]} ]] && power+="$lbl ${SMI_POWER[$uuid]}"$'\n'
       procs+="$lbl ${SMI_NPROCS[$uuid]:-0}"$'\n'
       cycles+="$lbl ${IDLE_CYCLES[$uuid]:-0}"$'\n'
-      idle+="$lbl ${IDLE_FIRING[$uuid]:-0}"$'\n'
+      idle+="$lbl $firing_idle"$'\n'
       local pid name mem esc
       while IFS=$'\t' read -r pid name mem; do
         [[ -n $pid && -n $mem ]] || continue
@@ -73,6 +85,12 @@ textfile_write_idle() {
   textfile_family out gpuguard_gpu_processes gauge 'Compute processes on the GPU.' "$procs"
   textfile_family out gpuguard_gpu_idle_cycles gauge 'Consecutive idle-but-occupied cycles.' "$cycles"
   textfile_family out gpuguard_gpu_idle gauge '1 while the idle-but-occupied alert fires.' "$idle"
+  textfile_family out gpuguard_gpu_power_limit_watts gauge 'GPU power limit in force.' "$limit"
+  textfile_family out gpuguard_gpu_spin_cycles gauge \
+    'Cycles of this idle streak at high utilization and idle-floor power (spinning).' "$spin"
+  textfile_family out gpuguard_gpu_stuck gauge '1 while the stuck (spinning) alert fires.' "$stuck"
+  textfile_family out gpuguard_gpu_fault gauge '1 when nvidia-smi prints a device fault for the GPU (reset needed, unknown error).' "$fault"
+  textfile_family out gpuguard_gpu_degraded gauge '1 while the GPU degraded alert fires.' "$degraded"
   textfile_family out gpuguard_process_gpu_memory_bytes gauge 'GPU memory held by a compute process.' "$pmem"
   textfile_family out gpuguard_idle_threshold_ratio gauge 'Utilization under which a held GPU counts as idle.' \
     "{} $threshold"

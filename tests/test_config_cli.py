@@ -4,7 +4,7 @@ import subprocess
 
 import pytest
 
-from conftest import ROOT, app, idle_gpu, require
+from conftest import ROOT, app, idle_gpu, require, wait_for
 
 BINS = sorted(p.name for p in (ROOT / "bin").iterdir())
 
@@ -160,3 +160,84 @@ def test_log_file_and_syslog(box, tmp_path):
     log = (tmp_path / "gpuguard.log").read_text()
     assert " WARN  yichuidingyin: gpu_idle firing: GPU 0 util 0% for 3 cycles" in log
     assert "-t gpuguard/yichuidingyin -p user.warning -- gpu_idle firing" in (tmp_path / "syslog").read_text()
+
+
+SECRET_ENV = {"NOTIFY_SECRET": "SECsigningsecret123", "ALERTMANAGER_URL": "http://127.0.0.1:9/am-TOKEN77",
+              "THRESHOLD": "10"}
+
+
+def test_configuration_never_reaches_nvidia_smi_but_the_alert_helper_gets_it(box, sink, tmp_path):
+    """Contract 2: config_load exports no key (not even one the user
+    exported): nvidia-smi's environment holds none of them, while the alert
+    helper still gets the webhook and delivers."""
+    env_log = tmp_path / "smi-env"
+    url = sink.url + "/hook/TOKEN42"
+    env = dict(SECRET_ENV, NOTIFY_URL=url, NOTIFY_TYPE="generic", FAKE_SMI_ENV_LOG=str(env_log))
+    box.write_scenario([{"gpus": [idle_gpu()], "apps": [app(1410)]}] * 3)
+    for t in range(3):
+        box.once(now=t * 60, env=env)
+    seen = env_log.read_text()
+    assert seen.count("--\n") == 6                       # two calls a cycle, each recorded
+    for name, value in env.items():
+        if not name.startswith("FAKE_"):
+            assert name + "=" not in seen
+            assert value not in seen
+    assert "TOKEN42" not in seen and "FAKE_SMI_SCENARIO=" in seen
+    assert wait_for(lambda: len(sink.requests) >= 1)
+    assert "TOKEN42" in sink.requests[0]["path"]
+
+
+def test_secrets_conf_beside_the_config_file(box, sink, tmp_path):
+    """Contract 3: secrets.conf beside the config file in force holds the
+    webhook; the environment still wins; group/world-readable warns."""
+    conf_dir = tmp_path / "etc"
+    conf_dir.mkdir()
+    conf = conf_dir / "gpuguard.conf"
+    conf.write_text("MAX_IDLE_CYCLES=2\nNOTIFY_TYPE=generic\n")
+    secrets = conf_dir / "secrets.conf"
+    secrets.write_text("NOTIFY_URL=%s/hook/FROMSECRETS\n" % sink.url)
+    secrets.chmod(0o600)
+    box.write_scenario([{"gpus": [idle_gpu()], "apps": [app(1410)]}] * 4)
+    env = {"GPUGUARD_CONFIG": str(conf)}
+    for t in range(2):
+        r = box.once(now=t * 60, env=env)
+        assert "readable by others" not in r.stderr
+    assert wait_for(lambda: len(sink.requests) == 1)
+    assert "FROMSECRETS" in sink.requests[0]["path"]
+    secrets.chmod(0o644)
+    r = box.once(now=180, env=env)
+    assert "secrets.conf holds webhook credentials and is readable by others (mode 644)" in r.stderr
+    assert "FROMSECRETS" not in r.stderr
+
+
+@pytest.mark.parametrize("content,message", [
+    (None, "config file {path} is a folder, not a file"),
+    (b"THRESHOLD=1.8e19\n", "THRESHOLD must be a whole number from 0 to 100 (got '1.8e19')"),
+    (b"THRESHOLD=18446744073709551615\n",
+     "THRESHOLD must be a whole number from 0 to 100 (got '18446744073709551615')"),
+    (b"MAX_IDLE_CYCLES=99999999999999999999\n",
+     "MAX_IDLE_CYCLES must be a whole number of at least 1 (at most 10^15) (got '99999999999999999999')"),
+    (b"LEAK_THRESHOLD_MIB_H=1e3\n", "LEAK_THRESHOLD_MIB_H must be a decimal number from 0 to 10^15 (got '1e3')"),
+])
+def test_bad_config_file_is_one_line_and_exit_2(box, tmp_path, content, message):
+    path = tmp_path / "gpuguard.conf"
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_bytes(content)
+    box.write_scenario([{"gpus": [idle_gpu()], "apps": []}])
+    r = box.run("--once", env={"GPUGUARD_CONFIG": str(path)})
+    assert (r.returncode, r.stdout) == (2, "")
+    assert r.stderr == "yichuidingyin: %s\n" % message.format(path=path)
+
+
+def test_config_with_bom_crlf_and_leading_zeros_is_read(box, tmp_path):
+    conf = tmp_path / "gpuguard.conf"
+    conf.write_bytes(b"\xef\xbb\xbfMAX_IDLE_CYCLES=02\r\nTHRESHOLD=010\r\n")
+    box.write_scenario([{"gpus": [idle_gpu(util=9)], "apps": [app(1410)]}] * 2)
+    for t in range(2):
+        r = box.once(now=t * 60, env={"GPUGUARD_CONFIG": str(conf)})
+        assert "unknown key" not in r.stderr
+    ev = box.events()
+    assert [e["state"] for e in ev] == ["firing"]
+    assert ev[0]["threshold"] == 10

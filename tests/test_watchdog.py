@@ -169,12 +169,15 @@ def test_hidden_processes_with_memory_held_count_as_occupied(box):
     assert event["memory_used_mib"] == 30000
 
 
-def test_unreadable_process_list_falls_back_to_memory(box):
+def test_unreadable_process_list_is_a_degraded_monitor_not_an_idle_gpu(box):
+    """A process list that cannot be read says nothing about who holds the
+    GPU: no idle count, and after SMI_FAIL_ALERT_CYCLES one monitor alert."""
     step = {"gpus": [idle_gpu(mem=30000)], "apps": [app(1)], "fault_apps": "garbage"}
-    box.write_scenario([step] * 3)
-    for t in range(3):
-        box.once(now=t)
-    assert states(box.events()) == [(0, "firing")]
+    box.write_scenario([step] * 6)
+    for t in range(6):
+        box.once(now=t, env={"SMI_FAIL_ALERT_CYCLES": "3"})
+    assert [(e["event"], e["state"]) for e in box.events()] == [("monitor_degraded", "firing")]
+    assert "process list" in box.events()[0]["error"]
 
 
 def test_mig_utilization_not_available_never_fires(box):
@@ -188,16 +191,18 @@ def test_mig_utilization_not_available_never_fires(box):
     assert logs.count("utilization not available") == 1
 
 
-def test_power_rule_catches_spinning_nccl_hang_only_when_enabled(box):
+def test_spinning_nccl_hang_is_caught_by_default(box):
+    """100 % utilization at the idle floor (90 W of 700 W): stuck, after
+    SPIN_CYCLES; the H200 patterns are in test_idle_spin.py."""
     spinning = {"gpus": [idle_gpu(util=100, power=90.0)], "apps": [app(3)]}
     box.write_scenario([spinning] * 6)
-    for t in range(3):
+    for t in range(4):
         box.once(now=t)
     assert box.events() == []
-    for t in range(3, 6):
-        box.once(now=t, env={"IDLE_POWER_PCT": "20"})
+    box.once(now=4)
     (event,) = box.events()
-    assert event["reason"] == "power" and event["utilization"] == 100
+    assert event["event"] == "gpu_stuck" and event["reason"] == "spinning"
+    assert event["utilization"] == 100 and event["gpu"] == 0
 
 
 @pytest.mark.parametrize("fault", ["driver", "no_devices", "mismatch", "gpu_lost",

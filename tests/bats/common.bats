@@ -58,3 +58,49 @@ setup() {
 @test "sourcing the libraries defines functions only" {
   run -0 bash -c 'before=$(set -o; shopt); for f in "$1"/lib/*.sh; do source "$f"; done; [[ "$before" == "$(set -o; shopt)" ]] && [[ -z "$(jobs)" ]]' _ "$ROOT"
 }
+
+@test "gg_number_into: the one numeric check (leading zeros, overflow, exponents, ranges)" {
+  local v
+  gg_number_into v 07 int 0 100 && assert_equal "$v" 7
+  gg_number_into v 000 int 0 100 && assert_equal "$v" 0
+  gg_number_into v 076.50 dec 0 5000 && assert_equal "$v" 76.50
+  gg_number_into v 100 int 0 100 && assert_equal "$v" 100
+  run -1 gg_number_into v 101 int 0 100
+  run -1 gg_number_into v 18446744073709551615 int 0 100
+  run -1 gg_number_into v 9223372036854775808 int 0 ''
+  run -1 gg_number_into v 1e30 dec 0 5000
+  run -1 gg_number_into v 1.8e19 int 0 100
+  run -1 gg_number_into v -1 int 0 100
+  run -1 gg_number_into v 5000.5 dec 0 5000
+  run -1 gg_number_into v 0x10 int 0 100
+  run -1 gg_number_into v '' int 0 100
+}
+
+@test "gg_python exports exactly the listed keys, never the rest of the configuration" {
+  GPUGUARD_ROOT=$BATS_TEST_TMPDIR
+  mkdir -p "$GPUGUARD_ROOT/python"
+  printf 'import os, sys\nprint(" ".join(sorted(k for k in os.environ if k.startswith(("NOTIFY", "THRESHOLD", "GPUGUARD_STATE")))), sys.argv[1:])\n' >"$GPUGUARD_ROOT/python/env.py"
+  export NOTIFY_SECRET=s NOTIFY_URL=u THRESHOLD=5
+  GPUGUARD_CONFIG=/dev/null config_load
+  run -0 env
+  refute_output --partial NOTIFY_SECRET
+  run -0 gg_python env.py "NOTIFY_URL" a "b c"
+  assert_output "GPUGUARD_STATE_DIR NOTIFY_URL ['a', 'b c']"
+  PATH=/nonexistent run -127 gg_python env.py ""
+  assert_output --partial "python3 not found"
+}
+
+@test "config: a folder, a BOM, CRLF; a bad file leaves the configuration in force" {
+  local f="$BATS_TEST_TMPDIR/c.conf"
+  export GPUGUARD_CONFIG=$f
+  printf '\xef\xbb\xbfTHRESHOLD=20\r\n' >"$f"
+  config_load
+  assert_equal "$THRESHOLD" 20
+  printf 'THRESHOLD=1.8e19\n' >"$f"
+  run -2 config_load
+  assert_output "gpuguard: THRESHOLD must be a whole number from 0 to 100 (got '1.8e19')"
+  config_load 2>/dev/null || true
+  assert_equal "$THRESHOLD" 20
+  GPUGUARD_CONFIG=$BATS_TEST_TMPDIR run -2 config_load
+  assert_output "gpuguard: config file $BATS_TEST_TMPDIR is a folder, not a file"
+}

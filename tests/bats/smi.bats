@@ -9,10 +9,7 @@ setup() {
   source "$ROOT/lib/common.sh"
   source "$ROOT/lib/smi.sh"
   H200=GPU-21b026da-3a23-ca8c-52da-f8eedc850d97
-  declare -gA SMI_INDEX=() SMI_UTIL=() SMI_MEM_USED=() SMI_MEM_TOTAL=() \
-    SMI_POWER=() SMI_POWER_LIMIT=() SMI_NPROCS=() SMI_PROCS=() SMI_PIDS_MEM=() SMI_PID_UUIDS=()
-  declare -ga SMI_UUIDS=()
-  SMI_BAD_LINES=0
+  smi_reset
 }
 
 @test "parses the recorded H200 --query-gpu line" {
@@ -51,15 +48,70 @@ setup() {
   assert_equal "$SMI_BAD_LINES" 0
 }
 
-@test "garbage lines are skipped and counted, good ones kept" {
+@test "garbage lines are skipped and counted; a GPU line with a bad value keeps the GPU, value unknown" {
   smi_parse_gpus $'\e[31mWARNING: something\e[0m\n0, '"$H200"$', 5, 100, 143771, 80.00, 700.00\nnot, a, gpu, line, x, y, z\n1, GPU-x, banana, 1, 2, 3, 4'
-  assert_equal "${#SMI_UUIDS[@]}" 1
-  assert_equal "$SMI_BAD_LINES" 3
+  assert_equal "${#SMI_UUIDS[@]}" 2
+  assert_equal "$SMI_BAD_LINES" 2
+  assert_equal "${SMI_UTIL[GPU-x]}" ""
+  assert_equal "${SMI_MEM_USED[GPU-x]}" 1
+  assert_equal "$SMI_TRUNCATED" 0
 }
 
-@test "a line with units (format without nounits) is rejected" {
+@test "a line with units (format without nounits) gives unknown values, never numbers" {
   smi_parse_gpus "0, $H200, 0 %, 0 MiB, 143771 MiB, 76.60 W, 700.00 W"
-  assert_equal "${#SMI_UUIDS[@]}" 0
+  assert_equal "${SMI_UTIL[$H200]}" ""
+  assert_equal "${SMI_MEM_USED[$H200]}" ""
+  assert_equal "$SMI_BAD_VALUES" 5
+}
+
+@test "the GPU name (last field) is read; lines without it still parse" {
+  smi_parse_gpus $'0, '"$H200"$', 0, 0, 143771, 76.61, 700.00, NVIDIA H200\n1, GPU-b, 3, 4, 143771, 76.61, 700.00'
+  assert_equal "${SMI_NAME[$H200]}" "NVIDIA H200"
+  assert_equal "${SMI_NAME[GPU-b]}" ""
+  assert_equal "${SMI_UTIL[GPU-b]}" 3
+}
+
+@test "numbers are validated once: leading zeros, unsigned -1, huge, out of range" {
+  smi_parse_gpus "0, $H200, 07, 0100, 143771, 076.50, 700.00, NVIDIA H200"
+  assert_equal "${SMI_UTIL[$H200]}" 7
+  assert_equal "${SMI_MEM_USED[$H200]}" 100
+  assert_equal "${SMI_POWER[$H200]}" 76.50
+  smi_reset
+  smi_parse_gpus "0, $H200, 18446744073709551615, 150000, 143771, 1e30, 99999, NVIDIA H200"
+  assert_equal "${#SMI_UUIDS[@]}" 1
+  assert_equal "${SMI_UTIL[$H200]}" ""
+  assert_equal "${SMI_MEM_USED[$H200]}" ""
+  assert_equal "${SMI_POWER[$H200]}" ""
+  assert_equal "${SMI_POWER_LIMIT[$H200]}" ""
+  assert_equal "${SMI_MEM_TOTAL[$H200]}" 143771
+  smi_reset
+  smi_parse_gpus "0, $H200, 101, -5, 143771, 76.00, 700.00"
+  assert_equal "${SMI_UTIL[$H200]}" ""
+  assert_equal "${SMI_MEM_USED[$H200]}" ""
+}
+
+@test "[GPU requires reset] and [Unknown Error] are device faults, not MIG [N/A]" {
+  smi_parse_gpus $'0, '"$H200"$', [GPU requires reset], [GPU requires reset], [GPU requires reset], [GPU requires reset], [GPU requires reset], NVIDIA H200\n1, GPU-b, [Unknown Error], 5, 143771, 70.00, 700.00, NVIDIA H200\n2, GPU-c, [N/A], 5, 143771, [N/A], [N/A], NVIDIA H200'
+  assert_equal "${#SMI_UUIDS[@]}" 3
+  assert_equal "${SMI_GPU_FAULT[$H200]}" "GPU requires reset"
+  assert_equal "${SMI_UTIL[$H200]}" ""
+  assert_equal "${SMI_GPU_FAULT[GPU-b]}" "Unknown Error"
+  assert_equal "${SMI_GPU_FAULT[GPU-c]}" ""
+  assert_equal "$SMI_BAD_LINES" 0
+}
+
+@test "a fault in place of the UUID keeps the GPU under its index" {
+  smi_parse_gpus "3, [GPU is lost], [GPU is lost], [GPU is lost], [GPU is lost], [GPU is lost], [GPU is lost], [GPU is lost]"
+  assert_equal "${SMI_UUIDS[*]}" GPU-index-3
+  assert_equal "${SMI_GPU_FAULT[GPU-index-3]}" "GPU is lost"
+}
+
+@test "BOM, CRLF and a duplicate line are handled; a truncated GPU line is flagged" {
+  smi_parse_gpus $'\xef\xbb\xbf0, '"$H200"$', 5, 100, 143771, 80.00, 700.00, NVIDIA H200\r\n0, '"$H200"$', 5, 100, 143771, 80.00, 700.00, NVIDIA H200\r\n1, GPU-b, 5, 10'
+  assert_equal "${SMI_UUIDS[*]}" "$H200"
+  assert_equal "${SMI_NAME[$H200]}" "NVIDIA H200"
+  assert_equal "$SMI_TRUNCATED" 1
+  assert_equal "$SMI_BAD_LINES" 2
 }
 
 @test "process lines join on the GPU UUID and sum per PID" {
@@ -85,6 +137,30 @@ setup() {
 @test "garbage in the process list is reported" {
   smi_parse_gpus "0, $H200, 0, 1, 143771, 76.61, 700.00"
   run -1 smi_parse_apps "No running processes found"
+  run -1 smi_parse_apps "1410, python3, 25"
+  run -1 smi_parse_apps "18446744073709551615, python3, 2556, $H200"
+}
+
+@test "process memory: placeholders and out-of-range values are unknown, leading zeros dropped" {
+  smi_parse_gpus "0, $H200, 0, 12266, 143771, 691.00, 700.00"
+  smi_parse_apps $'1410, python3, [N/A], '"$H200"$'\n1411, python3, 0256, '"$H200"$'\n1412, python3, 18446744073709551615, '"$H200"
+  assert_equal "${SMI_PROCS[$H200]}" $'1410\tpython3\t\n1411\tpython3\t256\n1412\tpython3\t\n'
+  assert_equal "${SMI_PIDS_MEM[1411]}" 256
+}
+
+@test "smi_sample: SMI_APPS_OK says whether the process list was read" {
+  NVIDIA_SMI=$ROOT/tests/fakebin/nvidia-smi
+  export FAKE_SMI_SCENARIO=$BATS_TEST_TMPDIR/s.json
+  printf '%s' '{"gpus":[{"index":0,"uuid":"'"$H200"'","name":"NVIDIA H200","memory.total":143771,"power.limit":700.0}],"steps":[{"gpus":[{"utilization.gpu":0,"memory.used":2556,"power.draw":76.6}],"apps":[{"pid":1410,"process_name":"python3","used_memory":2556,"gpu":0}]},{"gpus":[{"utilization.gpu":0,"memory.used":2556,"power.draw":76.6}],"fault_apps":"garbage"}]}' >"$FAKE_SMI_SCENARIO"
+  export FAKE_SMI_STATE=$BATS_TEST_TMPDIR/step
+  smi_sample
+  assert_equal "$SMI_APPS_OK" 1
+  assert_equal "${SMI_NPROCS[$H200]}" 1
+  assert_equal "${SMI_NAME[$H200]}" "NVIDIA H200"
+  smi_sample
+  assert_equal "$SMI_APPS_OK" 0
+  assert_equal "${SMI_NPROCS[$H200]}" 0
+  assert_equal "${#SMI_PIDS_MEM[@]}" 0
 }
 
 @test "smi_run bounds a hanging command with the timeout" {
@@ -95,6 +171,18 @@ setup() {
   SECONDS=0
   run -124 smi_run -L
   ((SECONDS < 6))
+}
+
+@test "smi_run is bounded even when a setsid child holds its stdout" {
+  local hang="$BATS_TEST_TMPDIR/hang"
+  printf '#!/bin/sh\necho partial\nsetsid sleep 30 &\necho $! >"$0.child"\nsleep 30\n' >"$hang"
+  chmod +x "$hang"
+  NVIDIA_SMI=$hang SMI_TIMEOUT=1
+  SECONDS=0
+  run -124 smi_run -L
+  ((SECONDS < 6))
+  assert_output partial
+  kill "$(cat "$hang.child")" 2>/dev/null || true
 }
 
 @test "smi_describe_failure says what happened in one line" {

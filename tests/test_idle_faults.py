@@ -1,0 +1,236 @@
+"""The idle watchdog under nvidia-smi faults and kill -9, as a user runs it
+(--once from cron, the daemon): no false idle alert, no false resolved,
+one monitor_degraded per persistent fault, one gpu_degraded per faulted
+GPU, and an incident is never lost nor sent twice across kill -9."""
+import fcntl
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import time
+
+import pytest
+
+from conftest import H200_UUID, ROOT, app, busy_gpu, idle_gpu, uuid_for, wait_for
+
+IDLE = {"gpus": [idle_gpu()], "apps": [app(1410)]}
+BUSY = {"gpus": [busy_gpu()], "apps": [app(1410)]}
+# a small job (600 MiB, under IDLE_MEM_MIB): with its process list lost it
+# would read as "released"
+SMALL_IDLE = {"gpus": [idle_gpu(mem=600)], "apps": [app(1410, mem=580)]}
+RESET = "[GPU requires reset]"
+
+
+def faulted(text=RESET):
+    return {"gpus": [{"utilization.gpu": text, "memory.used": text, "memory.total": text,
+                      "power.draw": text, "power.limit": text}], "apps": []}
+
+
+def line(util, mem="2576", total="143771", power="76.60", limit="700.00", uuid=H200_UUID, index=0):
+    return "%d, %s, %s, %s, %s, %s, %s, NVIDIA H200\n" % (index, uuid, util, mem, total, power, limit)
+
+
+# One cycle of each fault, as nvidia-smi or a broken driver prints it.
+FAULTS = {
+    "driver not loaded (exit 9)": {"fault": "driver"},
+    "GPU lost (exit 15)": {"fault": "gpu_lost"},
+    "version mismatch (exit 18)": {"fault": "mismatch"},
+    "garbage": {"fault": "garbage"},
+    "empty output": {"fault": "garbage", "text": ""},
+    "partial line": {"fault": "garbage", "text": "0, %s, 0, 25" % H200_UUID},
+    "process list garbage": dict(IDLE, fault_apps="garbage"),
+    "process list driver error": dict(IDLE, fault_apps="driver"),
+    "process list hangs": dict(IDLE, fault_apps="hang", seconds=30),
+    "utilization [N/A]": {"gpus": [idle_gpu(util="[N/A]")], "apps": [app(1410)]},
+    "memory [N/A], processes hidden": {"gpus": [idle_gpu(mem="[N/A]")], "apps": []},
+    "unsigned -1 utilization": {"fault": "garbage", "text": line("18446744073709551615")},
+    "huge memory": {"fault": "garbage", "text": line("0", mem="99999999999999")},
+    "GPU requires reset": faulted(),
+    "Unknown Error": faulted("[Unknown Error]"),
+}
+
+
+def kinds(events):
+    return [(e["event"], e["state"]) for e in events]
+
+
+@pytest.mark.parametrize("fault", list(FAULTS), ids=list(FAULTS))
+def test_one_fault_cycle_during_an_incident_changes_nothing(box, fault):
+    """Firing, one faulty cycle, idle again: no resolved, no second alert;
+    the job then gets busy: exactly one resolved."""
+    box.write_scenario([SMALL_IDLE] * 3 + [FAULTS[fault], SMALL_IDLE, BUSY])
+    for t in range(5):
+        box.once(now=60 * t, env={"SMI_TIMEOUT": "1"})
+    assert kinds(box.events()) == [("gpu_idle", "firing")], fault
+    box.once(now=300)
+    assert kinds(box.events()) == [("gpu_idle", "firing"), ("gpu_idle", "resolved")]
+    assert box.events()[1]["reason"] == "busy"
+
+
+@pytest.mark.parametrize("fault", list(FAULTS), ids=list(FAULTS))
+def test_one_fault_cycle_neither_counts_nor_resets(box, fault):
+    """Two idle cycles, a faulty one, one more idle cycle: the third idle
+    reading fires (the fault did not count as idle, nor reset the count)."""
+    box.write_scenario([SMALL_IDLE] * 2 + [FAULTS[fault], SMALL_IDLE])
+    for t in range(3):
+        box.once(now=t, env={"SMI_TIMEOUT": "1"})
+    assert box.events() == [], fault
+    box.once(now=3)
+    assert kinds(box.events()) == [("gpu_idle", "firing")]
+    assert box.events()[0]["idle_cycles"] == 3
+
+
+def test_bom_and_crlf_are_a_good_reading(box):
+    bom = {"fault": "garbage", "text": "\ufeff" + line("0").replace("\n", "\r\n")}
+    box.write_scenario([IDLE, bom, IDLE])
+    for t in range(3):
+        box.once(now=t)
+    assert kinds(box.events()) == [("gpu_idle", "firing")]
+
+
+def test_missing_gpu_line_for_one_cycle_changes_nothing(box):
+    two = {"gpus": [idle_gpu(), idle_gpu()], "apps": [app(10), app(11, gpu=1)]}
+    only_gpu1 = {"fault": "garbage", "text": line("0", uuid=uuid_for(1), index=1)}
+    box.write_scenario([two] * 3 + [only_gpu1, two], gpus=2)
+    for t in range(5):
+        box.once(now=t)
+    assert sorted(kinds(box.events())) == [("gpu_idle", "firing")] * 2
+
+
+@pytest.mark.parametrize("fault", ["driver", "garbage", "apps", "mixed"])
+def test_persistent_fault_raises_exactly_one_monitor_degraded(box, fault):
+    steps = {"driver": [{"fault": "driver"}] * 8,
+             "garbage": [{"fault": "garbage"}] * 8,
+             "apps": [dict(IDLE, fault_apps="garbage")] * 8,
+             "mixed": [{"fault": "driver"}, dict(IDLE, fault_apps="garbage"), {"fault": "garbage"},
+                       dict(IDLE, fault_apps="driver")] * 2}[fault]
+    box.write_scenario([IDLE] + steps + [IDLE])
+    logs = ""
+    for t in range(9):
+        logs += box.once(now=t, env={"SMI_FAIL_ALERT_CYCLES": "3"}).stderr
+    assert kinds(box.events()) == [("monitor_degraded", "firing")]
+    assert box.events()[0]["failures"] == 3
+    assert logs.count("ERROR") == 1
+    box.once(now=9)
+    assert kinds(box.events()) == [("monitor_degraded", "firing"), ("monitor_degraded", "resolved")]
+
+
+@pytest.mark.parametrize("text", [RESET, "[Unknown Error]"])
+def test_device_fault_raises_one_critical_gpu_degraded_then_resolves(box, text):
+    box.write_scenario([IDLE] * 2 + [faulted(text)] * 6 + [IDLE])
+    for t in range(8):
+        box.once(now=t, env={"SMI_FAIL_ALERT_CYCLES": "3"})
+    (event,) = box.events()
+    assert (event["event"], event["state"], event["severity"]) == ("gpu_degraded", "firing", "critical")
+    assert event["gpu"] == 0 and event["uuid"] == H200_UUID
+    assert event["fault"] == text.strip("[]")
+    box.once(now=8)
+    # the GPU reads fine: degraded resolves; the idle count was kept (2 + 1)
+    assert kinds(box.events()) == [("gpu_degraded", "firing"), ("gpu_degraded", "resolved"),
+                                   ("gpu_idle", "firing")]
+
+
+def test_device_fault_names_the_gpu_among_eight(box):
+    def step(bad):
+        gpus = [idle_gpu(mem=0) for _ in range(8)]
+        if bad:
+            gpus[5] = faulted()["gpus"][0]
+        return {"gpus": gpus, "apps": []}
+    box.write_scenario([step(False)] + [step(True)] * 5, gpus=8)
+    for t in range(6):
+        box.once(now=t, env={"SMI_FAIL_ALERT_CYCLES": "3"})
+    (event,) = box.events()
+    assert event["gpu"] == 5 and event["uuid"] == uuid_for(5) and event["gpu_name"] == "NVIDIA H200"
+
+
+def test_pending_events_of_a_killed_run_are_enqueued_once(box):
+    """A run killed after it saved the incident but before it enqueued its
+    event: the next run enqueues it; one killed after enqueueing it too:
+    not again."""
+    box.write_scenario([IDLE] * 10)
+    for t in range(3):
+        box.once(now=t)
+    (fired,) = box.events()
+    state = (box.state / "idle.state").read_text()
+    # as if killed between the two writes: the event in the state only
+    (box.state / "events.jsonl").write_text("")
+    (box.state / "idle.state").write_text(state + "pending %s %s\n" % (fired["id"], json.dumps(fired)))
+    box.once(now=3)
+    assert [e["id"] for e in box.events()] == [fired["id"]]
+    # as if killed after enqueueing: events.jsonl already holds it
+    (box.state / "idle.state").write_text(state + "pending %s %s\n" % (fired["id"], json.dumps(fired)))
+    box.once(now=4)
+    assert [e["id"] for e in box.events()] == [fired["id"]]
+    assert "pending" not in (box.state / "idle.state").read_text()
+
+
+def lock_free(path):
+    with open(path, "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return False
+        fcntl.flock(f, fcntl.LOCK_UN)
+        return True
+
+
+def test_kill_9_at_random_points_never_loses_nor_repeats_an_incident(box):
+    """--once runs killed at random moments over a job that idles and gets
+    busy again and again; then clean runs. Incidents alternate firing,
+    resolved: none is sent twice, none left open."""
+    pattern = [IDLE] * 4 + [BUSY] * 2
+    box.write_scenario(pattern)
+    env = dict(box.env, FAKE_SMI_LOOP="1", GPUGUARD_LOG_LEVEL="error")
+    rng = random.Random(7)
+    kills = 0
+    for i in range(100):
+        env["GPUGUARD_NOW"] = str(1000 + i)
+        p = subprocess.Popen([str(ROOT / "bin/yichuidingyin.sh"), "--once"], env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(rng.uniform(0.0, 0.25))
+        if p.poll() is None:
+            p.send_signal(signal.SIGKILL)
+            kills += 1
+        p.wait()
+    # a killed run's children (nvidia-smi) may hold the lock a moment longer
+    assert wait_for(lambda: lock_free(box.state / "yichuidingyin.lock"))
+    for i in range(12):
+        env["GPUGUARD_NOW"] = str(2000 + i)
+        r = subprocess.run([str(ROOT / "bin/yichuidingyin.sh"), "--once"], env=env, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+    states = [e["state"] for e in box.events() if e["event"] == "gpu_idle"]
+    assert kills > 10
+    assert states, "no incident at all"
+    assert all(a != b for a, b in zip(states, states[1:])), states
+    ids = [e["id"] for e in box.events()]
+    assert len(ids) == len(set(ids))
+
+
+def test_kill_9_while_the_alert_is_being_sent_does_not_fire_it_twice(box):
+    """The receiver hangs while the firing alert goes out; the watchdog is
+    killed (-9, with its children) in that moment; the next run does not
+    fire the same incident again."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)                       # accepts connections, never answers
+    url = "http://127.0.0.1:%d/generic" % silent.getsockname()[1]
+    try:
+        box.write_scenario([IDLE] * 6)
+        for t in range(2):
+            box.once(now=t, env={"NOTIFY_URL": url})
+        env = dict(box.env, NOTIFY_URL=url, NOTIFY_TIMEOUT="30", GPUGUARD_NOW="2")
+        p = subprocess.Popen([str(ROOT / "bin/yichuidingyin.sh"), "--once"], env=env, start_new_session=True,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        fired = wait_for(lambda: any(e["state"] == "firing" for e in box.events()))
+        time.sleep(0.5)
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+        assert fired
+    finally:
+        silent.close()
+    assert wait_for(lambda: lock_free(box.state / "yichuidingyin.lock"))
+    for t in range(3, 5):
+        box.once(now=t)
+    assert kinds(box.events()) == [("gpu_idle", "firing")]
