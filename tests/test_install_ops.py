@@ -1,8 +1,11 @@
 """install.sh, gpuguard doctor and gpuguard status, as a newcomer uses them."""
+import json
 import os
 import re
+import shutil
 import stat
 import subprocess
+import tempfile
 
 import pytest
 
@@ -118,7 +121,7 @@ def user_env(tmp_path, path_dirs=()):
 
 def path_without(tmp_path, name):
     """A PATH holding every command of this machine except `name`."""
-    only = tmp_path / "path-without-" + name if False else tmp_path / ("path-without-" + name)
+    only = tmp_path / ("path-without-" + name)
     only.mkdir()
     for d in os.environ["PATH"].split(":") + ["/usr/sbin", "/sbin"]:
         if not os.path.isdir(d):
@@ -160,7 +163,7 @@ def test_cron_without_a_running_daemon_warns_and_says_what_to_do(tmp_path):
     assert "no cron daemon is running here" in r.stderr and "service cron start" in r.stderr
     # a daemon named cron running: no warning
     daemon = tmp_path / "cron"
-    daemon.symlink_to("/bin/sleep") if False else daemon.write_bytes(open("/bin/sleep", "rb").read())
+    daemon.write_bytes(open("/bin/sleep", "rb").read())
     daemon.chmod(0o755)
     proc = subprocess.Popen([str(daemon), "60"])
     try:
@@ -226,6 +229,61 @@ def test_an_earlier_private_config_without_secrets_becomes_readable(tmp_path):
     assert stat.S_IMODE(conf.stat().st_mode) == 0o600
     assert "move the NOTIFY_URL, NOTIFY_SECRET and ALERTMANAGER_URL lines into /etc/gpuguard/secrets.conf" in r.stderr
     assert "access_token" not in r.stderr
+
+
+def test_a_second_user_after_a_root_install_runs_every_command(box):
+    """`sudo ./install.sh` (here with root's umask 077), then a real second
+    user: the shared config is readable, the secrets are not, and nothing
+    exits 2 for want of either; the job always starts."""
+    require(os.geteuid() == 0, "needs root to install and to create a second user")
+    require(shutil.which("useradd") and shutil.which("runuser") and shutil.which("userdel"),
+            "needs useradd, runuser and userdel (passwd package)")
+    top = tempfile.mkdtemp(prefix="gg-second-user-")
+    os.chmod(top, 0o755)
+    user = "ggtest%d" % os.getpid()
+    home = os.path.join(top, "home")
+    subprocess.run(["useradd", "-m", "-d", home, "-s", "/bin/bash", user], check=True, capture_output=True)
+    try:
+        dest = os.path.join(top, "dest")
+        r = subprocess.run(["sh", "-c", 'umask 077; exec "$@"', "sh", str(ROOT / "install.sh"), "--prefix", "/opt/gg"],
+                           env=dict(os.environ, DESTDIR=dest), capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        bin_dir = os.path.join(dest, "opt/gg/bin")
+        conf = os.path.join(dest, "etc/gpuguard/gpuguard.conf")
+        secrets = os.path.join(dest, "etc/gpuguard/secrets.conf")
+        with open(secrets, "w") as f:                       # root's own secret, as an admin would
+            f.write("NOTIFY_URL=http://127.0.0.1:9/hook?access_token=root-only\n")
+        scenario = os.path.join(top, "scenario.json")
+        with open(scenario, "w") as f:
+            json.dump({"gpus": [{"index": 0, "uuid": "GPU-1", "name": "NVIDIA H200", "pci.bus_id": "00000000:06:00.0",
+                                 "memory.total": 143771, "power.limit": 700.0}],
+                       "steps": [{"gpus": [{"utilization.gpu": 0, "memory.used": 0, "power.draw": 70.0}],
+                                  "apps": []}]}, f)
+        os.chmod(scenario, 0o644)
+
+        def as_user(args, config=conf):
+            env = ["HOME=" + home, "LANG=C.UTF-8", "PATH=%s:/usr/bin:/bin" % (ROOT / "tests/fakebin"),
+                   "FAKE_SMI_SCENARIO=" + scenario]
+            if config:
+                env.append("GPUGUARD_CONFIG=" + config)
+            return subprocess.run(["runuser", "-u", user, "--", "env", "-i"] + env + args, cwd=home,
+                                  capture_output=True, text=True, timeout=120)
+
+        assert as_user(["id", "-u"]).stdout.strip() != "0"
+        assert as_user(["cat", secrets]).returncode != 0     # the secrets stay root's
+        r = as_user([bin_dir + "/lowprio-run", "true"])
+        assert r.returncode == 0, r.stderr
+        r = as_user([bin_dir + "/lowprio-run", "--tier", "batch", "sh", "-c", "exit 3"])
+        assert r.returncode == 3, r.stderr
+        for config in (conf, None):                           # named, and the installed tree's own
+            r = as_user([bin_dir + "/gpuguard", "doctor"], config=config)
+            assert r.returncode in (0, 1), r.stdout + r.stderr
+            assert "cannot read" not in r.stdout + r.stderr
+            assert "OK    nvidia-smi answers" in r.stdout and "OK    python3" in r.stdout
+            assert "root-only" not in r.stdout + r.stderr
+    finally:
+        subprocess.run(["userdel", "-r", user], capture_output=True)
+        shutil.rmtree(top, ignore_errors=True)
 
 
 def test_version():
