@@ -5,7 +5,9 @@
 # (cpu_weight, cpu_max, mem_high, mem_max, io_max, pids_max) and mapped to
 # each hierarchy's files here.
 #
-# Globals set: CG_MODE (v2|v1|none), CG_ROOT, CG_PARENT (v2 parent path),
+# Globals set: CG_MODE (v2|v1|none), CG_ROOT, CG_PARENT (v2 parent path:
+# the caller's cgroup, or the highest one above it that leaves no limit),
+# CG_CLIMB and CG_PLACEMENT (why there),
 # CG_WHY (why none), CG_LEAF (v2 leaf path), CG_V1 (assoc: controller ->
 # leaf path), CG_APPLIED and CG_MISSING (arrays of "what" lines for the
 # report), CG_NAME (leaf name).
@@ -133,6 +135,72 @@ cg_v2_is_root() {
   [[ ! -e $1/cgroup.type ]]
 }
 
+# Prints the first limit a v2 cgroup folder sets on its subtree (memory,
+# CPU cap, weight or idle class, pids, I/O, cpuset), or nothing. Interface
+# files that are absent mean that controller is not enabled there.
+cg_v2_limit_of() {
+  local dir=$1 f v
+  for f in memory.max memory.high memory.swap.max pids.max; do
+    [[ -r $dir/$f ]] || continue
+    v=$(<"$dir/$f")
+    [[ $v == max ]] || {
+      printf '%s=%s' "$f" "$v"
+      return
+    }
+  done
+  if [[ -r $dir/cpu.max ]]; then
+    v=$(<"$dir/cpu.max")
+    [[ $v == max* ]] || {
+      printf 'cpu.max=%s' "${v%% *}"
+      return
+    }
+  fi
+  for f in cpu.weight:100 cpu.idle:0; do
+    [[ -r $dir/${f%:*} ]] || continue
+    v=$(<"$dir/${f%:*}")
+    [[ $v == "${f#*:}" ]] || {
+      printf '%s=%s' "${f%:*}" "$v"
+      return
+    }
+  done
+  for f in io.max cpuset.cpus cpuset.mems; do
+    [[ -r $dir/$f ]] || continue
+    v=$(<"$dir/$f")
+    [[ -z $v ]] || {
+      printf '%s=%s' "$f" "${v%%$'\n'*}"
+      return
+    }
+  done
+}
+
+# Moves CG_PARENT from the caller's cgroup up to the highest ancestor the
+# leaf can go under without leaving any cgroup that sets a limit: the job
+# stays inside every limit around the caller, and its low priority counts
+# against as many other cgroups (services) as possible (weights and the idle
+# class only order siblings). Stops at the first cgroup with a limit, at a
+# parent not writable, and at the root (of the namespace). Sets CG_CLIMB.
+cg_v2_climb() {
+  local dir=$CG_PARENT limit parent
+  CG_CLIMB=''
+  [[ -n ${LOWPRIO_CGROUP_PARENT:-} || ${LOWPRIO_CGROUP_CLIMB:-1} == 0 ]] && return 0
+  while [[ $dir != "$CG_ROOT" ]]; do
+    limit=$(cg_v2_limit_of "$dir")
+    if [[ -n $limit ]]; then
+      CG_CLIMB="${dir#"$CG_ROOT"} sets $limit"
+      break
+    fi
+    parent=${dir%/*}
+    if [[ ! -w $parent ]]; then
+      CG_CLIMB="${parent#"$CG_ROOT"} is not writable"
+      break
+    fi
+    dir=$parent
+  done
+  [[ $dir == "$CG_PARENT" ]] && return 0
+  CG_CLIMB="${CG_CLIMB:-no cgroup above it sets a limit}; the caller's cgroup is ${CG_PARENT#"$CG_ROOT"}"
+  CG_PARENT=$dir
+}
+
 # Lists the PIDs in a cgroup folder's cgroup.procs into the array named $2.
 cg_procs_into() {
   local -n procs_ref=$2
@@ -178,6 +246,7 @@ cg_v2_move_caller_aside() {
 
 cg_create_v2() {
   local have want='' c
+  cg_v2_climb
   if [[ ! -d $CG_PARENT ]]; then
     CG_LAST_ERROR="the home cgroup $CG_PARENT is not visible here"
     return 1
@@ -213,7 +282,11 @@ cg_create_v2() {
     return 1
   fi
   local where=${CG_PARENT#"$CG_ROOT"}
-  CG_PLACEMENT="leaf ${where:-}/$CG_NAME under the caller's cgroup ${where:-/}"
+  if [[ -n $CG_CLIMB ]]; then
+    CG_PLACEMENT="leaf ${where:-}/$CG_NAME under ${where:-/}, the highest cgroup around the caller's that leaves no limit ($CG_CLIMB)"
+  else
+    CG_PLACEMENT="leaf ${where:-}/$CG_NAME under the caller's cgroup ${where:-/}"
+  fi
   if cg_v2_is_root "$CG_PARENT"; then
     CG_PLACEMENT+=" (the root)"
   fi
@@ -225,20 +298,23 @@ cg_create_v2() {
 # Describes, changing nothing, where the job's leaf would go and why
 # (--explain, --dry-run).
 cg_placement_plan() {
-  local where=${CG_PARENT#"$CG_ROOT"} c parent
+  local where c parent climbed=''
   local -a procs
   case $CG_MODE in
     v2)
+      cg_v2_climb
+      where=${CG_PARENT#"$CG_ROOT"}
+      [[ -n $CG_CLIMB ]] && climbed=" (up from the caller's: $CG_CLIMB)"
       if [[ ! -d $CG_PARENT ]]; then
         printf 'none: the home cgroup %s is not visible here\n' "${where:-/}"
       elif [[ ! -w $CG_PARENT ]]; then
         printf "none: the caller's cgroup %s is not writable by %s (not delegated); a leaf elsewhere would escape its limits\n" "${where:-/}" "$(id -un)"
       elif cg_v2_is_root "$CG_PARENT"; then
-        printf "a leaf under the caller's cgroup, the root\n"
+        printf "a leaf under the root%s\n" "$climbed"
       else
         cg_procs_into "$CG_PARENT" procs
         if ((${#procs[@]} == 0)) || [[ " $(cat "$CG_PARENT/cgroup.subtree_control" 2>/dev/null) " == *" cpu "* ]]; then
-          printf "a leaf under the caller's cgroup %s\n" "$where"
+          printf "a leaf under the caller's cgroup %s%s\n" "$where" "$climbed"
         elif [[ ${LOWPRIO_CGROUP_MOVE_CALLER:-1} == 0 ]]; then
           printf 'none: %s holds %d processes of its own (no internal processes rule) and LOWPRIO_CGROUP_MOVE_CALLER=0\n' "$where" "${#procs[@]}"
         else

@@ -204,14 +204,24 @@ def fake_v2_env(tmp_path, root):
             "LOWPRIO_PROC_CGROUP": str(tmp_path / "proc-cgroup")}
 
 
-def fake_v2_child(parent, name, procs=""):
+def fake_v2_child(parent, name, procs="", limits=None):
+    """A non-root cgroup; `limits` maps interface files to values (the
+    others read as unlimited)."""
     child = parent / name
     child.mkdir()
     (child / "cgroup.type").write_text("domain\n")
     (child / "cgroup.controllers").write_text((parent / "cgroup.controllers").read_text())
     (child / "cgroup.subtree_control").write_text("")
     (child / "cgroup.procs").write_text(procs)
+    files = {"memory.max": "max", "memory.high": "max", "cpu.max": "max 100000", "cpu.weight": "100",
+             "pids.max": "max", "io.max": ""}
+    files.update(limits or {})
+    for f, v in files.items():
+        (child / f).write_text(v + "\n" if v else "")
     return child
+
+
+CONTAINER = {"memory.max": str(8 << 30)}
 
 
 def test_cgroup_v2_leaf_gets_every_limit(tmp_path):
@@ -262,7 +272,7 @@ def test_v2_leaf_goes_under_the_callers_cgroup_whose_processes_move_aside(tmp_pa
     under it, not at the top, so its limits still hold; its own processes
     move into a sibling leaf first (no internal processes rule)."""
     root = fake_v2_root(tmp_path, caller="/ctr")
-    ctr = fake_v2_child(root, "ctr", procs="4242\n4343\n")
+    ctr = fake_v2_child(root, "ctr", procs="4242\n4343\n", limits=CONTAINER)
     r = run(["--tier", "batch", "--mem-max", "1G", "--", "sh", "-c", "echo $$"], env=fake_v2_env(tmp_path, root))
     assert r.returncode == 0, r.stderr
     assert list(root.glob("gpuguard-lowprio-*")) == []          # nothing at the top
@@ -274,9 +284,32 @@ def test_v2_leaf_goes_under_the_callers_cgroup_whose_processes_move_aside(tmp_pa
     assert "moved its 2 processes into /ctr/gpuguard-caller" in r.stderr
 
 
+def test_v2_leaf_goes_as_high_as_it_can_without_leaving_a_limit(tmp_path):
+    """Weights and the idle class only order siblings: the leaf goes up to
+    the first cgroup around the caller that sets a limit (here /a, with a
+    CPU cap), not above it, and not needlessly below it."""
+    root = fake_v2_root(tmp_path, caller="/a/b/c")
+    a = fake_v2_child(root, "a", limits={"cpu.max": "400000 100000"})
+    b = fake_v2_child(a, "b")
+    c = fake_v2_child(b, "c", procs="4242\n")
+    r = run(["--tier", "batch", "--", "true"], env=fake_v2_env(tmp_path, root))
+    assert r.returncode == 0, r.stderr
+    assert len(list(a.glob("gpuguard-lowprio-*"))) == 1
+    assert list(root.glob("gpuguard-*")) == [] and list(c.glob("gpuguard-*")) == []
+    assert "/a sets cpu.max=400000; the caller's cgroup is /a/b/c" in r.stderr
+    # nothing limits anything: a sibling of the services at the top
+    (tmp_path / "proc-cgroup").write_text("0::/free/session\n")
+    free = fake_v2_child(root, "free")
+    fake_v2_child(free, "session", procs="4242\n")
+    r = run(["--tier", "batch", "--", "true"], env=fake_v2_env(tmp_path, root))
+    assert r.returncode == 0, r.stderr
+    assert len(list(root.glob("gpuguard-lowprio-*"))) == 1
+    assert "no cgroup above it sets a limit; the caller's cgroup is /free/session" in r.stderr
+
+
 def test_v2_a_caller_moved_aside_earlier_gets_a_sibling_leaf_not_a_nested_one(tmp_path):
     root = fake_v2_root(tmp_path, caller="/ctr/gpuguard-caller")
-    ctr = fake_v2_child(root, "ctr")
+    ctr = fake_v2_child(root, "ctr", limits=CONTAINER)
     (ctr / "cgroup.subtree_control").write_text("cpu memory io pids\n")
     aside = fake_v2_child(ctr, "gpuguard-caller", procs="4242\n")
     r = run(["--tier", "batch", "--", "true"], env=fake_v2_env(tmp_path, root))
@@ -288,7 +321,7 @@ def test_v2_a_caller_moved_aside_earlier_gets_a_sibling_leaf_not_a_nested_one(tm
 
 def test_v2_where_moving_is_forbidden_the_job_runs_and_the_reason_is_given(tmp_path):
     root = fake_v2_root(tmp_path, caller="/ctr")
-    ctr = fake_v2_child(root, "ctr", procs="4242\n")
+    ctr = fake_v2_child(root, "ctr", procs="4242\n", limits=CONTAINER)
     env = dict(fake_v2_env(tmp_path, root), LOWPRIO_CGROUP_MOVE_CALLER="0")
     r = run(["--tier", "batch", "--", "sh", "-c", "exit 3"], env=env)
     assert r.returncode == 3
@@ -301,7 +334,7 @@ def test_v2_where_moving_is_forbidden_the_job_runs_and_the_reason_is_given(tmp_p
 
 def test_explain_and_dry_run_name_the_placement_and_change_nothing(tmp_path):
     root = fake_v2_root(tmp_path, caller="/ctr")
-    ctr = fake_v2_child(root, "ctr", procs="4242\n4343\n")
+    ctr = fake_v2_child(root, "ctr", procs="4242\n4343\n", limits=CONTAINER)
     before = sorted(str(p) for p in tmp_path.rglob("*"))
     r = run(["--tier", "batch", "--explain"], env=fake_v2_env(tmp_path, root))
     assert r.returncode == 0, r.stderr
