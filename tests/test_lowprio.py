@@ -419,13 +419,20 @@ def kernel_thread():
 
 
 def test_attach_refuses_pid_1_and_kernel_threads():
-    r = run(["--attach", "1"])
-    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1
+    """Run where a regression could do no harm: PID 1 of a PID namespace of
+    our own (a version that accepted it demoted a whole machine), and the
+    kernel threads as a second user, who may not renice them anyway."""
+    require(os.geteuid() == 0 and subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"],
+                                                 capture_output=True).returncode == 0,
+            "needs root and unshare --pid (CAP_SYS_ADMIN)")
+    r = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", str(ROOT / "bin/lowprio-run"),
+                        "--tier", "batch", "--attach", "1"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1, r.stderr
     assert "--attach refuses PID 1 (init)" in r.stderr
     kthread = kernel_thread()
     require(kthread is not None, "needs a visible kernel thread (not in a PID namespace)")
     for pid in (2, kthread):
-        r = run(["--tier", "batch", "--attach", str(pid)])
+        r = as_user([str(ROOT / "bin/lowprio-run"), "--tier", "batch", "--attach", str(pid)])
         assert r.returncode == 2 and len(r.stderr.splitlines()) == 1, r.stderr
         assert "--attach refuses PID %d: it is a kernel thread" % pid in r.stderr
 
