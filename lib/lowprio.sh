@@ -383,8 +383,10 @@ lowprio_forward() {
     return 0
   fi
   if [[ $sig == INT || $sig == QUIT ]] && lowprio_keyboard_reached_job; then
+    gg_log debug "$sig from the terminal reached the job too: not sent again"
     return 0
   fi
+  gg_log debug "passing $sig on to the job (PID $LP_CHILD)"
   kill -s "$sig" "$LP_CHILD" 2>/dev/null || true
 }
 

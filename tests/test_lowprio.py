@@ -137,6 +137,50 @@ def test_signals_are_forwarded_and_the_job_status_returned(tmp_path, sig, mechan
     assert proc.returncode == 128 + getattr(signal, "SIG" + sig), err
 
 
+# Counts the INTs it gets; ends when told.
+COUNTING_JOB = r"""
+import os, signal, sys, time
+marker, ready, stop = sys.argv[1:]
+def got(num, frame):
+    with open(marker, "a") as f:
+        f.write("INT\n")
+signal.signal(signal.SIGINT, got)
+open(ready, "w").close()
+while not os.path.exists(stop):
+    time.sleep(0.05)
+"""
+
+
+@pytest.mark.parametrize("mechanism,decision", [
+    ("auto", "INT from the terminal reached the job too: not sent again"),   # same process group
+    ("autogroup", "passing INT on to the job"),                              # own session (setsid)
+])
+def test_ctrl_c_at_a_terminal_reaches_the_job_once(tmp_path, mechanism, decision):
+    """A second INT would interrupt the job's own clean-up (a checkpoint
+    save in `except KeyboardInterrupt`)."""
+    import pty
+    marker, ready, stop = tmp_path / "got", tmp_path / "ready", tmp_path / "stop"
+    env = dict(os.environ, LOWPRIO_MECHANISM=mechanism, GPUGUARD_LOG_LEVEL="debug",
+               GPUGUARD_LOG=str(tmp_path / "log"))
+    pid, fd = pty.fork()
+    if pid == 0:
+        default_signals()
+        os.execve(str(ROOT / "bin/lowprio-run"), [str(ROOT / "bin/lowprio-run"), "--", sys.executable, "-c",
+                                                  COUNTING_JOB, str(marker), str(ready), str(stop)], env)
+    try:
+        assert wait_for(ready.exists, timeout=60)
+        os.write(fd, b"\x03")                                  # Ctrl-C typed at the terminal
+        assert wait_for(lambda: marker.exists() and marker.read_text(), timeout=60)
+        assert wait_for(lambda: decision in (tmp_path / "log").read_text(), timeout=60)
+        stop.touch()
+        _, status = os.waitpid(pid, 0)
+    finally:
+        stop.touch()
+        os.close(fd)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert marker.read_text() == "INT\n"
+
+
 def test_a_signal_during_start_up_is_not_lost(tmp_path):
     """TERM sent at once: it reaches lowprio-run before or while the job is
     being started; lowprio-run neither dies alone (leaving the job running)
