@@ -638,6 +638,12 @@ def own_memory_cgroup(limit):
     (folder, the command prefix that runs a command inside it)."""
     name = "gg-test-box-%d" % os.getpid()
     if REAL == "v2":
+        with open("/sys/fs/cgroup/cgroup.subtree_control") as f:
+            enabled = f.read().split()
+        for c in ("cpu", "memory"):
+            if c not in enabled:
+                with open("/sys/fs/cgroup/cgroup.subtree_control", "w") as f:
+                    f.write("+" + c)
         box = "/sys/fs/cgroup/" + name
         os.mkdir(box)
         with open(box + "/memory.max", "w") as f:
