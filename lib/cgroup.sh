@@ -591,7 +591,7 @@ cg_read_psi() {
   local file=$1 what=$2 kind field
   [[ -r $file ]] || return 1
   while read -r kind _ _ _ field; do
-    [[ $field == total=* ]] && CG_USE[psi_${what}_$kind]=${field#total=}
+    [[ $field =~ ^total=([0-9]+)$ ]] && CG_USE[psi_${what}_$kind]=${BASH_REMATCH[1]}
   done <"$file"
 }
 
@@ -614,6 +614,7 @@ cg_usage() {
         CG_USE[throttled_usec]=${CG_USE[cpu_throttled_usec]:-}
       fi
       [[ -r $dir/memory.peak ]] && CG_USE[mem_peak]=$(<"$dir/memory.peak")
+      [[ ${CG_USE[mem_peak]:-} =~ ^[0-9]+$ ]] || unset 'CG_USE[mem_peak]'
       if cg_read_kv "$dir/memory.stat" mst_; then
         page=$(getconf PAGESIZE 2>/dev/null || echo 4096)
         local steal=${CG_USE[mst_pgsteal]:-$((${CG_USE[mst_pgsteal_kswapd]:-0} + ${CG_USE[mst_pgsteal_direct]:-0}))}
@@ -628,10 +629,12 @@ cg_usage() {
         local r=0 w=0 kv
         while read -r -a line; do
           for kv in "${line[@]:1}"; do
-            case $kv in
-              rbytes=*) r=$((r + ${kv#*=})) ;;
-              wbytes=*) w=$((w + ${kv#*=})) ;;
-            esac
+            [[ $kv =~ ^(rbytes|wbytes)=([0-9]+)$ ]] || continue
+            if [[ ${BASH_REMATCH[1]} == rbytes ]]; then
+              r=$((r + BASH_REMATCH[2]))
+            else
+              w=$((w + BASH_REMATCH[2]))
+            fi
           done
         done <"$dir/io.stat"
         CG_USE[io_rbytes]=$r CG_USE[io_wbytes]=$w
@@ -650,11 +653,14 @@ cg_usage() {
       if [[ -n $dir && -r $dir/memory.max_usage_in_bytes ]]; then
         CG_USE[mem_peak]=$(<"$dir/memory.max_usage_in_bytes")
         CG_USE[mem_max]=$(<"$dir/memory.failcnt")
+        [[ ${CG_USE[mem_peak]} =~ ^[0-9]+$ ]] || unset 'CG_USE[mem_peak]'
+        [[ ${CG_USE[mem_max]} =~ ^[0-9]+$ ]] || unset 'CG_USE[mem_max]'
       fi
       dir=${CG_V1[blkio]:-}
       if [[ -n $dir && -r $dir/blkio.throttle.io_service_bytes ]]; then
         local r=0 w=0 dev op n
         while read -r dev op n; do
+          [[ $n =~ ^[0-9]+$ ]] || continue
           case $op in
             Read) r=$((r + n)) ;;
             Write) w=$((w + n)) ;;

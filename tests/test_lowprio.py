@@ -423,6 +423,17 @@ def test_exit_line_and_report_say_what_the_limits_did(tmp_path):
     assert "  memory peak        700.0 MiB" in report
 
 
+def test_garbage_in_the_stat_files_never_costs_the_jobs_status(tmp_path):
+    root = fake_v2_root(tmp_path)
+    garbage = ("d=$(echo %s/gpuguard-lowprio-*); echo garbage > $d/memory.peak; "
+               "printf 'usage_usec x\\n' > $d/cpu.stat; "
+               "printf 'some avg10=1 total=\\n' > $d/cpu.pressure; printf '8:0 rbytes=abc wbytes=\\n' > $d/io.stat; "
+               "exit 4" % root)
+    r = run(["--report", "--", "sh", "-c", garbage], env=fake_v2_env(tmp_path, root))
+    assert r.returncode == 4, r.stderr
+    assert "job ended with status 4" in r.stderr and "memory peak (memory.peak" in r.stderr
+
+
 def test_report_names_what_this_kernel_does_not_provide(tmp_path):
     root = fake_v2_root(tmp_path)
     r = run(["--", "true"], env=fake_v2_env(tmp_path, root))
