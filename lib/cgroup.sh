@@ -5,40 +5,77 @@
 # (cpu_weight, cpu_max, mem_high, mem_max, io_max, pids_max) and mapped to
 # each hierarchy's files here.
 #
-# Globals set: CG_MODE (v2|v1|none), CG_ROOT, CG_PARENT (v2 parent path),
+# Globals set: CG_MODE (v2|v1|none), CG_ROOT, CG_PARENT (v2 parent path:
+# the caller's cgroup, or the highest one above it that leaves no limit),
+# CG_CLIMB and CG_PLACEMENT (why there),
 # CG_WHY (why none), CG_LEAF (v2 leaf path), CG_V1 (assoc: controller ->
 # leaf path), CG_APPLIED and CG_MISSING (arrays of "what" lines for the
 # report), CG_NAME (leaf name).
 
 CG_PREFIX=gpuguard-lowprio
+# Where the processes of a non-root v2 cgroup go so that the cgroup may have
+# limited children (the "no internal processes" rule); they stay inside it.
+CG_CALLER_LEAF=gpuguard-caller
 
-# Detects the cgroup layout.
+# Detects the cgroup layout and the cgroup that the job's leaf belongs in:
+# the caller's own (or, for --attach, the target's), so that the limits of a
+# container or user slice around the caller still hold for the job.
 # Globals:
 #   LOWPRIO_CGROUP_ROOT (default /sys/fs/cgroup), LOWPRIO_CGROUP_MODE
-#   (auto|v2|v1|none), LOWPRIO_CGROUP_PARENT (v2 parent below the root)
+#   (auto|v2|v1|none), LOWPRIO_CGROUP_PARENT (parent below the root, instead
+#   of the caller's cgroup), LOWPRIO_PROC_CGROUP (the /proc/PID/cgroup to
+#   read; default the home PID's)
+# Arguments:
+#   $1 home PID whose cgroup holds the leaf (default: this process)
 cg_detect() {
   CG_ROOT=${LOWPRIO_CGROUP_ROOT:-/sys/fs/cgroup}
-  CG_PARENT=$CG_ROOT${LOWPRIO_CGROUP_PARENT:+/${LOWPRIO_CGROUP_PARENT#/}}
   CG_MODE=${LOWPRIO_CGROUP_MODE:-auto}
-  CG_WHY=''
+  CG_HOME_PID=${1:-$BASHPID}
+  CG_WHY='' CG_PLACEMENT='' CG_LEAF='' CG_MOVED=0
   declare -gA CG_V1=()
   declare -ga CG_APPLIED=() CG_MISSING=()
-  [[ $CG_MODE != auto ]] && return 0
-  local fstype unified=''
-  fstype=$(stat -fc %T "$CG_ROOT" 2>/dev/null || true)
-  if [[ $fstype == cgroup2fs || ($fstype != tmpfs && -f $CG_ROOT/cgroup.controllers) ]]; then
-    CG_MODE=v2
-  else
-    [[ -f $CG_ROOT/unified/cgroup.controllers ]] && unified=$(<"$CG_ROOT/unified/cgroup.controllers")
-    if [[ " $unified " == *" cpu "* ]]; then
-      CG_MODE=v2 CG_ROOT=$CG_ROOT/unified
-      CG_PARENT=$CG_ROOT${LOWPRIO_CGROUP_PARENT:+/${LOWPRIO_CGROUP_PARENT#/}}
-    elif [[ -f $CG_ROOT/cpu/cpu.shares ]]; then
-      CG_MODE=v1 # hybrid: the v2 mount has no cpu controller (ENOENT on +cpu)
+  if [[ $CG_MODE == auto ]]; then
+    local fstype unified=''
+    fstype=$(stat -fc %T "$CG_ROOT" 2>/dev/null || true)
+    if [[ $fstype == cgroup2fs || ($fstype != tmpfs && -f $CG_ROOT/cgroup.controllers) ]]; then
+      CG_MODE=v2
     else
-      CG_MODE=none CG_WHY="no cgroup cpu controller under $CG_ROOT"
+      [[ -f $CG_ROOT/unified/cgroup.controllers ]] && unified=$(<"$CG_ROOT/unified/cgroup.controllers")
+      if [[ " $unified " == *" cpu "* ]]; then
+        CG_MODE=v2 CG_ROOT=$CG_ROOT/unified
+      elif [[ -f $CG_ROOT/cpu/cpu.shares ]]; then
+        CG_MODE=v1 # hybrid: the v2 mount has no cpu controller (ENOENT on +cpu)
+      else
+        CG_MODE=none CG_WHY="no cgroup cpu controller under $CG_ROOT"
+      fi
     fi
   fi
+  cg_home_into CG_PARENT "" v2
+}
+
+# Puts into the variable named $1 the folder of the home PID's cgroup in a
+# hierarchy: v2 (the "0::" line) or a v1 controller mounted at $2 (empty:
+# the v2 root). LOWPRIO_CGROUP_PARENT, when set, replaces the path.
+cg_home_into() {
+  local -n home_ref=$1
+  local _mount=$2 _want=$3 _line _id _list _path='' _file
+  _file=${LOWPRIO_PROC_CGROUP:-/proc/$CG_HOME_PID/cgroup}
+  if [[ -n ${LOWPRIO_CGROUP_PARENT:-} ]]; then
+    _path=/${LOWPRIO_CGROUP_PARENT#/}
+  elif [[ -r $_file ]]; then
+    while IFS=: read -r _id _list _line; do
+      if [[ $_want == v2 && $_id == 0 && -z $_list ]] ||
+        [[ $_want != v2 && ,$_list, == *",$_want,"* ]]; then
+        _path=$_line
+        break
+      fi
+    done <"$_file"
+  fi
+  _path=${_path%/}
+  # Processes this script moved aside earlier: their home is the parent.
+  [[ ${_path##*/} == "$CG_CALLER_LEAF" ]] && _path=${_path%/*}
+  # shellcheck disable=SC2034 # nameref: assigns the caller's variable
+  home_ref=${_mount:-$CG_ROOT}$_path
 }
 
 # Names the errno in a shell write error ("Device or resource busy" ->
@@ -55,9 +92,15 @@ cg_errno_name() {
 }
 
 # Writes a value to a cgroup file; on failure records why and returns 1.
+# cgroup.procs takes one PID per write and is appended to (the kernel
+# ignores the offset; a test's fake tree keeps every PID written).
 cg_write() {
   local file=$1 value=$2 err
-  if err=$({ printf '%s\n' "$value" >"$file"; } 2>&1); then
+  if [[ $file == */cgroup.procs ]]; then
+    if err=$({ printf '%s\n' "$value" >>"$file"; } 2>&1); then
+      return 0
+    fi
+  elif err=$({ printf '%s\n' "$value" >"$file"; } 2>&1); then
     return 0
   fi
   CG_LAST_ERROR=$(cg_errno_name "$err")
@@ -85,8 +128,129 @@ cg_create() {
   esac
 }
 
+# True when a v2 cgroup folder is the root of the whole hierarchy (only
+# non-root cgroups have cgroup.type), which may hold processes and limited
+# children at once. Inside a cgroup namespace "/" is usually not the root.
+cg_v2_is_root() {
+  [[ ! -e $1/cgroup.type ]]
+}
+
+# Prints the first limit a v2 cgroup folder sets on its subtree (memory,
+# CPU cap, weight or idle class, pids, I/O, cpuset), or nothing. Interface
+# files that are absent mean that controller is not enabled there.
+cg_v2_limit_of() {
+  local dir=$1 f v
+  for f in memory.max memory.high memory.swap.max pids.max; do
+    [[ -r $dir/$f ]] || continue
+    v=$(<"$dir/$f")
+    [[ $v == max ]] || {
+      printf '%s=%s' "$f" "$v"
+      return
+    }
+  done
+  if [[ -r $dir/cpu.max ]]; then
+    v=$(<"$dir/cpu.max")
+    [[ $v == max* ]] || {
+      printf 'cpu.max=%s' "${v%% *}"
+      return
+    }
+  fi
+  for f in cpu.weight:100 cpu.idle:0; do
+    [[ -r $dir/${f%:*} ]] || continue
+    v=$(<"$dir/${f%:*}")
+    [[ $v == "${f#*:}" ]] || {
+      printf '%s=%s' "${f%:*}" "$v"
+      return
+    }
+  done
+  for f in io.max cpuset.cpus cpuset.mems; do
+    [[ -r $dir/$f ]] || continue
+    v=$(<"$dir/$f")
+    [[ -z $v ]] || {
+      printf '%s=%s' "$f" "${v%%$'\n'*}"
+      return
+    }
+  done
+}
+
+# Moves CG_PARENT from the caller's cgroup up to the highest ancestor the
+# leaf can go under without leaving any cgroup that sets a limit: the job
+# stays inside every limit around the caller, and its low priority counts
+# against as many other cgroups (services) as possible (weights and the idle
+# class only order siblings). Stops at the first cgroup with a limit, at a
+# parent not writable, and at the root (of the namespace). Sets CG_CLIMB.
+cg_v2_climb() {
+  local dir=$CG_PARENT limit parent
+  CG_CLIMB=''
+  [[ -n ${LOWPRIO_CGROUP_PARENT:-} || ${LOWPRIO_CGROUP_CLIMB:-1} == 0 ]] && return 0
+  while [[ $dir != "$CG_ROOT" ]]; do
+    limit=$(cg_v2_limit_of "$dir")
+    if [[ -n $limit ]]; then
+      CG_CLIMB="${dir#"$CG_ROOT"} sets $limit"
+      break
+    fi
+    parent=${dir%/*}
+    if [[ ! -w $parent ]]; then
+      CG_CLIMB="${parent#"$CG_ROOT"} is not writable"
+      break
+    fi
+    dir=$parent
+  done
+  [[ $dir == "$CG_PARENT" ]] && return 0
+  CG_CLIMB="${CG_CLIMB:-no cgroup above it sets a limit}; the caller's cgroup is ${CG_PARENT#"$CG_ROOT"}"
+  CG_PARENT=$dir
+}
+
+# Lists the PIDs in a cgroup folder's cgroup.procs into the array named $2.
+cg_procs_into() {
+  local -n procs_ref=$2
+  procs_ref=()
+  [[ -r $1/cgroup.procs ]] || return 0
+  # shellcheck disable=SC2034 # nameref: assigns the caller's variable
+  mapfile -t procs_ref <"$1/cgroup.procs"
+}
+
+# Moves every process of the non-root cgroup $CG_PARENT into its child
+# $CG_CALLER_LEAF, so that the cgroup may enable controllers for children
+# (the kernel refuses while it holds processes of its own: EBUSY). They stay
+# inside it: its limits, accounting and kill still cover them. On a failure
+# the ones moved go back. LOWPRIO_CGROUP_MOVE_CALLER=0 forbids this.
+cg_v2_move_caller_aside() {
+  local aside=$CG_PARENT/$CG_CALLER_LEAF pid err
+  local -a procs moved=()
+  cg_procs_into "$CG_PARENT" procs
+  ((${#procs[@]})) || return 0
+  if [[ ${LOWPRIO_CGROUP_MOVE_CALLER:-1} == 0 ]]; then
+    CG_LAST_ERROR="EBUSY: $CG_PARENT holds ${#procs[@]} processes of its own and LOWPRIO_CGROUP_MOVE_CALLER=0 forbids moving them into $CG_CALLER_LEAF"
+    return 1
+  fi
+  if [[ ! -d $aside ]] && ! err=$(mkdir -- "$aside" 2>&1); then
+    CG_LAST_ERROR="cannot create $aside: $(cg_errno_name "$err")"
+    return 1
+  fi
+  for pid in "${procs[@]}"; do
+    if cg_write "$aside/cgroup.procs" "$pid"; then
+      moved+=("$pid")
+    elif [[ -d /proc/$pid ]]; then
+      CG_LAST_ERROR="cannot move PID $pid of $CG_PARENT into $CG_CALLER_LEAF: $CG_LAST_ERROR"
+      local back
+      for back in "${moved[@]}"; do
+        cg_write "$CG_PARENT/cgroup.procs" "$back" || true
+      done
+      rmdir -- "$aside" 2>/dev/null || true
+      return 1
+    fi
+  done
+  CG_MOVED=${#moved[@]}
+}
+
 cg_create_v2() {
   local have want='' c
+  cg_v2_climb
+  if [[ ! -d $CG_PARENT ]]; then
+    CG_LAST_ERROR="the home cgroup $CG_PARENT is not visible here"
+    return 1
+  fi
   have=" $(cg_v2_controllers) "
   for c in cpu memory io pids; do
     [[ $have == *" $c "* ]] && want+=" +$c"
@@ -95,14 +259,21 @@ cg_create_v2() {
     CG_LAST_ERROR="ENOENT (no cpu controller in $CG_PARENT/cgroup.controllers)"
     return 1
   fi
+  if [[ ! -w $CG_PARENT ]]; then
+    CG_LAST_ERROR="EACCES: the caller's cgroup ${CG_PARENT#"$CG_ROOT"} is not writable by $(id -un) (not delegated); a leaf elsewhere would escape its limits"
+    return 1
+  fi
   local enabled=''
   [[ -r $CG_PARENT/cgroup.subtree_control ]] && enabled=" $(<"$CG_PARENT/cgroup.subtree_control") "
   local missing=''
   for c in $want; do
     [[ $enabled == *" ${c#+} "* ]] || missing+=" $c"
   done
-  if [[ -n $missing ]] && ! cg_write "$CG_PARENT/cgroup.subtree_control" "${missing# }"; then
-    return 1
+  if [[ -n $missing ]]; then
+    if ! cg_v2_is_root "$CG_PARENT"; then
+      cg_v2_move_caller_aside || return 1
+    fi
+    cg_write "$CG_PARENT/cgroup.subtree_control" "${missing# }" || return 1
   fi
   CG_LEAF=$CG_PARENT/$CG_NAME
   local err
@@ -110,24 +281,95 @@ cg_create_v2() {
     CG_LAST_ERROR=$(cg_errno_name "$err")
     return 1
   fi
+  local where=${CG_PARENT#"$CG_ROOT"}
+  if [[ -n $CG_CLIMB ]]; then
+    CG_PLACEMENT="leaf ${where:-}/$CG_NAME under ${where:-/}, the highest cgroup around the caller's that leaves no limit ($CG_CLIMB)"
+  else
+    CG_PLACEMENT="leaf ${where:-}/$CG_NAME under the caller's cgroup ${where:-/}"
+  fi
+  if cg_v2_is_root "$CG_PARENT"; then
+    CG_PLACEMENT+=" (the root)"
+  fi
+  if ((CG_MOVED)); then
+    CG_PLACEMENT+="; moved its $CG_MOVED processes into ${where:-}/$CG_CALLER_LEAF (a cgroup with processes of its own cannot have limited children), so its limits hold for them and the job"
+  fi
+}
+
+# Describes, changing nothing, where the job's leaf would go and why
+# (--explain, --dry-run).
+cg_placement_plan() {
+  local where c parent climbed=''
+  local -a procs
+  case $CG_MODE in
+    v2)
+      cg_v2_climb
+      where=${CG_PARENT#"$CG_ROOT"}
+      [[ -n $CG_CLIMB ]] && climbed=" (up from the caller's: $CG_CLIMB)"
+      if [[ ! -d $CG_PARENT ]]; then
+        printf 'none: the home cgroup %s is not visible here\n' "${where:-/}"
+      elif [[ ! -w $CG_PARENT ]]; then
+        printf "none: the caller's cgroup %s is not writable by %s (not delegated); a leaf elsewhere would escape its limits\n" "${where:-/}" "$(id -un)"
+      elif cg_v2_is_root "$CG_PARENT"; then
+        printf "a leaf under the root%s\n" "$climbed"
+      else
+        cg_procs_into "$CG_PARENT" procs
+        if ((${#procs[@]} == 0)) || [[ " $(cat "$CG_PARENT/cgroup.subtree_control" 2>/dev/null) " == *" cpu "* ]]; then
+          printf "a leaf under the caller's cgroup %s%s\n" "$where" "$climbed"
+        elif [[ ${LOWPRIO_CGROUP_MOVE_CALLER:-1} == 0 ]]; then
+          printf 'none: %s holds %d processes of its own (no internal processes rule) and LOWPRIO_CGROUP_MOVE_CALLER=0\n' "$where" "${#procs[@]}"
+        else
+          printf "a leaf under the caller's cgroup %s, after moving its %d processes into %s/%s (a cgroup with processes of its own cannot have limited children); they stay inside it\n" \
+            "$where" "${#procs[@]}" "$where" "$CG_CALLER_LEAF"
+        fi
+      fi
+      ;;
+    v1)
+      printf "leaves under the caller's v1 cgroups:"
+      for c in cpu memory pids blkio; do
+        [[ -d $CG_ROOT/$c ]] || continue
+        cg_home_into parent "$CG_ROOT/$c" "$c"
+        local shown=${parent#"$CG_ROOT/$c"}
+        printf ' %s:%s%s' "$c" "${shown:-/}" "$([[ -w $parent ]] || echo ' (not writable)')"
+      done
+      printf '\n'
+      ;;
+    *) printf 'none: %s\n' "${CG_WHY:-no cgroup}" ;;
+  esac
 }
 
 cg_create_v1() {
-  local c err made=0
+  local c err made=0 parent
   for c in cpu memory pids blkio; do
-    [[ -d $CG_ROOT/$c && -w $CG_ROOT/$c ]] || continue
-    if err=$(mkdir -- "$CG_ROOT/$c/$CG_NAME" 2>&1); then
-      CG_V1[$c]=$CG_ROOT/$c/$CG_NAME
+    [[ -d $CG_ROOT/$c ]] || continue
+    cg_home_into parent "$CG_ROOT/$c" "$c"
+    if [[ ! -w $parent ]]; then
+      CG_MISSING+=("v1 $c hierarchy: ${parent#"$CG_ROOT"} not writable")
+      continue
+    fi
+    if err=$(mkdir -- "$parent/$CG_NAME" 2>&1); then
+      CG_V1[$c]=$parent/$CG_NAME
       made=1
     else
       CG_MISSING+=("v1 $c hierarchy: $(cg_errno_name "$err")")
     fi
   done
+  # Hybrid: a leaf in the controller-less v2 mount too, for CPU time and
+  # pressure stall (creating one needs no controller, so no rule applies).
+  if [[ -n ${CG_V1[cpu]:-} && -f $CG_ROOT/unified/cgroup.procs ]]; then
+    cg_home_into parent "$CG_ROOT/unified" v2
+    if [[ -w $parent ]] && mkdir -- "$parent/$CG_NAME" 2>/dev/null; then
+      CG_V1[unified]=$parent/$CG_NAME
+    fi
+  fi
   if [[ -z ${CG_V1[cpu]:-} ]]; then
-    CG_LAST_ERROR="cannot create $CG_ROOT/cpu/$CG_NAME"
+    CG_LAST_ERROR="cannot create a leaf in the caller's v1 cpu cgroup"
     ((made)) && cg_remove
     return 1
   fi
+  CG_PLACEMENT="v1 leaves under the caller's cgroups:"
+  for c in "${!CG_V1[@]}"; do
+    CG_PLACEMENT+=" ${CG_V1[$c]#"$CG_ROOT/"}"
+  done
 }
 
 # Applies one setting to the leaf; records what is and is not in force.
@@ -305,13 +547,24 @@ cg_remove() {
   return "$rc"
 }
 
-# Removes leaves of earlier runs whose owner is gone and that are empty.
+# Removes leaves of earlier runs whose owner is gone and that are empty:
+# beside this run's leaf, and where versions before 0.2 put them (the top).
 cg_clean_stale() {
-  local dir owner
+  local dir owner c parent
   local -a dirs=()
   case $CG_MODE in
-    v2) dirs=("$CG_PARENT/$CG_PREFIX"-*) ;;
-    v1) dirs=("$CG_ROOT"/*/"$CG_PREFIX"-*) ;;
+    v2) dirs=("$CG_PARENT/$CG_PREFIX"-* "$CG_ROOT/$CG_PREFIX"-*) ;;
+    v1)
+      for c in cpu memory pids blkio unified; do
+        [[ -d $CG_ROOT/$c ]] || continue
+        if [[ $c == unified ]]; then
+          cg_home_into parent "$CG_ROOT/unified" v2
+        else
+          cg_home_into parent "$CG_ROOT/$c" "$c"
+        fi
+        dirs+=("$parent/$CG_PREFIX"-* "$CG_ROOT/$c/$CG_PREFIX"-*)
+      done
+      ;;
   esac
   for dir in "${dirs[@]}"; do
     [[ -d $dir ]] || continue
@@ -324,6 +577,121 @@ cg_clean_stale() {
   return 0
 }
 
+# Reads "KEY VALUE" lines of a cgroup stat file into CG_USE under a prefix.
+cg_read_kv() {
+  local file=$1 prefix=$2 key value
+  [[ -r $file ]] || return 1
+  while read -r key value _; do
+    [[ $value =~ ^[0-9]+$ ]] && CG_USE[$prefix$key]=$value
+  done <"$file"
+}
+
+# Reads a pressure (PSI) file: total stall microseconds, "some" and "full".
+cg_read_psi() {
+  local file=$1 what=$2 kind field
+  [[ -r $file ]] || return 1
+  while read -r kind _ _ _ field; do
+    [[ $field =~ ^total=([0-9]+)$ ]] && CG_USE[psi_${what}_$kind]=${BASH_REMATCH[1]}
+  done <"$file"
+}
+
+# Collects what the limits did to the job, from its leaf, into CG_USE:
+# cpu_usec, throttled, throttled_usec, mem_peak, mem_reclaim (bytes),
+# mem_high/mem_max/oom_kill (events), io_rbytes, io_wbytes and
+# psi_{cpu,memory,io}_{some,full} (stall microseconds); CG_USE_MISSING
+# names what this kernel or hierarchy does not provide.
+cg_usage() {
+  declare -gA CG_USE=()
+  declare -ga CG_USE_MISSING=()
+  local dir page=4096 line
+  case $CG_MODE in
+    v2)
+      dir=$CG_LEAF
+      [[ -n $dir && -d $dir ]] || return 1
+      if cg_read_kv "$dir/cpu.stat" cpu_; then
+        CG_USE[cpu_usec]=${CG_USE[cpu_usage_usec]:-}
+        CG_USE[throttled]=${CG_USE[cpu_nr_throttled]:-}
+        CG_USE[throttled_usec]=${CG_USE[cpu_throttled_usec]:-}
+      fi
+      [[ -r $dir/memory.peak ]] && CG_USE[mem_peak]=$(<"$dir/memory.peak")
+      [[ ${CG_USE[mem_peak]:-} =~ ^[0-9]+$ ]] || unset 'CG_USE[mem_peak]'
+      if cg_read_kv "$dir/memory.stat" mst_; then
+        page=$(getconf PAGESIZE 2>/dev/null || echo 4096)
+        local steal=${CG_USE[mst_pgsteal]:-$((${CG_USE[mst_pgsteal_kswapd]:-0} + ${CG_USE[mst_pgsteal_direct]:-0}))}
+        CG_USE[mem_reclaim]=$((steal * page))
+      fi
+      if cg_read_kv "$dir/memory.events" mev_; then
+        CG_USE[mem_high]=${CG_USE[mev_high]:-0}
+        CG_USE[mem_max]=${CG_USE[mev_max]:-0}
+        CG_USE[oom_kill]=${CG_USE[mev_oom_kill]:-0}
+      fi
+      if [[ -r $dir/io.stat ]]; then
+        local r=0 w=0 kv
+        while read -r -a line; do
+          for kv in "${line[@]:1}"; do
+            [[ $kv =~ ^(rbytes|wbytes)=([0-9]+)$ ]] || continue
+            if [[ ${BASH_REMATCH[1]} == rbytes ]]; then
+              r=$((r + BASH_REMATCH[2]))
+            else
+              w=$((w + BASH_REMATCH[2]))
+            fi
+          done
+        done <"$dir/io.stat"
+        CG_USE[io_rbytes]=$r CG_USE[io_wbytes]=$w
+      fi
+      cg_read_psi "$dir/cpu.pressure" cpu
+      cg_read_psi "$dir/memory.pressure" memory
+      cg_read_psi "$dir/io.pressure" io
+      ;;
+    v1)
+      dir=${CG_V1[cpu]:-}
+      if [[ -n $dir ]] && cg_read_kv "$dir/cpu.stat" cpu_; then
+        CG_USE[throttled]=${CG_USE[cpu_nr_throttled]:-}
+        [[ -n ${CG_USE[cpu_throttled_time]:-} ]] && CG_USE[throttled_usec]=$((CG_USE[cpu_throttled_time] / 1000))
+      fi
+      dir=${CG_V1[memory]:-}
+      if [[ -n $dir && -r $dir/memory.max_usage_in_bytes ]]; then
+        CG_USE[mem_peak]=$(<"$dir/memory.max_usage_in_bytes")
+        CG_USE[mem_max]=$(<"$dir/memory.failcnt")
+        [[ ${CG_USE[mem_peak]} =~ ^[0-9]+$ ]] || unset 'CG_USE[mem_peak]'
+        [[ ${CG_USE[mem_max]} =~ ^[0-9]+$ ]] || unset 'CG_USE[mem_max]'
+      fi
+      dir=${CG_V1[blkio]:-}
+      if [[ -n $dir && -r $dir/blkio.throttle.io_service_bytes ]]; then
+        local r=0 w=0 dev op n
+        while read -r dev op n; do
+          [[ $n =~ ^[0-9]+$ ]] || continue
+          case $op in
+            Read) r=$((r + n)) ;;
+            Write) w=$((w + n)) ;;
+          esac
+        done <"$dir/blkio.throttle.io_service_bytes"
+        CG_USE[io_rbytes]=$r CG_USE[io_wbytes]=$w
+      fi
+      # The hybrid layout's v2 mount has no controllers but keeps CPU time
+      # and pressure stall per cgroup.
+      dir=${CG_V1[unified]:-}
+      if [[ -n $dir ]]; then
+        cg_read_kv "$dir/cpu.stat" cpu_ && CG_USE[cpu_usec]=${CG_USE[cpu_usage_usec]:-}
+        cg_read_psi "$dir/cpu.pressure" cpu
+        cg_read_psi "$dir/memory.pressure" memory
+        cg_read_psi "$dir/io.pressure" io
+      fi
+      ;;
+    *) return 1 ;;
+  esac
+  [[ -n ${CG_USE[throttled]:-} ]] || CG_USE_MISSING+=("CPU throttling (cpu.stat)")
+  [[ -n ${CG_USE[mem_peak]:-} ]] || CG_USE_MISSING+=("memory peak (memory.peak: kernel 5.19+)")
+  [[ -n ${CG_USE[mem_reclaim]:-} ]] || CG_USE_MISSING+=("memory reclaim (memory.stat pgsteal: v2 only)")
+  if [[ -z ${CG_USE[io_wbytes]:-} ]]; then
+    CG_USE_MISSING+=("I/O bytes (io.stat)")
+  elif [[ $CG_MODE == v1 ]]; then
+    CG_USE_MISSING+=("buffered writes in the I/O bytes (v1 blkio counts direct I/O only)")
+  fi
+  [[ -n ${CG_USE[psi_cpu_some]:-} ]] || CG_USE_MISSING+=("pressure stall (PSI: v2 with CONFIG_PSI)")
+  return 0
+}
+
 # True when systemd is PID 1 (it then owns the cgroup tree).
 cg_systemd_running() {
   [[ ${LOWPRIO_SYSTEMD:-auto} == 1 ]] && return 0
@@ -331,12 +699,59 @@ cg_systemd_running() {
   gg_systemd_is_init && command -v systemd-run >/dev/null
 }
 
+# Prints the systemd slice that holds the home PID (the last ".slice" in its
+# cgroup path), so that a transient scope stays under the caller's slice and
+# its limits; empty when there is none.
+cg_systemd_slice() {
+  local cg_path part slice=''
+  cg_home_into cg_path / v2
+  [[ $cg_path == / || $cg_path == // ]] && cg_home_into cg_path / name=systemd
+  local IFS=/
+  for part in $cg_path; do
+    [[ $part == *.slice && $part != -.slice ]] && slice=$part
+  done
+  printf '%s' "$slice"
+}
+
+# The systemd-run options that pick the manager: the user's own (--user)
+# for non-root callers, who may not start system units; for root, the
+# caller's slice.
+cg_systemd_manager_into() {
+  local -n mgr_ref=$1
+  if ((EUID != 0)); then
+    mgr_ref=(--user)
+  else
+    local slice
+    slice=$(cg_systemd_slice)
+    mgr_ref=()
+    if [[ -n $slice ]]; then
+      # shellcheck disable=SC2034 # nameref: assigns the caller's variable
+      mgr_ref=(--slice "$slice")
+    fi
+  fi
+}
+
+# True when systemd-run can start a scope here (a non-root user needs a
+# running user manager); the reason goes to CG_LAST_ERROR otherwise.
+cg_systemd_usable() {
+  local -a mgr
+  local err
+  cg_systemd_manager_into mgr
+  if err=$(timeout 15 systemd-run "${mgr[@]}" --scope --quiet --collect -- true 2>&1); then
+    return 0
+  fi
+  CG_LAST_ERROR="systemd-run ${mgr[*]} --scope failed: ${err%%$'\n'*}"
+  return 1
+}
+
 # Builds the systemd-run --scope prefix into the array named $1 from the
 # settings in the associative array named $2.
 cg_systemd_command_into() {
   local -n cmd_ref=$1
   local -n set_ref=$2
-  cmd_ref=(systemd-run --scope --quiet --collect --unit "$CG_NAME")
+  local -a mgr
+  cg_systemd_manager_into mgr
+  cmd_ref=(systemd-run "${mgr[@]}" --scope --quiet --collect --unit "$CG_NAME")
   local w=${set_ref[cpu_weight]:-}
   [[ -n $w ]] && cmd_ref+=(-p "CPUWeight=$w")
   [[ -n ${set_ref[cpu_max]:-} ]] && cmd_ref+=(-p "CPUQuota=$((set_ref[cpu_max] / 10))%")
@@ -363,7 +778,8 @@ cg_describe() {
   printf 'cgroup mode: %s%s\n' "$CG_MODE" "${CG_WHY:+ ($CG_WHY)}"
   case $CG_MODE in
     v2)
-      printf 'v2 parent: %s\n' "$CG_PARENT"
+      printf "v2 home (the caller's cgroup): %s%s\n" "${CG_PARENT#"$CG_ROOT"}" \
+        "$(cg_v2_is_root "$CG_PARENT" && echo ' (the root: may hold processes and limited children)')"
       printf 'controllers available: %s\n' "$(cg_v2_controllers)"
       printf 'controllers enabled for children: %s\n' "$(cat "$CG_PARENT/cgroup.subtree_control" 2>/dev/null)"
       printf 'parent writable: %s\n' "$([[ -w $CG_PARENT ]] && echo yes || echo no)"
@@ -371,7 +787,11 @@ cg_describe() {
     v1)
       local c
       for c in cpu memory pids blkio; do
-        printf 'v1 %s hierarchy: %s\n' "$c" "$([[ -w $CG_ROOT/$c ]] && echo writable || echo 'not writable or absent')"
+        local parent
+        cg_home_into parent "$CG_ROOT/$c" "$c"
+        local shown=${parent#"$CG_ROOT/$c"}
+        printf "v1 %s: the caller's cgroup %s is %s\n" "$c" "${shown:-/}" \
+          "$([[ -w $parent ]] && echo writable || echo 'not writable or absent')"
       done
       ;;
   esac

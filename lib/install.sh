@@ -1,11 +1,19 @@
 # shellcheck shell=bash
-# install.sh's work: copy the tree under PREFIX/lib/gpuguard, link the
-# commands into PREFIX/bin, place the config without overwriting an edited
-# one, add cron or systemd, and record every path in a manifest so that
-# --uninstall removes exactly that.
+# install.sh's work: check every prerequisite first, then install each file
+# of the tree under PREFIX/lib/gpuguard with an explicit mode (whatever the
+# caller's umask or the checkout's modes), link the commands into
+# PREFIX/bin, place the shared config (0644, no secrets) and the secrets
+# file (0600) without overwriting edited ones, add cron or systemd. Every
+# path this run creates is listed; a failure removes them again, and the
+# manifest is written only when everything succeeded, so that --uninstall
+# removes exactly what it lists.
 
 # shellcheck disable=SC2034 # INSTALL_UNINSTALL is read by install.sh main
 INSTALL_COMMANDS=(yichuidingyin.sh gpu-leak-watch lowprio-run gpuguard)
+# The parts of the source tree that are installed.
+INSTALL_PARTS=(bin lib python etc VERSION)
+# Keys that belong in secrets.conf, never in the shared config.
+INSTALL_SECRET_KEYS='NOTIFY_URL|NOTIFY_SECRET|ALERTMANAGER_URL'
 
 # Parses the options into INSTALL_* globals.
 install_parse() {
@@ -26,6 +34,10 @@ install_parse() {
         gg_help "$GPUGUARD_ROOT/install.sh"
         exit 0
         ;;
+      --version)
+        gg_print_version
+        exit 0
+        ;;
       *) gg_usage_error "unknown option '$1' (see --help)" || return ;;
     esac
     shift
@@ -41,86 +53,276 @@ install_parse() {
   if ((INSTALL_SYSTEMD && INSTALL_USER)); then
     gg_usage_error "--systemd installs system units: not with --user (use --cron)" || return
   fi
-  if ((INSTALL_SYSTEMD)) && [[ -z ${DESTDIR:-} ]] && ! gg_systemd_is_init; then
-    gg_usage_error "systemd is not running here (PID 1 is $(cat /proc/1/comm 2>/dev/null)): use --cron, or nohup yichuidingyin.sh &" || return
-  fi
   INSTALL_DEST=${DESTDIR:-}
   INSTALL_HOME=$INSTALL_PREFIX/lib/gpuguard
   INSTALL_MANIFEST=$INSTALL_DEST$INSTALL_HOME/.install-manifest
 }
 
-# Records a path (as installed, without DESTDIR) in the manifest.
-install_record() {
-  printf '%s\n' "$1" >>"$INSTALL_MANIFEST.new"
+# True when a folder (as installed, without DESTDIR) can be created or
+# written: the nearest existing level is a writable folder.
+install_writable() {
+  local path=$INSTALL_DEST$1
+  while [[ -n $path && ! -e $path ]]; do
+    path=${path%/*}
+  done
+  path=${path:-/}
+  [[ -d $path && -w $path ]]
 }
 
-# Creates a folder (as installed, without DESTDIR) and records each level
-# this install created, so --uninstall removes those and no others.
-install_mkdir() {
-  local path=$1 missing=()
-  while [[ -n $path && $path != / && ! -d $INSTALL_DEST$path ]]; do
-    missing+=("$path")
-    path=$(dirname "$path")
+# True when a cron daemon runs (cron, crond, cronie, fcron, busybox crond).
+install_cron_daemon_running() {
+  local f comm
+  for f in /proc/[0-9]*/comm; do
+    { read -r comm <"$f"; } 2>/dev/null || continue
+    case $comm in
+      cron | crond | cronie | fcron | anacron | busybox-crond) return 0 ;;
+    esac
   done
-  mkdir -p "$INSTALL_DEST$1"
+  return 1
+}
+
+# Checks everything an install needs before anything is written; one line
+# and status 2 for what is missing. Warns where the result would not run.
+install_check() {
+  local dir
+  local -a dirs=("$INSTALL_PREFIX" "$INSTALL_CONFIG_DIR")
+  ((INSTALL_USER)) || dirs+=(/etc/logrotate.d)
+  ((INSTALL_CRON && ! INSTALL_USER)) && dirs+=(/etc/cron.d)
+  ((INSTALL_SYSTEMD)) && dirs+=(/etc/systemd/system)
+  for dir in "${dirs[@]}"; do
+    if ! install_writable "$dir"; then
+      gg_usage_error "cannot write under $INSTALL_DEST$dir: run it with sudo, or install for yourself with --user" || return
+    fi
+  done
+  if ((INSTALL_SYSTEMD)) && [[ -z $INSTALL_DEST ]] && ! gg_systemd_is_init; then
+    gg_usage_error "systemd is not running here (PID 1 is $(cat /proc/1/comm 2>/dev/null)): use --cron, or nohup yichuidingyin.sh &" || return
+  fi
+  if ((INSTALL_CRON && INSTALL_USER)) && ! command -v crontab >/dev/null; then
+    gg_usage_error "--cron needs the crontab command (Debian/Ubuntu: apt-get install cron); nothing was installed. Without cron: install without --cron and start the watchdog with nohup yichuidingyin.sh &" || return
+  fi
+  if ((INSTALL_CRON)) && ! install_cron_daemon_running; then
+    gg_log warn "no cron daemon is running here: the watchdog entry will not run until one is started (service cron start, or systemctl enable --now cron); or run the watchdog as a service (--systemd) or with nohup yichuidingyin.sh &"
+  fi
+  return 0
+}
+
+# Records a path this run installed (as installed, without DESTDIR) for the
+# manifest; $2=new also for the roll-back (it did not exist before).
+install_record() {
+  INSTALL_LISTED+=("$1")
+  [[ ${2:-new} == new ]] && INSTALL_CREATED+=("$1")
+  return 0
+}
+
+# Creates a folder (as installed, without DESTDIR), mode 755, recording each
+# level this run created, so that --uninstall removes those and no others.
+install_mkdir() {
+  local path=$1
+  local -a missing=()
+  while [[ -n $path && $path != / && ! -d $INSTALL_DEST$path ]]; do
+    missing=("$path" "${missing[@]}")
+    path=${path%/*}
+  done
   for path in "${missing[@]}"; do
+    mkdir -m 755 -- "$INSTALL_DEST$path" || return
     install_record "$path"
   done
 }
 
+# Installs one file with a mode: a temporary file in the target folder,
+# then rename, so a reader never sees half a file and a symlink placed at
+# the target is replaced, not followed.
+# Arguments:
+#   $1 source file, $2 destination (as installed), $3 mode
+install_file() {
+  local src=$1 dest=$2 mode=$3 tmp was=new
+  [[ -e $INSTALL_DEST$dest ]] && was=old
+  tmp=$(mktemp -- "$INSTALL_DEST$dest.XXXXXX") || return
+  if ! { cp -- "$src" "$tmp" && chmod "$mode" -- "$tmp" && mv -f -- "$tmp" "$INSTALL_DEST$dest"; }; then
+    rm -f -- "$tmp"
+    return 1
+  fi
+  install_record "$dest" "$was"
+}
+
+# Writes text to a file (as installed) with a mode, the same safe way.
+install_text() {
+  local dest=$1 mode=$2 text=$3 tmp was=new
+  [[ -e $INSTALL_DEST$dest ]] && was=old
+  tmp=$(mktemp -- "$INSTALL_DEST$dest.XXXXXX") || return
+  if ! { printf '%s' "$text" >"$tmp" && chmod "$mode" -- "$tmp" && mv -f -- "$tmp" "$INSTALL_DEST$dest"; }; then
+    rm -f -- "$tmp"
+    return 1
+  fi
+  install_record "$dest" "$was"
+}
+
+# Copies the tree: staged in a temporary folder beside it, then copied
+# over it with --remove-destination (a new file for each, so a running
+# daemon keeps reading the old one), then modes made explicit (executables
+# 755, the rest 644, folders 755). Files of one's own put in the tree stay.
+install_tree() {
+  local home=$INSTALL_DEST$INSTALL_HOME stage rel
+  local -a rels=() paths=()
+  stage=$(mktemp -d -- "$home/.staging.XXXXXX") || return
+  INSTALL_STAGE=$stage
+  cp -R -- "${INSTALL_PARTS[@]/#/$GPUGUARD_ROOT/}" "$stage/" || return
+  mapfile -t rels < <(cd "$stage" && find . -mindepth 1 \( -name __pycache__ -o -name '*.pyc' \) -prune -o -printf '%P\n')
+  for rel in "${rels[@]}"; do
+    if [[ -e $home/$rel ]]; then
+      install_record "$INSTALL_HOME/$rel" old
+    else
+      install_record "$INSTALL_HOME/$rel" new
+    fi
+    paths+=("$home/$rel")
+  done
+  (cd "$stage" && find . \( -name __pycache__ -o -name '*.pyc' \) -prune -exec rm -rf {} +) || return
+  cp -R --remove-destination -- "$stage"/. "$home"/ || return
+  chmod u=rwX,go=rX -- "${paths[@]}" || return
+  rm -rf -- "$stage"
+  INSTALL_STAGE=''
+}
+
+# Undoes this run: removes what it created, newest first.
+install_rollback() {
+  local i path
+  [[ -n ${INSTALL_STAGE:-} ]] && rm -rf -- "$INSTALL_STAGE"
+  for ((i = ${#INSTALL_CREATED[@]} - 1; i >= 0; i--)); do
+    path=${INSTALL_CREATED[i]}
+    case $path in
+      'crontab:# gpuguard') install_crontab_remove ;;
+      *)
+        if [[ -d $INSTALL_DEST$path && ! -L $INSTALL_DEST$path ]]; then
+          rmdir -- "$INSTALL_DEST$path" 2>/dev/null || true
+        else
+          rm -f -- "$INSTALL_DEST$path"
+        fi
+        ;;
+    esac
+  done
+  gg_log error "install failed: what this run had put in place was removed again"
+}
+
 install_apply() {
-  local d=$INSTALL_DEST home=$INSTALL_DEST$INSTALL_HOME
+  umask 022
+  declare -ga INSTALL_CREATED=() INSTALL_LISTED=()
+  INSTALL_STAGE=''
+  install_check || return
   local previous=''
   [[ -f $INSTALL_MANIFEST ]] && previous=$(<"$INSTALL_MANIFEST")
-  # a run that died half-way may have left its list: start a fresh one
-  rm -f -- "$INSTALL_MANIFEST.new"
-  install_mkdir "$INSTALL_HOME"
-  install_mkdir "$INSTALL_PREFIX/bin"
-  # The tree, replaced as a whole so that files removed upstream go too.
-  local part
-  for part in bin lib python etc VERSION; do
-    rm -rf -- "${home:?}/$part"
-    cp -R -- "$GPUGUARD_ROOT/$part" "$home/$part"
-    install_record "$INSTALL_HOME/$part"
-  done
-  local cmd
-  for cmd in "${INSTALL_COMMANDS[@]}"; do
-    ln -sfn -- "../lib/gpuguard/bin/$cmd" "$d$INSTALL_PREFIX/bin/$cmd"
-    install_record "$INSTALL_PREFIX/bin/$cmd"
-  done
-  install_config
-  ((INSTALL_CRON)) && install_cron
-  ((INSTALL_SYSTEMD)) && install_systemd
-  if ((!INSTALL_USER)); then
-    install_mkdir /etc/logrotate.d
-    cp -- "$GPUGUARD_ROOT/etc/logrotate.d/gpuguard" "$d/etc/logrotate.d/gpuguard"
-    install_record /etc/logrotate.d/gpuguard
+  if [[ -n $INSTALL_DEST ]]; then
+    # the staging folder itself is the packager's, not part of the install
+    mkdir -p -- "$INSTALL_DEST" || return
   fi
+  if ! install_steps; then
+    install_rollback
+    return 1
+  fi
+  install_remove_stale "$previous"
   # Keep paths from an earlier install that this one did not redo (cron,
-  # units) so --uninstall still finds them.
-  if [[ -n $previous ]]; then
-    printf '%s\n' "$previous" >>"$INSTALL_MANIFEST.new"
+  # units, an edited config) so --uninstall still finds them.
+  local list
+  list=$(
+    printf '%s\n' "${INSTALL_LISTED[@]}" "$INSTALL_HOME/.install-manifest"
+    if [[ -n $previous ]]; then
+      printf '%s\n' "$previous" | install_still_there
+    fi
+  )
+  if ! install_text "$INSTALL_HOME/.install-manifest" 644 "$(sort -u <<<"$list")"$'\n'; then
+    install_rollback
+    return 1
   fi
-  install_record "$INSTALL_HOME/.install-manifest"
-  sort -u "$INSTALL_MANIFEST.new" >"$INSTALL_MANIFEST"
-  rm -f -- "$INSTALL_MANIFEST.new"
-  gg_log info "installed gpuguard $(<"$GPUGUARD_ROOT/VERSION") in $INSTALL_PREFIX (commands in $INSTALL_PREFIX/bin, config $INSTALL_CONFIG_DIR/gpuguard.conf)"
+  gg_log info "installed gpuguard $(<"$GPUGUARD_ROOT/VERSION") in $INSTALL_PREFIX (commands in $INSTALL_PREFIX/bin, config $INSTALL_CONFIG_DIR/gpuguard.conf, secrets $INSTALL_CONFIG_DIR/secrets.conf)"
   case ":$PATH:" in
     *":$INSTALL_PREFIX/bin:"*) ;;
     *) gg_log warn "$INSTALL_PREFIX/bin is not on PATH: add it (export PATH=\"$INSTALL_PREFIX/bin:\$PATH\")" ;;
   esac
 }
 
-# Places the config: never over an edited one; mode 600 (it may hold tokens).
-install_config() {
-  local conf=$INSTALL_DEST$INSTALL_CONFIG_DIR/gpuguard.conf
-  install_mkdir "$INSTALL_CONFIG_DIR"
-  if [[ -f $conf ]] && ! cmp -s "$conf" "$GPUGUARD_ROOT/etc/gpuguard.conf"; then
-    gg_log info "kept your edited $INSTALL_CONFIG_DIR/gpuguard.conf"
-    return 0
+# Every step that writes; returns 1 at the first failure.
+install_steps() {
+  install_mkdir "$INSTALL_HOME" || return
+  install_mkdir "$INSTALL_PREFIX/bin" || return
+  install_tree || return
+  local cmd link
+  for cmd in "${INSTALL_COMMANDS[@]}"; do
+    link=$INSTALL_DEST$INSTALL_PREFIX/bin/$cmd
+    if [[ -e $link || -L $link ]]; then
+      ln -sfn -- "../lib/gpuguard/bin/$cmd" "$link" || return
+      install_record "$INSTALL_PREFIX/bin/$cmd" old
+    else
+      ln -s -- "../lib/gpuguard/bin/$cmd" "$link" || return
+      install_record "$INSTALL_PREFIX/bin/$cmd" new
+    fi
+  done
+  install_config || return
+  if ((INSTALL_CRON)); then
+    install_cron || return
   fi
-  install -m 600 "$GPUGUARD_ROOT/etc/gpuguard.conf" "$conf"
-  install_record "$INSTALL_CONFIG_DIR/gpuguard.conf"
+  if ((INSTALL_SYSTEMD)); then
+    install_systemd || return
+  fi
+  if ((! INSTALL_USER)); then
+    install_mkdir /etc/logrotate.d || return
+    install_file "$GPUGUARD_ROOT/etc/logrotate.d/gpuguard" /etc/logrotate.d/gpuguard 644 || return
+  fi
+}
+
+# Filters manifest lines to those that still exist.
+install_still_there() {
+  local path
+  while IFS= read -r path; do
+    [[ -n $path ]] || continue
+    if [[ $path == crontab:* || -e $INSTALL_DEST$path || -L $INSTALL_DEST$path ]]; then
+      printf '%s\n' "$path"
+    fi
+  done
+}
+
+# After an upgrade: removes files of the earlier install under the tree
+# that this version no longer ships.
+install_remove_stale() {
+  local previous=$1 path
+  local -A now=()
+  for path in "${INSTALL_LISTED[@]}"; do
+    now[$path]=1
+  done
+  [[ -n $previous ]] || return 0
+  while IFS= read -r path; do
+    [[ $path == "$INSTALL_HOME"/* && -z ${now[$path]:-} ]] || continue
+    [[ -f $INSTALL_DEST$path && ! -L $INSTALL_DEST$path ]] || continue
+    # still shipped, only not recreated this time: keep
+    [[ -e $GPUGUARD_ROOT/${path#"$INSTALL_HOME"/} ]] && continue
+    rm -f -- "$INSTALL_DEST$path"
+  done < <(printf '%s\n' "$previous")
+}
+
+# True when a config file sets any secret key to a value.
+install_has_secrets() {
+  grep -Eq "^[[:space:]]*(export[[:space:]]+)?($INSTALL_SECRET_KEYS)=[^[:space:]]" "$1" 2>/dev/null
+}
+
+# Places the shared config (0644: every user's commands read it) and the
+# secrets file (0600) beside it; never over edited ones.
+install_config() {
+  local dir=$INSTALL_CONFIG_DIR conf=$INSTALL_DEST$INSTALL_CONFIG_DIR/gpuguard.conf
+  install_mkdir "$dir" || return
+  if [[ ! -e $conf ]] || cmp -s "$conf" "$GPUGUARD_ROOT/etc/gpuguard.conf"; then
+    install_file "$GPUGUARD_ROOT/etc/gpuguard.conf" "$dir/gpuguard.conf" 644 || return
+  elif install_has_secrets "$conf"; then
+    gg_log warn "kept your edited $dir/gpuguard.conf; it holds webhook credentials, so it stays private and other users' commands cannot read it: move the NOTIFY_URL, NOTIFY_SECRET and ALERTMANAGER_URL lines into $dir/secrets.conf, then chmod 644 $dir/gpuguard.conf"
+  else
+    gg_log info "kept your edited $dir/gpuguard.conf"
+    if [[ $(stat -c %a -- "$conf") != 644 ]]; then
+      chmod 644 -- "$conf" || return
+      gg_log info "made $dir/gpuguard.conf readable by every user (mode 644): it holds no secrets"
+    fi
+  fi
+  if [[ -e $INSTALL_DEST$dir/secrets.conf ]]; then
+    gg_log info "kept your $dir/secrets.conf"
+  else
+    install_file "$GPUGUARD_ROOT/etc/secrets.conf" "$dir/secrets.conf" 600 || return
+  fi
 }
 
 # The cron line: the watchdog once a minute, logging to a file.
@@ -135,66 +337,107 @@ install_cron() {
   if ((INSTALL_USER)); then
     local current
     current=$(crontab -l 2>/dev/null | grep -v '# gpuguard$' || true)
-    printf '%s\n%s # gpuguard\n' "$current" "$(install_cron_line)" | sed '/^$/d' | crontab -
+    # the log's folder: cron's redirection fails when it is missing
+    local log
+    log=$(install_cron_line)
+    log=${log##*>>}
+    log=${log%% *}
+    install_mkdir "$(dirname -- "$log")" || return
+    printf '%s\n%s # gpuguard\n' "$current" "$(install_cron_line)" | sed '/^$/d' | crontab - || return
     install_record "crontab:# gpuguard"
   else
-    install_mkdir /etc/cron.d
-    {
+    install_mkdir /etc/cron.d || return
+    install_text /etc/cron.d/gpuguard 644 "$(
       printf '# gpuguard idle watchdog, installed by install.sh --cron\n'
       printf 'SHELL=/bin/bash\nPATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n'
       install_cron_line
-    } >"$INSTALL_DEST/etc/cron.d/gpuguard"
-    chmod 644 "$INSTALL_DEST/etc/cron.d/gpuguard"
-    install_record /etc/cron.d/gpuguard
+    )"$'\n' || return
   fi
+}
+
+install_crontab_remove() {
+  command -v crontab >/dev/null || return 0
+  crontab -l 2>/dev/null | grep -v '# gpuguard$' | crontab - || true
 }
 
 install_systemd() {
-  local unit dir=$INSTALL_DEST/etc/systemd/system
-  install_mkdir /etc/systemd/system
+  local unit text
+  install_mkdir /etc/systemd/system || return
   for unit in gpuguard-idle.service gpuguard-leak.service; do
-    sed "s|@PREFIX@|$INSTALL_PREFIX|g" "$GPUGUARD_ROOT/etc/systemd/$unit" >"$dir/$unit"
-    install_record "/etc/systemd/system/$unit"
+    text=$(sed "s|@PREFIX@|$INSTALL_PREFIX|g" "$GPUGUARD_ROOT/etc/systemd/$unit") || return
+    install_text "/etc/systemd/system/$unit" 644 "$text"$'\n' || return
   done
   if [[ -z $INSTALL_DEST ]]; then
-    systemctl daemon-reload
-    systemctl enable --now gpuguard-idle.service gpuguard-leak.service
+    systemctl daemon-reload || return
+    systemctl enable --now gpuguard-idle.service gpuguard-leak.service || return
   fi
 }
 
-# Removes what the manifest lists; an edited config is kept.
+# Removes exactly what the manifest lists: files and links, and folders
+# only when empty (anything else put there stays). An edited config or
+# secrets file is kept.
 install_remove() {
   if [[ ! -f $INSTALL_MANIFEST ]]; then
     gg_usage_error "nothing to uninstall: no $INSTALL_MANIFEST" || return
   fi
-  local path
+  local path target
+  local -A listed=()
+  while IFS= read -r path; do
+    [[ -n $path ]] && listed[$path]=1
+  done <"$INSTALL_MANIFEST"
   if grep -q '^/etc/systemd/system/' "$INSTALL_MANIFEST" && [[ -z $INSTALL_DEST ]] && gg_systemd_is_init; then
     systemctl disable --now gpuguard-idle.service gpuguard-leak.service 2>/dev/null || true
   fi
-  # Longest paths first: files before the folders that hold them.
+  # Files first (one rm), then folders, longest paths first (one rmdir),
+  # so that a folder is tried once its own files are gone.
+  local -a files=() dirs=() trees=()
   while IFS= read -r path; do
+    target=$INSTALL_DEST$path
     case $path in
-      'crontab:# gpuguard')
-        crontab -l 2>/dev/null | grep -v '# gpuguard$' | crontab - || true
-        ;;
-      */gpuguard.conf)
-        if cmp -s "$INSTALL_DEST$path" "$GPUGUARD_ROOT/etc/gpuguard.conf"; then
-          rm -f -- "$INSTALL_DEST$path"
-        elif [[ -f $INSTALL_DEST$path ]]; then
-          gg_log warn "kept your edited $path"
-        fi
-        ;;
+      '') ;;
+      'crontab:# gpuguard') install_crontab_remove ;;
+      */gpuguard.conf) install_remove_unless_edited "$path" "$GPUGUARD_ROOT/etc/gpuguard.conf" ;;
+      */secrets.conf) install_remove_unless_edited "$path" "$GPUGUARD_ROOT/etc/secrets.conf" ;;
       *)
-        if [[ -d $INSTALL_DEST$path && ! -L $INSTALL_DEST$path ]]; then
-          case $path in
-            "$INSTALL_HOME"/*) rm -rf -- "${INSTALL_DEST}${path:?}" ;;
-            *) rmdir -- "$INSTALL_DEST$path" 2>/dev/null || true ;;
-          esac
-        else
-          rm -f -- "$INSTALL_DEST$path"
+        if [[ -d $target && ! -L $target ]]; then
+          # A manifest of version 0.1 listed the tree's parts as whole
+          # folders (bin, lib, ...) with no file of theirs listed.
+          if [[ $path == "$INSTALL_HOME"/* ]] && ! install_lists_below "$path" listed; then
+            trees+=("$target")
+          else
+            dirs+=("$target")
+          fi
+        elif [[ -e $target || -L $target ]]; then
+          files+=("$target")
         fi
         ;;
     esac
   done < <(awk '{ print length, $0 }' "$INSTALL_MANIFEST" | sort -rn | cut -d' ' -f2-)
+  ((${#files[@]} == 0)) || rm -f -- "${files[@]}"
+  ((${#trees[@]} == 0)) || rm -rf -- "${trees[@]}"
+  ((${#dirs[@]} == 0)) || rmdir -- "${dirs[@]}" 2>/dev/null || true
+  for target in "${dirs[@]}"; do
+    [[ -d $target ]] && gg_log info "kept the folder ${target#"$INSTALL_DEST"}: it holds something gpuguard did not install"
+  done
   gg_log info "uninstalled gpuguard from $INSTALL_PREFIX"
+}
+
+# True when the manifest (assoc named $2) lists any path below folder $1.
+install_lists_below() {
+  local -n listed_ref=$2
+  local key
+  for key in "${!listed_ref[@]}"; do
+    [[ $key == "$1"/* ]] && return 0
+  done
+  return 1
+}
+
+# Removes a config file that is still as shipped; keeps an edited one.
+install_remove_unless_edited() {
+  local path=$1 shipped=$2
+  if cmp -s "$INSTALL_DEST$path" "$shipped"; then
+    rm -f -- "$INSTALL_DEST$path"
+  elif [[ -f $INSTALL_DEST$path ]]; then
+    gg_log warn "kept your edited $path"
+  fi
 }

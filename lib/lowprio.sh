@@ -8,22 +8,31 @@
 
 # Declares the plan (empty).
 lowprio_init() {
-  declare -gA LP_SET=()   # cgroup settings: cpu_weight cpu_max mem_high mem_max io_max pids_max
+  declare -gA LP_SET=() # cgroup settings: cpu_weight cpu_max mem_high mem_max io_max pids_max
   declare -g LP_TIER='' LP_NICE='' LP_IO_CLASS='' LP_IO_LEVEL='' LP_CPULIMIT='' LP_ATTACH=''
-  declare -g LP_MECHANISM='' LP_CHILD=''
+  declare -g LP_MECHANISM='' LP_CHILD='' LP_PENDING_SIGNAL='' LP_REPORT=0
   declare -ga LP_NOTES=()
 }
+
+# The shipped tiers table, used when the tiers file cannot be read (a guard
+# never stops a job from starting): same columns as etc/lowprio-tiers.conf.
+LP_BUILTIN_TIERS='system -5 best-effort:0 200 -
+online 0 best-effort:4 100 -
+batch 15 idle idle 60
+offline 19 idle idle -'
 
 # Loads a tier from the tiers table into the plan.
 # Globals:
 #   LOWPRIO_TIERS (file; default etc/lowprio-tiers.conf)
 lowprio_load_tier() {
   local want=$1 file=${LOWPRIO_TIERS:-$GPUGUARD_ROOT/etc/lowprio-tiers.conf}
-  local tier nice io weight cap names=''
-  [[ -r $file ]] || {
-    gg_usage_error "cannot read tiers file $file"
-    return
-  }
+  local tier nice io weight cap names='' table
+  if [[ -r $file ]]; then
+    table=$(<"$file")
+  else
+    gg_log warn "cannot read the tiers file $file: using the built-in tiers"
+    table=$LP_BUILTIN_TIERS
+  fi
   while read -r tier nice io weight cap; do
     [[ -z $tier || $tier == \#* ]] && continue
     names+="${names:+, }$tier"
@@ -36,7 +45,7 @@ lowprio_load_tier() {
       LP_SET[cpu_max]=$((cap * $(nproc) * 10)) # millicores
     fi
     return 0
-  done <"$file"
+  done <<<"$table"
   gg_usage_error "unknown tier '$want' (tiers: $names)"
 }
 
@@ -161,6 +170,7 @@ lowprio_parse() {
         LP_ATTACH=$2
         shift
         ;;
+      --report) LP_REPORT=1 ;;
       --explain) LP_EXPLAIN=1 ;;
       --dry-run) LP_DRY_RUN=1 ;;
       --)
@@ -184,14 +194,46 @@ lowprio_parse() {
   if [[ -n $LP_CPULIMIT ]] && ! command -v cpulimit >/dev/null; then
     gg_usage_error "--cpulimit needs cpulimit (Debian: apt-get install cpulimit); cpu.max via --cpu-max is better" || return
   fi
+  if [[ -n $LP_ATTACH ]]; then
+    lowprio_attach_check "$LP_ATTACH" || return
+  fi
   return 0
 }
 
-# Chooses the mechanism and creates the cgroup; falls back with a warning
-# naming what is and is not in force.
+# Refuses targets that --attach must never demote: PID 1, kernel threads,
+# and (unless root) another user's processes. One line, status 2.
+lowprio_attach_check() {
+  local pid=$1 line uid
+  local -a f
+  if ((pid == 1)); then
+    gg_usage_error "--attach refuses PID 1 (init): demoting it slows every service on the box"
+    return
+  fi
+  { read -r line <"/proc/$pid/stat"; } 2>/dev/null || {
+    gg_usage_error "--attach needs a running PID (got '$pid')"
+    return
+  }
+  read -r -a f <<<"${line##*) }"
+  # field 9 (flags) has PF_KTHREAD (0x00200000) for kernel threads
+  if (((f[6] & 0x00200000) != 0 || pid == 2 || f[1] == 2)); then
+    local comm=${line#*(}
+    gg_usage_error "--attach refuses PID $pid: it is a kernel thread (${comm%)*}), not a job"
+    return
+  fi
+  uid=$(stat -c %u "/proc/$pid" 2>/dev/null) || uid=''
+  if ((EUID != 0)) && [[ $uid != "$EUID" ]]; then
+    gg_usage_error "--attach refuses PID $pid: it belongs to $(id -nu "$uid" 2>/dev/null || echo "uid $uid"); only root may demote another user's process"
+    return
+  fi
+  return 0
+}
+
+# Chooses the mechanism and creates the cgroup under the caller's own (for
+# --attach: the target's), so that a container's or user slice's limits
+# still hold; falls back with a warning naming what is and is not in force.
 lowprio_setup() {
   local name=${CG_PREFIX}-$$
-  cg_detect
+  cg_detect "${LP_ATTACH:-$$}"
   if [[ ${LOWPRIO_MECHANISM:-auto} != auto ]]; then
     LP_MECHANISM=$LOWPRIO_MECHANISM
   elif cg_systemd_running; then
@@ -202,6 +244,16 @@ lowprio_setup() {
     LP_MECHANISM=autogroup
   fi
   CG_NAME=$name
+  if [[ $LP_MECHANISM == systemd ]] && ((! LP_DRY_RUN && ! LP_EXPLAIN)); then
+    if [[ -n $LP_ATTACH ]]; then
+      LP_NOTES+=("cgroup limits for --attach: systemd owns the tree here (single writer); nice and ionice only")
+      LP_MECHANISM=nocgroup
+    elif ! cg_systemd_usable; then
+      # Not the cgroup tree: it is systemd's to write.
+      LP_NOTES+=("$CG_LAST_ERROR")
+      LP_MECHANISM=autogroup
+    fi
+  fi
   if [[ $LP_MECHANISM == cgroup-v2 || $LP_MECHANISM == cgroup-v1 ]]; then
     CG_MODE=${LP_MECHANISM#cgroup-}
     ((LP_DRY_RUN || LP_EXPLAIN)) && return 0
@@ -226,13 +278,13 @@ lowprio_setup() {
       done
     fi
   fi
-  if [[ $LP_MECHANISM == autogroup ]]; then
+  if [[ $LP_MECHANISM == autogroup || $LP_MECHANISM == nocgroup ]]; then
     local key
     for key in "${!LP_SET[@]}"; do
       [[ $key == cpu_weight ]] && continue
       LP_NOTES+=("$key=${LP_SET[$key]} needs a cgroup: not in force")
     done
-    if ! gg_autogroup_enabled; then
+    if [[ $LP_MECHANISM == autogroup ]] && ! gg_autogroup_enabled; then
       LP_NOTES+=("autogroup is off: nice alone orders the job against others")
     fi
   fi
@@ -252,10 +304,16 @@ lowprio_report() {
       done
       what+="; cgroup $CG_MODE leaf $CG_NAME: ${applied:-nothing}"
       ;;
-    systemd) what+="; systemd-run --scope: $(lowprio_settings_text)" ;;
+    systemd)
+      local -a mgr
+      cg_systemd_manager_into mgr
+      what+="; systemd-run ${mgr[*]}${mgr[*]:+ }--scope: $(lowprio_settings_text)"
+      ;;
     autogroup) what+="; own autogroup at nice $LP_NICE (no cgroup)" ;;
+    nocgroup) what+="; no cgroup" ;;
   esac
   gg_log info "tier ${LP_TIER:-custom} via $LP_MECHANISM: $what"
+  [[ $LP_MECHANISM == cgroup-* && -n $CG_PLACEMENT ]] && gg_log info "cgroup placement: $CG_PLACEMENT"
   local note
   for note in "${LP_NOTES[@]}" "${CG_MISSING[@]}"; do
     gg_log warn "not in force: $note"
@@ -313,8 +371,40 @@ lowprio_wrapper_into() {
   fi
 }
 
-# Runs the command under the plan; forwards signals; cleans up; returns the
-# command's exit status.
+# Passes a signal on to the job. Before the job exists it is kept and sent
+# once the job is started. INT and QUIT typed at the terminal already reached
+# the job when it shares the terminal's foreground process group with
+# lowprio-run: sending them again would interrupt the job's own clean-up
+# (a second KeyboardInterrupt during a checkpoint save).
+lowprio_forward() {
+  local sig=$1
+  if [[ -z $LP_CHILD ]]; then
+    LP_PENDING_SIGNAL=$sig
+    return 0
+  fi
+  if [[ $sig == INT || $sig == QUIT ]] && lowprio_keyboard_reached_job; then
+    gg_log debug "$sig from the terminal reached the job too: not sent again"
+    return 0
+  fi
+  gg_log debug "passing $sig on to the job (PID $LP_CHILD)"
+  kill -s "$sig" "$LP_CHILD" 2>/dev/null || true
+}
+
+# True when lowprio-run and the job are both in the foreground process group
+# of lowprio-run's terminal.
+lowprio_keyboard_reached_job() {
+  local mine job
+  local -a m j
+  { read -r mine <"/proc/$$/stat" && read -r job <"/proc/$LP_CHILD/stat"; } 2>/dev/null || return 1
+  read -r -a m <<<"${mine##*) }"
+  read -r -a j <<<"${job##*) }"
+  # after the last ") ": state ppid pgrp session tty_nr tpgid
+  ((m[5] > 0 && m[2] == m[5] && j[2] == m[5]))
+}
+
+# Runs the command under the plan; forwards INT, TERM, HUP and QUIT;
+# reports what the limits did; cleans up; returns the command's exit
+# status (128+N when a signal N ended it).
 lowprio_run() {
   local -a wrap=() sd=()
   lowprio_wrapper_into wrap
@@ -328,9 +418,21 @@ lowprio_run() {
     return 0
   fi
   lowprio_report
+  local sig started=$EPOCHREALTIME
+  # Set before the job starts: a signal that comes while it is being
+  # started is kept and passed on, not lost or fatal to lowprio-run alone.
+  for sig in INT TERM HUP QUIT; do
+    # shellcheck disable=SC2064 # the signal name is fixed now
+    trap "lowprio_forward $sig" "$sig"
+  done
+  # stdin passed explicitly: bash gives background jobs /dev/null.
   (
-    # In the child, before exec: join the cgroup, or start an own session
-    # and autogroup at the job's nice (nice alone does not cross sessions).
+    # In the child, before exec: bash makes a background job ignore QUIT
+    # (and INT) when job control is off; give the job the dispositions
+    # lowprio-run itself inherited. Then join the cgroup, or start an own
+    # session and autogroup at the job's nice (nice alone does not cross
+    # sessions).
+    trap - INT QUIT
     if [[ $LP_MECHANISM == cgroup-* ]]; then
       cg_enter "$BASHPID" || gg_log error "could not enter the cgroup: $CG_LAST_ERROR"
     fi
@@ -340,54 +442,202 @@ lowprio_run() {
         _ "$LP_NICE" "${wrap[@]}" "${LP_ARGS[@]}"
     fi
     exec "${sd[@]}" "${wrap[@]}" "${LP_ARGS[@]}"
-  ) &
+  ) <&0 &
   LP_CHILD=$!
-  trap 'kill -TERM "$LP_CHILD" 2>/dev/null' TERM
-  trap 'kill -INT "$LP_CHILD" 2>/dev/null' INT
-  trap 'kill -HUP "$LP_CHILD" 2>/dev/null' HUP
-  local rc=0
+  if [[ -n $LP_PENDING_SIGNAL ]]; then
+    lowprio_forward "$LP_PENDING_SIGNAL"
+  fi
+  local rc reaped
   while :; do
     rc=0
-    wait "$LP_CHILD" || rc=$?
-    # wait returns early (>128) when a trapped signal arrives; go on
-    # waiting while the child lives.
-    kill -0 "$LP_CHILD" 2>/dev/null || break
+    unset reaped
+    wait -p reaped "$LP_CHILD" || rc=$?
+    # A trapped signal ends wait early, reporting no process: wait again.
+    [[ -n ${reaped:-} || $rc == 127 ]] && break
   done
-  trap - TERM INT HUP
+  trap - INT TERM HUP QUIT
+  # In a subshell: whatever a kernel's stat files hold, the report never
+  # costs the job's exit status or the clean-up.
+  (lowprio_usage_report "$rc" "$started") || gg_log warn "could not report what the limits did"
   if [[ $LP_MECHANISM == cgroup-* ]]; then
     cg_remove || gg_log warn "could not remove cgroup $CG_NAME"
   fi
   return "$rc"
 }
 
+# Bytes as text: "512 B", "1.5 KiB", "20.0 MiB", "3.2 GiB".
+lowprio_bytes_text() {
+  local n=$1 unit=B div=1 u
+  for u in KiB MiB GiB TiB; do
+    ((n >= div * 1024)) || break
+    div=$((div * 1024))
+    unit=$u
+  done
+  if ((div == 1)); then
+    printf '%d B' "$n"
+  else
+    printf '%d.%d %s' "$((n / div))" "$(((n % div) * 10 / div))" "$unit"
+  fi
+}
+
+# Microseconds as seconds with two decimals.
+lowprio_usec_text() {
+  printf '%d.%02d s' "$(($1 / 1000000))" "$((($1 % 1000000) / 10000))"
+}
+
+# The children's CPU time (user + system) in microseconds from `times`: the
+# job's, for mechanisms without a cgroup of ours to read.
+lowprio_children_cpu_usec() {
+  local -a t
+  local total=0 v m sec
+  read -r _ _ <<<"$(times | head -1)"
+  read -r -a t <<<"$(times | tail -1)"
+  for v in "${t[@]}"; do
+    [[ $v =~ ^([0-9]+)m([0-9]+)\.([0-9]+)s$ ]] || continue
+    m=${BASH_REMATCH[1]}
+    sec=${BASH_REMATCH[2]}
+    local frac=${BASH_REMATCH[3]}000000
+    total=$((total + (m * 60 + 10#$sec) * 1000000 + 10#${frac:0:6}))
+  done
+  printf '%d' "$total"
+}
+
+# One line at exit (and, with --report, a block) saying what the limits did
+# to the job: CPU time and throttling, memory peak and reclaim, I/O bytes,
+# pressure stall; and what this host cannot tell.
+lowprio_usage_report() {
+  local rc=$1 started=$2 wall line='' source
+  local -a missing=() rows=()
+  wall=$((${EPOCHREALTIME/./} - ${started/./}))
+  if [[ $LP_MECHANISM == cgroup-* ]] && cg_usage; then
+    source="cgroup $CG_MODE leaf $CG_NAME"
+    missing=("${CG_USE_MISSING[@]}")
+  else
+    declare -gA CG_USE=()
+    source="no cgroup of ours ($LP_MECHANISM)"
+    missing=("throttling, memory, I/O and pressure stall (they need a cgroup of lowprio-run's own)")
+  fi
+  [[ -n ${CG_USE[cpu_usec]:-} ]] || CG_USE[cpu_usec]=$(lowprio_children_cpu_usec)
+  rows+=("CPU time|$(lowprio_usec_text "${CG_USE[cpu_usec]}")")
+  if [[ -n ${CG_USE[throttled]:-} ]]; then
+    rows+=("CPU throttled|${CG_USE[throttled]} periods, $(lowprio_usec_text "${CG_USE[throttled_usec]:-0}")")
+  fi
+  if [[ -n ${CG_USE[mem_peak]:-} ]]; then
+    rows+=("memory peak|$(lowprio_bytes_text "${CG_USE[mem_peak]}")")
+  fi
+  if [[ -n ${CG_USE[mem_reclaim]:-} ]]; then
+    rows+=("memory reclaimed|$(lowprio_bytes_text "${CG_USE[mem_reclaim]}")${CG_USE[mem_high]:+ (memory.high hit ${CG_USE[mem_high]} times, max ${CG_USE[mem_max]:-0}, OOM kills ${CG_USE[oom_kill]:-0})}")
+  elif [[ -n ${CG_USE[mem_max]:-} ]]; then
+    rows+=("memory limit hit|${CG_USE[mem_max]} times")
+  fi
+  if [[ -n ${CG_USE[io_wbytes]:-} ]]; then
+    rows+=("I/O|read $(lowprio_bytes_text "${CG_USE[io_rbytes]:-0}"), written $(lowprio_bytes_text "${CG_USE[io_wbytes]}")")
+  fi
+  if [[ -n ${CG_USE[psi_cpu_some]:-} ]]; then
+    rows+=("pressure stall|cpu $(lowprio_usec_text "${CG_USE[psi_cpu_some]}"), memory $(lowprio_usec_text "${CG_USE[psi_memory_some]:-0}"), io $(lowprio_usec_text "${CG_USE[psi_io_some]:-0}") (some); memory $(lowprio_usec_text "${CG_USE[psi_memory_full]:-0}"), io $(lowprio_usec_text "${CG_USE[psi_io_full]:-0}") (full)")
+  fi
+  local row
+  for row in "${rows[@]}"; do
+    line+="${line:+; }${row%%|*} ${row#*|}"
+  done
+  local unavailable=''
+  for row in "${missing[@]}"; do
+    unavailable+="${unavailable:+, }$row"
+  done
+  gg_log info "job ended with status $rc after $(lowprio_usec_text "$wall"): $line${unavailable:+; not available: $unavailable}"
+  ((LP_REPORT)) || return 0
+  {
+    printf 'lowprio-run report (%s):\n' "$source"
+    printf '  %-18s %s\n' "exit status" "$rc" "wall time" "$(lowprio_usec_text "$wall")"
+    for row in "${rows[@]}"; do
+      printf '  %-18s %s\n' "${row%%|*}" "${row#*|}"
+    done
+    for row in "${missing[@]}"; do
+      printf '  %-18s %s\n' "not available" "$row"
+    done
+  } >&2
+}
+
 # Demotes a running job: every thread of every process in its tree gets the
-# nice value and I/O class, and the processes move into the cgroup.
+# nice value and I/O class, and the processes move into the cgroup. Each
+# failure is one line; returns 1 when anything failed. --dry-run changes
+# nothing and says what it would do.
 lowprio_attach() {
-  local root=$1 pid tid count=0
+  local root=$1 pid tid count=0 failed=0 err owner
   local -a pids io_opts
   lowprio_ionice_opts_into io_opts
   gg_proc_scan
   gg_proc_tree_into "$root" pids
+  if ((LP_DRY_RUN)); then
+    for pid in "${pids[@]}"; do
+      for tid in /proc/"$pid"/task/*; do
+        [[ -d $tid ]] && count=$((count + 1))
+      done
+    done
+    printf 'would demote PID %s: %d processes (%s), %d threads to nice %s, ionice %s; cgroup: %s\n' \
+      "$root" "${#pids[@]}" "${pids[*]}" "$count" "$LP_NICE" "${io_opts[*]}" \
+      "$(if [[ $LP_MECHANISM == cgroup-* ]]; then cg_placement_plan; else echo "none ($LP_MECHANISM)"; fi)"
+    return 0
+  fi
   lowprio_report
   for pid in "${pids[@]}"; do
-    if [[ $LP_MECHANISM == cgroup-* ]]; then
-      cg_enter "$pid" || gg_log warn "PID $pid not moved: $CG_LAST_ERROR"
+    owner=$(stat -c %u "/proc/$pid" 2>/dev/null) || continue
+    if ((EUID != 0)) && [[ $owner != "$EUID" ]]; then
+      gg_log error "PID $pid not demoted: it belongs to uid $owner"
+      failed=$((failed + 1))
+      continue
+    fi
+    if [[ $LP_MECHANISM == cgroup-* ]] && ! cg_enter "$pid"; then
+      gg_log error "PID $pid not moved into the cgroup: $CG_LAST_ERROR"
+      failed=$((failed + 1))
     fi
     for tid in /proc/"$pid"/task/*; do
       tid=${tid##*/}
-      renice -n "$LP_NICE" -p "$tid" >/dev/null 2>&1 || renice "$LP_NICE" -p "$tid" >/dev/null 2>&1 || true
-      ionice "${io_opts[@]}" -p "$tid" 2>/dev/null || true
+      [[ -d /proc/$pid/task/$tid ]] || continue
+      # the positional priority is absolute in every util-linux version
+      if ! err=$(renice "$LP_NICE" -p "$tid" 2>&1 >/dev/null) || ! lowprio_nice_is "$pid" "$tid" "$LP_NICE"; then
+        gg_log error "PID $pid thread $tid: nice $LP_NICE not set: ${err:-the kernel kept nice $(lowprio_nice_of "$pid" "$tid")}"
+        failed=$((failed + 1))
+      fi
+      if ! err=$(ionice "${io_opts[@]}" -p "$tid" 2>&1); then
+        gg_log error "PID $pid thread $tid: ionice ${io_opts[*]} not set: $err"
+        failed=$((failed + 1))
+      fi
       count=$((count + 1))
     done
   done
   if [[ $LP_MECHANISM == autogroup ]]; then
-    echo "$LP_NICE" >"/proc/$root/autogroup" 2>/dev/null &&
+    if echo "$LP_NICE" 2>/dev/null >"/proc/$root/autogroup"; then
       gg_log warn "set the autogroup of PID $root to nice $LP_NICE: this covers its whole session"
+    else
+      gg_log error "PID $root: its autogroup's nice not set (a non-root user may only raise it)"
+      failed=$((failed + 1))
+    fi
+  fi
+  if ((failed)); then
+    gg_log error "PID $root only partly demoted: $failed failures over ${#pids[@]} processes, $count threads"
+    return 1
   fi
   gg_log info "demoted PID $root: ${#pids[@]} processes, $count threads"
   if [[ $LP_MECHANISM == cgroup-* ]]; then
     gg_log info "the cgroup $CG_NAME stays while the job runs; lowprio-run removes it on a later run once empty"
   fi
+}
+
+# Prints a thread's nice value (field 19 of its stat).
+lowprio_nice_of() {
+  local line
+  local -a f
+  { read -r line <"/proc/$1/task/$2/stat"; } 2>/dev/null || return 1
+  read -r -a f <<<"${line##*) }"
+  printf '%s' "${f[16]}"
+}
+
+# True when a thread has the nice value, or is gone.
+lowprio_nice_is() {
+  local now
+  now=$(lowprio_nice_of "$1" "$2") || return 0
+  [[ $now == "$3" ]]
 }
 
 # Prints what would be applied and what is effective on this host.
@@ -397,6 +647,15 @@ lowprio_explain() {
   printf 'tier: %s\n' "${LP_TIER:-custom}"
   printf 'would apply: nice %s, ionice %s, %s\n' "$LP_NICE" "$io" "$(lowprio_settings_text)"
   printf 'mechanism: %s\n' "$LP_MECHANISM"
+  case $LP_MECHANISM in
+    cgroup-*) printf 'cgroup placement: %s\n' "$(cg_placement_plan)" ;;
+    systemd)
+      local -a mgr
+      cg_systemd_manager_into mgr
+      printf 'cgroup placement: a transient scope by systemd-run %s--scope (systemd is the one writer of its tree)\n' "${mgr[*]}${mgr[*]:+ }"
+      ;;
+    *) printf 'cgroup placement: none (%s)\n' "$LP_MECHANISM" ;;
+  esac
   cg_describe
   printf 'systemd as PID 1: %s\n' "$(cg_systemd_running && echo yes || echo no)"
   # The kernel prints nothing for a task in the boot-time autogroup or in a

@@ -1,11 +1,15 @@
 """install.sh, gpuguard doctor and gpuguard status, as a newcomer uses them."""
+import json
 import os
+import re
+import shutil
 import stat
 import subprocess
+import tempfile
 
 import pytest
 
-from conftest import ROOT, app, idle_gpu
+from conftest import ROOT, app, idle_gpu, require
 
 COMMANDS = ["yichuidingyin.sh", "gpu-leak-watch", "lowprio-run", "gpuguard"]
 
@@ -38,7 +42,9 @@ def test_install_runs_from_anywhere_and_uninstall_leaves_nothing(tmp_path):
     v = subprocess.run([str(bin_dir / "gpuguard"), "version"], cwd="/", capture_output=True, text=True)
     assert v.stdout == "gpuguard %s\n" % (ROOT / "VERSION").read_text().strip()
     conf = dest / "etc/gpuguard/gpuguard.conf"
-    assert stat.S_IMODE(conf.stat().st_mode) == 0o600
+    assert stat.S_IMODE(conf.stat().st_mode) == 0o644               # every user's commands read it
+    assert stat.S_IMODE((dest / "etc/gpuguard/secrets.conf").stat().st_mode) == 0o600
+    assert not re.search(r"^(NOTIFY_URL|NOTIFY_SECRET|ALERTMANAGER_URL)=", conf.read_text(), re.M)
     assert (dest / "etc/cron.d/gpuguard").read_text().splitlines()[-1] == \
         "* * * * * root /opt/gg/bin/yichuidingyin.sh --once >>/var/log/gpuguard.log 2>&1"
     first = tree(dest)
@@ -91,7 +97,8 @@ def test_user_install_with_crontab(tmp_path):
         r = subprocess.run([str(ROOT / "install.sh"), "--user", "--cron"], env=full, capture_output=True, text=True)
         assert r.returncode == 0, r.stderr
     assert (home / ".local/bin/gpuguard").exists()
-    assert stat.S_IMODE((home / ".config/gpuguard/gpuguard.conf").stat().st_mode) == 0o600
+    assert stat.S_IMODE((home / ".config/gpuguard/gpuguard.conf").stat().st_mode) == 0o644
+    assert stat.S_IMODE((home / ".config/gpuguard/secrets.conf").stat().st_mode) == 0o600
     lines = tab.read_text().splitlines()
     assert lines == ["0 3 * * * backup.sh",
                      "* * * * * %s/.local/bin/yichuidingyin.sh --once >>%s/.local/state/gpuguard.log 2>&1 # gpuguard"
@@ -100,6 +107,190 @@ def test_user_install_with_crontab(tmp_path):
     assert r.returncode == 0, r.stderr
     assert tab.read_text().splitlines() == ["0 3 * * * backup.sh"]
     assert tree(home) == set()
+
+
+def user_env(tmp_path, path_dirs=()):
+    """An environment for a --user install into tmp_path/home."""
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    full = {k: v for k, v in os.environ.items() if k not in ("XDG_CONFIG_HOME", "XDG_STATE_HOME")}
+    full["HOME"] = str(home)
+    full["PATH"] = ":".join([str(d) for d in path_dirs] + [full["PATH"]])
+    return home, full
+
+
+def path_without(tmp_path, name):
+    """A PATH holding every command of this machine except `name`."""
+    only = tmp_path / ("path-without-" + name)
+    only.mkdir()
+    for d in os.environ["PATH"].split(":") + ["/usr/sbin", "/sbin"]:
+        if not os.path.isdir(d):
+            continue
+        for cmd in os.listdir(d):
+            if cmd != name and not (only / cmd).exists():
+                (only / cmd).symlink_to(os.path.join(d, cmd))
+    return str(only)
+
+
+def test_user_cron_without_crontab_installs_nothing(tmp_path):
+    home, env = user_env(tmp_path)
+    env["PATH"] = path_without(tmp_path, "crontab")
+    r = subprocess.run([str(ROOT / "install.sh"), "--user", "--cron"], env=env, capture_output=True, text=True)
+    assert r.returncode == 2
+    assert "--cron needs the crontab command" in r.stderr and "nothing was installed" in r.stderr
+    assert len(r.stderr.splitlines()) == 1
+    assert tree(home) == set()
+
+
+def test_a_failure_part_way_removes_what_the_run_put_in_place(tmp_path):
+    fake = tmp_path / "fakebin"
+    fake.mkdir()
+    (fake / "crontab").write_text('#!/bin/sh\n[ "$1" = "-l" ] && exit 0\necho "crontab: cannot write" >&2; exit 1\n')
+    (fake / "crontab").chmod(0o755)
+    home, env = user_env(tmp_path, [fake])
+    r = subprocess.run([str(ROOT / "install.sh"), "--user", "--cron"], env=env, capture_output=True, text=True)
+    assert r.returncode != 0
+    assert "install failed: what this run had put in place was removed again" in r.stderr
+    assert tree(home) == set()                           # no half install, no manifest
+
+
+def test_cron_without_a_running_daemon_warns_and_says_what_to_do(tmp_path):
+    r = install(["--prefix", "/opt/gg", "--cron"], env={"DESTDIR": str(tmp_path / "dest")})
+    if subprocess.run(["pgrep", "-x", "cron|crond|cronie|fcron"], capture_output=True).returncode == 0:
+        assert "no cron daemon" not in r.stderr
+        pytest.skip("a cron daemon runs here: the warning case cannot be shown")
+    assert r.returncode == 0, r.stderr
+    assert "no cron daemon is running here" in r.stderr and "service cron start" in r.stderr
+    # a daemon named cron running: no warning
+    daemon = tmp_path / "cron"
+    daemon.write_bytes(open("/bin/sleep", "rb").read())
+    daemon.chmod(0o755)
+    proc = subprocess.Popen([str(daemon), "60"])
+    try:
+        r = install(["--prefix", "/opt/gg", "--cron"], env={"DESTDIR": str(tmp_path / "dest2")})
+        assert r.returncode == 0 and "no cron daemon" not in r.stderr, r.stderr
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.parametrize("umask", [0o077, 0o000])
+def test_modes_do_not_depend_on_the_callers_umask(tmp_path, umask):
+    dest = tmp_path / "dest"
+    r = subprocess.run(["sh", "-c", "umask %03o; exec \"$@\"" % umask, "sh", str(ROOT / "install.sh"),
+                        "--prefix", "/opt/gg", "--cron"], env=dict(os.environ, DESTDIR=str(dest)),
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    for d, dirs, files in os.walk(dest):
+        for name in dirs + files:
+            path = os.path.join(d, name)
+            if os.path.islink(path):
+                continue
+            mode = stat.S_IMODE(os.lstat(path).st_mode)
+            rel = os.path.relpath(path, dest)
+            if rel == "etc/gpuguard/secrets.conf":
+                assert mode == 0o600
+            elif os.path.isdir(path):
+                assert mode == 0o755, rel
+            else:
+                assert mode in (0o644, 0o755), (rel, oct(mode))
+    assert stat.S_IMODE((dest / "opt/gg/lib/gpuguard/bin/lowprio-run").stat().st_mode) == 0o755
+    assert stat.S_IMODE((dest / "etc/gpuguard/gpuguard.conf").stat().st_mode) == 0o644
+
+
+def test_uninstall_removes_exactly_what_the_manifest_lists(tmp_path):
+    dest = tmp_path / "dest"
+    (dest / "opt/gg/bin").mkdir(parents=True)
+    (dest / "opt/gg/bin/their-tool").write_text("#!/bin/sh\n")          # there before
+    env = {"DESTDIR": str(dest)}
+    assert install(["--prefix", "/opt/gg"], env=env).returncode == 0
+    manifest = (dest / "opt/gg/lib/gpuguard/.install-manifest").read_text().split()
+    assert "/opt/gg/bin/their-tool" not in manifest and "/opt/gg/bin" not in manifest
+    mine = dest / "opt/gg/lib/gpuguard/etc/my-rules.conf"            # put there after
+    mine.write_text("x\n")
+    r = install(["--prefix", "/opt/gg", "--uninstall"], env=env)
+    assert r.returncode == 0, r.stderr
+    assert tree(dest) == {"opt", "opt/gg", "opt/gg/bin", "opt/gg/bin/their-tool", "opt/gg/lib",
+                          "opt/gg/lib/gpuguard", "opt/gg/lib/gpuguard/etc", "opt/gg/lib/gpuguard/etc/my-rules.conf"}
+
+
+def test_an_earlier_private_config_without_secrets_becomes_readable(tmp_path):
+    dest = tmp_path / "dest"
+    conf = dest / "etc/gpuguard/gpuguard.conf"
+    conf.parent.mkdir(parents=True)
+    conf.write_text("THRESHOLD=20\n")
+    conf.chmod(0o600)                                     # as version 0.1 installed it
+    r = install(["--prefix", "/opt/gg"], env={"DESTDIR": str(dest)})
+    assert r.returncode == 0, r.stderr
+    assert conf.read_text() == "THRESHOLD=20\n" and stat.S_IMODE(conf.stat().st_mode) == 0o644
+    conf.write_text("THRESHOLD=20\nNOTIFY_URL=https://oapi.dingtalk.com/robot/send?access_token=abc\n")
+    conf.chmod(0o600)
+    r = install(["--prefix", "/opt/gg"], env={"DESTDIR": str(dest)})
+    assert stat.S_IMODE(conf.stat().st_mode) == 0o600
+    assert "move the NOTIFY_URL, NOTIFY_SECRET and ALERTMANAGER_URL lines into /etc/gpuguard/secrets.conf" in r.stderr
+    assert "access_token" not in r.stderr
+
+
+def test_a_second_user_after_a_root_install_runs_every_command(box):
+    """`sudo ./install.sh` (here with root's umask 077), then a real second
+    user: the shared config is readable, the secrets are not, and nothing
+    exits 2 for want of either; the job always starts."""
+    require(os.geteuid() == 0, "needs root to install and to create a second user")
+    require(shutil.which("useradd") and shutil.which("runuser") and shutil.which("userdel"),
+            "needs useradd, runuser and userdel (passwd package)")
+    top = tempfile.mkdtemp(prefix="gg-second-user-")
+    os.chmod(top, 0o755)
+    user = "ggtest%d" % os.getpid()
+    home = os.path.join(top, "home")
+    subprocess.run(["useradd", "-m", "-d", home, "-s", "/bin/bash", user], check=True, capture_output=True)
+    try:
+        dest = os.path.join(top, "dest")
+        r = subprocess.run(["sh", "-c", 'umask 077; exec "$@"', "sh", str(ROOT / "install.sh"), "--prefix", "/opt/gg"],
+                           env=dict(os.environ, DESTDIR=dest), capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        bin_dir = os.path.join(dest, "opt/gg/bin")
+        conf = os.path.join(dest, "etc/gpuguard/gpuguard.conf")
+        secrets = os.path.join(dest, "etc/gpuguard/secrets.conf")
+        with open(secrets, "w") as f:                       # root's own secret, as an admin would
+            f.write("NOTIFY_URL=http://127.0.0.1:9/hook?access_token=root-only\n")
+        scenario = os.path.join(top, "scenario.json")
+        with open(scenario, "w") as f:
+            json.dump({"gpus": [{"index": 0, "uuid": "GPU-1", "name": "NVIDIA H200", "pci.bus_id": "00000000:06:00.0",
+                                 "memory.total": 143771, "power.limit": 700.0}],
+                       "steps": [{"gpus": [{"utilization.gpu": 0, "memory.used": 0, "power.draw": 70.0}],
+                                  "apps": []}]}, f)
+        os.chmod(scenario, 0o644)
+
+        def as_user(args, config=conf):
+            env = ["HOME=" + home, "LANG=C.UTF-8", "PATH=%s:/usr/bin:/bin" % (ROOT / "tests/fakebin"),
+                   "FAKE_SMI_SCENARIO=" + scenario]
+            if config:
+                env.append("GPUGUARD_CONFIG=" + config)
+            return subprocess.run(["runuser", "-u", user, "--", "env", "-i"] + env + args, cwd=home,
+                                  capture_output=True, text=True, timeout=120)
+
+        assert as_user(["id", "-u"]).stdout.strip() != "0"
+        assert as_user(["cat", secrets]).returncode != 0     # the secrets stay root's
+        r = as_user([bin_dir + "/lowprio-run", "true"])
+        assert r.returncode == 0, r.stderr
+        r = as_user([bin_dir + "/lowprio-run", "--tier", "batch", "sh", "-c", "exit 3"])
+        assert r.returncode == 3, r.stderr
+        for config in (conf, None):                           # named, and the installed tree's own
+            r = as_user([bin_dir + "/gpuguard", "doctor"], config=config)
+            assert r.returncode in (0, 1), r.stdout + r.stderr
+            assert "cannot read" not in r.stdout + r.stderr
+            assert "OK    nvidia-smi answers" in r.stdout and "OK    python3" in r.stdout
+            assert "root-only" not in r.stdout + r.stderr
+    finally:
+        subprocess.run(["userdel", "-r", user], capture_output=True)
+        shutil.rmtree(top, ignore_errors=True)
+
+
+def test_version():
+    r = install(["--version"])
+    assert r.returncode == 0 and r.stdout == "install.sh %s\n" % (ROOT / "VERSION").read_text().strip()
+    r = subprocess.run([str(ROOT / "bin/lowprio-run"), "--version"], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout == "lowprio-run %s\n" % (ROOT / "VERSION").read_text().strip()
 
 
 def test_systemd_refused_where_systemd_is_not_running():

@@ -9,8 +9,7 @@ import sys
 import time
 
 import pytest
-
-from conftest import ROOT, recording_wrapper, wait_for
+from conftest import ROOT, recording_wrapper, require, wait_for
 
 CPUS = os.cpu_count()
 V1 = "/sys/fs/cgroup/cpu"
@@ -89,16 +88,116 @@ def test_arguments_pass_verbatim_and_exit_code_returns(mechanism):
     assert r.returncode == 42
 
 
-def test_signals_are_forwarded_to_the_job(tmp_path):
-    marker = tmp_path / "got"
-    script = "trap 'echo TERM > %s; exit 7' TERM; while :; do sleep 0.1; done" % marker
-    proc = subprocess.Popen([str(ROOT / "bin/lowprio-run"), "--", "bash", "-c", script],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(1.0)
+def default_signals():
+    """A child with the default disposition for every signal: a job started
+    in the background of a script inherits SIGINT/SIGQUIT ignored, and a
+    shell cannot trap a signal ignored on entry."""
+    for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+
+
+# The job records the signal it got, then dies of it (128+N is the status).
+# Python, not bash: bash -c ignores QUIT sent to itself.
+SIGNAL_JOB = r"""
+import os, resource, signal, sys, time
+name, marker, ready = sys.argv[1:]
+resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+def got(num, frame):
+    with open(marker, "a") as f:
+        f.write(name + "\n")
+    signal.signal(num, signal.SIG_DFL)
+    os.kill(os.getpid(), num)
+signal.signal(getattr(signal, "SIG" + name), got)
+open(ready, "w").close()
+while True:
+    time.sleep(0.05)
+"""
+
+
+@pytest.mark.parametrize("mechanism", ["auto", "autogroup"])
+@pytest.mark.parametrize("sig", ["INT", "TERM", "HUP", "QUIT"])
+def test_signals_are_forwarded_and_the_job_status_returned(tmp_path, sig, mechanism):
+    marker, ready = tmp_path / "got", tmp_path / "ready"
+    env = dict(os.environ, LOWPRIO_MECHANISM=mechanism)
+    proc = subprocess.Popen([str(ROOT / "bin/lowprio-run"), "--", sys.executable, "-c", SIGNAL_JOB,
+                             sig, str(marker), str(ready)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            restore_signals=True, preexec_fn=default_signals, start_new_session=True)
+    try:
+        # The job says when its handler is set: a signal sent earlier kills
+        # it before it can record anything (the old test's intermittent 143).
+        assert wait_for(ready.exists, timeout=60)
+        proc.send_signal(getattr(signal, "SIG" + sig))
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(os.getpgid(proc.pid), signal.SIGKILL)
+            proc.wait()
+    assert marker.read_text() == sig + "\n", err
+    assert proc.returncode == 128 + getattr(signal, "SIG" + sig), err
+
+
+# Counts the INTs it gets; ends when told.
+COUNTING_JOB = r"""
+import os, signal, sys, time
+marker, ready, stop = sys.argv[1:]
+def got(num, frame):
+    with open(marker, "a") as f:
+        f.write("INT\n")
+signal.signal(signal.SIGINT, got)
+open(ready, "w").close()
+while not os.path.exists(stop):
+    time.sleep(0.05)
+"""
+
+
+@pytest.mark.parametrize("mechanism,decision", [
+    ("auto", "INT from the terminal reached the job too: not sent again"),   # same process group
+    ("autogroup", "passing INT on to the job"),                              # own session (setsid)
+])
+def test_ctrl_c_at_a_terminal_reaches_the_job_once(tmp_path, mechanism, decision):
+    """A second INT would interrupt the job's own clean-up (a checkpoint
+    save in `except KeyboardInterrupt`)."""
+    import pty
+    marker, ready, stop = tmp_path / "got", tmp_path / "ready", tmp_path / "stop"
+    env = dict(os.environ, LOWPRIO_MECHANISM=mechanism, GPUGUARD_LOG_LEVEL="debug",
+               GPUGUARD_LOG=str(tmp_path / "log"))
+    pid, fd = pty.fork()
+    if pid == 0:
+        default_signals()
+        os.execve(str(ROOT / "bin/lowprio-run"), [str(ROOT / "bin/lowprio-run"), "--", sys.executable, "-c",
+                                                  COUNTING_JOB, str(marker), str(ready), str(stop)], env)
+    try:
+        assert wait_for(ready.exists, timeout=60)
+        os.write(fd, b"\x03")                                  # Ctrl-C typed at the terminal
+        assert wait_for(lambda: marker.exists() and marker.read_text(), timeout=60)
+        assert wait_for(lambda: decision in (tmp_path / "log").read_text(), timeout=60)
+        stop.touch()
+        _, status = os.waitpid(pid, 0)
+    finally:
+        stop.touch()
+        os.close(fd)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert marker.read_text() == "INT\n"
+
+
+def test_a_signal_during_start_up_is_not_lost(tmp_path):
+    """TERM sent at once: it reaches lowprio-run before or while the job is
+    being started; lowprio-run neither dies alone (leaving the job running)
+    nor swallows it."""
+    proc = subprocess.Popen([str(ROOT / "bin/lowprio-run"), "--", "sleep", "300"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            restore_signals=True, preexec_fn=default_signals)
     proc.send_signal(signal.SIGTERM)
-    proc.communicate(timeout=20)
-    assert proc.returncode == 7
-    assert marker.read_text() == "TERM\n"
+    proc.communicate(timeout=60)
+    assert proc.returncode in (143, -15)
+    assert subprocess.run(["pgrep", "-f", "^sleep 300$"], capture_output=True).returncode == 1
+
+
+def test_stdin_reaches_the_job():
+    r = subprocess.run([str(ROOT / "bin/lowprio-run"), "--", "cat"], input="hello\n", text=True,
+                       capture_output=True, timeout=60)
+    assert r.returncode == 0 and r.stdout == "hello\n", r.stderr
 
 
 THREAD_PROBE = r"""
@@ -132,20 +231,48 @@ def test_autogroup_fallback_puts_the_job_in_its_own_niced_autogroup():
     assert "via autogroup" in r.stderr
 
 
-def fake_v2_root(tmp_path):
+def fake_v2_root(tmp_path, caller="/"):
+    """A cgroup v2 tree in a folder (the root has no cgroup.type; a child
+    has), and a /proc/self/cgroup that puts the caller at `caller`."""
     root = tmp_path / "cgroup"
     root.mkdir()
     (root / "cgroup.controllers").write_text("cpuset cpu io memory hugetlb pids\n")
     (root / "cgroup.subtree_control").write_text("cpuset\n")
     (root / "cgroup.procs").write_text("")
+    (tmp_path / "proc-cgroup").write_text("0::%s\n" % caller)
     return root
+
+
+def fake_v2_env(tmp_path, root):
+    return {"LOWPRIO_CGROUP_ROOT": str(root), "LOWPRIO_CGROUP_MODE": "v2",
+            "LOWPRIO_PROC_CGROUP": str(tmp_path / "proc-cgroup")}
+
+
+def fake_v2_child(parent, name, procs="", limits=None):
+    """A non-root cgroup; `limits` maps interface files to values (the
+    others read as unlimited)."""
+    child = parent / name
+    child.mkdir()
+    (child / "cgroup.type").write_text("domain\n")
+    (child / "cgroup.controllers").write_text((parent / "cgroup.controllers").read_text())
+    (child / "cgroup.subtree_control").write_text("")
+    (child / "cgroup.procs").write_text(procs)
+    files = {"memory.max": "max", "memory.high": "max", "cpu.max": "max 100000", "cpu.weight": "100",
+             "pids.max": "max", "io.max": ""}
+    files.update(limits or {})
+    for f, v in files.items():
+        (child / f).write_text(v + "\n" if v else "")
+    return child
+
+
+CONTAINER = {"memory.max": str(8 << 30)}
 
 
 def test_cgroup_v2_leaf_gets_every_limit(tmp_path):
     root = fake_v2_root(tmp_path)
     r = run(["--tier", "batch", "--mem-high", "1G", "--mem-max", "2G", "--io-max", "254:0:wbps=10M,rbps=20M",
              "--pids-max", "100", "--", "sh", "-c", "cat %s/gpuguard-lowprio-*/cgroup.procs; echo $$" % root],
-            env={"LOWPRIO_CGROUP_ROOT": str(root), "LOWPRIO_CGROUP_MODE": "v2"})
+            env=fake_v2_env(tmp_path, root))
     assert r.returncode == 0, r.stderr
     procs, me = r.stdout.split()
     assert procs == me                            # the job itself was moved in before exec
@@ -160,13 +287,13 @@ def test_cgroup_v2_leaf_gets_every_limit(tmp_path):
     assert (root / "cgroup.subtree_control").read_text() == "+cpu +memory +io +pids\n"
     assert "via cgroup-v2" in r.stderr and "CPU idle class (cpu.idle=1)" in r.stderr
     r = run(["--tier", "online", "--cpu-weight", "30", "--", "true"],
-            env={"LOWPRIO_CGROUP_ROOT": str(root), "LOWPRIO_CGROUP_MODE": "v2"})
+            env=fake_v2_env(tmp_path, root))
     assert "CPU weight 30 (cpu.weight=30)" in r.stderr
 
 
 def test_cgroup_v2_offline_uses_the_idle_class(tmp_path):
     root = fake_v2_root(tmp_path)
-    r = run(["--tier", "offline", "--", "true"], env={"LOWPRIO_CGROUP_ROOT": str(root), "LOWPRIO_CGROUP_MODE": "v2"})
+    r = run(["--tier", "offline", "--", "true"], env=fake_v2_env(tmp_path, root))
     assert r.returncode == 0, r.stderr
     (leaf,) = root.glob("gpuguard-lowprio-*")
     assert (leaf / "cpu.idle").read_text() == "1\n"
@@ -177,11 +304,268 @@ def test_cgroup_failure_falls_back_and_says_what_is_not_in_force(tmp_path):
     (root / "cgroup.subtree_control").unlink()
     (root / "cgroup.subtree_control").mkdir()      # any write fails
     r = run(["--tier", "batch", "--mem-max", "1G", "--", "sh", "-c", "cat /proc/self/autogroup"],
-            env={"LOWPRIO_CGROUP_ROOT": str(root), "LOWPRIO_CGROUP_MODE": "v2"})
+            env=fake_v2_env(tmp_path, root))
     assert r.returncode == 0, r.stderr
     assert "not in force: cgroup v2 not used: Is a directory" in r.stderr
     assert "not in force: mem_max=1073741824 needs a cgroup" in r.stderr
     assert "via autogroup" in r.stderr and r.stdout.strip().endswith("nice 15")
+
+
+def test_v2_leaf_goes_under_the_callers_cgroup_whose_processes_move_aside(tmp_path):
+    """A caller inside a container's (or slice's) cgroup: the leaf is made
+    under it, not at the top, so its limits still hold; its own processes
+    move into a sibling leaf first (no internal processes rule)."""
+    root = fake_v2_root(tmp_path, caller="/ctr")
+    ctr = fake_v2_child(root, "ctr", procs="4242\n4343\n", limits=CONTAINER)
+    r = run(["--tier", "batch", "--mem-max", "1G", "--", "sh", "-c", "echo $$"], env=fake_v2_env(tmp_path, root))
+    assert r.returncode == 0, r.stderr
+    assert list(root.glob("gpuguard-lowprio-*")) == []          # nothing at the top
+    (leaf,) = ctr.glob("gpuguard-lowprio-*")
+    assert (leaf / "cgroup.procs").read_text() == r.stdout      # the job itself
+    assert (leaf / "cpu.idle").read_text() == "1\n" and (leaf / "memory.max").read_text() == "%d\n" % (1 << 30)
+    assert (ctr / "gpuguard-caller/cgroup.procs").read_text() == "4242\n4343\n"
+    assert (ctr / "cgroup.subtree_control").read_text() == "+cpu +memory +io +pids\n"
+    assert "moved its 2 processes into /ctr/gpuguard-caller" in r.stderr
+
+
+def test_v2_leaf_goes_as_high_as_it_can_without_leaving_a_limit(tmp_path):
+    """Weights and the idle class only order siblings: the leaf goes up to
+    the first cgroup around the caller that sets a limit (here /a, with a
+    CPU cap), not above it, and not needlessly below it."""
+    root = fake_v2_root(tmp_path, caller="/a/b/c")
+    a = fake_v2_child(root, "a", limits={"cpu.max": "400000 100000"})
+    b = fake_v2_child(a, "b")
+    c = fake_v2_child(b, "c", procs="4242\n")
+    r = run(["--tier", "batch", "--", "true"], env=fake_v2_env(tmp_path, root))
+    assert r.returncode == 0, r.stderr
+    assert len(list(a.glob("gpuguard-lowprio-*"))) == 1
+    assert list(root.glob("gpuguard-*")) == [] and list(c.glob("gpuguard-*")) == []
+    assert "/a sets cpu.max=400000; the caller's cgroup is /a/b/c" in r.stderr
+    # nothing limits anything: a sibling of the services at the top
+    (tmp_path / "proc-cgroup").write_text("0::/free/session\n")
+    free = fake_v2_child(root, "free")
+    fake_v2_child(free, "session", procs="4242\n")
+    r = run(["--tier", "batch", "--", "true"], env=fake_v2_env(tmp_path, root))
+    assert r.returncode == 0, r.stderr
+    assert len(list(root.glob("gpuguard-lowprio-*"))) == 1
+    assert "no cgroup above it sets a limit; the caller's cgroup is /free/session" in r.stderr
+
+
+def test_v2_a_caller_moved_aside_earlier_gets_a_sibling_leaf_not_a_nested_one(tmp_path):
+    root = fake_v2_root(tmp_path, caller="/ctr/gpuguard-caller")
+    ctr = fake_v2_child(root, "ctr", limits=CONTAINER)
+    (ctr / "cgroup.subtree_control").write_text("cpu memory io pids\n")
+    aside = fake_v2_child(ctr, "gpuguard-caller", procs="4242\n")
+    r = run(["--tier", "batch", "--", "true"], env=fake_v2_env(tmp_path, root))
+    assert r.returncode == 0, r.stderr
+    assert len(list(ctr.glob("gpuguard-lowprio-*"))) == 1
+    assert list(aside.glob("gpuguard-*")) == []
+    assert "moved" not in r.stderr
+
+
+def test_v2_where_moving_is_forbidden_the_job_runs_and_the_reason_is_given(tmp_path):
+    root = fake_v2_root(tmp_path, caller="/ctr")
+    ctr = fake_v2_child(root, "ctr", procs="4242\n", limits=CONTAINER)
+    env = dict(fake_v2_env(tmp_path, root), LOWPRIO_CGROUP_MOVE_CALLER="0")
+    r = run(["--tier", "batch", "--", "sh", "-c", "exit 3"], env=env)
+    assert r.returncode == 3
+    assert "cgroup v2 not used: EBUSY: %s holds 1 processes of its own" % ctr in r.stderr
+    assert "via autogroup" in r.stderr
+    assert list(ctr.glob("gpuguard-*")) == [] and list(root.glob("gpuguard-*")) == []
+    r = run(["--tier", "batch", "--explain"], env=env)
+    assert "cgroup placement: none: /ctr holds 1 processes of its own (no internal processes rule)" in r.stdout
+
+
+def test_explain_and_dry_run_name_the_placement_and_change_nothing(tmp_path):
+    root = fake_v2_root(tmp_path, caller="/ctr")
+    ctr = fake_v2_child(root, "ctr", procs="4242\n4343\n", limits=CONTAINER)
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
+    r = run(["--tier", "batch", "--explain"], env=fake_v2_env(tmp_path, root))
+    assert r.returncode == 0, r.stderr
+    assert ("cgroup placement: a leaf under the caller's cgroup /ctr, after moving its 2 processes into "
+            "/ctr/gpuguard-caller") in r.stdout
+    r = run(["--tier", "batch", "--dry-run", "--", "true"], env=fake_v2_env(tmp_path, root))
+    assert r.returncode == 0 and r.stdout.startswith("would run:")
+    assert sorted(str(p) for p in tmp_path.rglob("*")) == before
+    assert (ctr / "cgroup.procs").read_text() == "4242\n4343\n"
+
+
+# The job writes what a kernel would count into its own (fake) leaf.
+FAKE_USAGE = r"""d=$(echo {root}/gpuguard-lowprio-*)
+printf 'usage_usec 2500000\nnr_periods 40\nnr_throttled 12\nthrottled_usec 1500000\n' > $d/cpu.stat
+echo 734003200 > $d/memory.peak
+printf 'anon 1\npgsteal 2560\n' > $d/memory.stat
+printf 'low 0\nhigh 7\nmax 1\noom 0\noom_kill 0\n' > $d/memory.events
+printf '254:0 rbytes=1048576 wbytes=3221225472 rios=1 wios=2\n259:0 rbytes=1048576 wbytes=0\n' > $d/io.stat
+for f in cpu memory io; do
+  printf 'some avg10=1.00 avg60=0 avg300=0 total=250000\nfull avg10=0 avg60=0 avg300=0 total=125000\n' > $d/$f.pressure
+done
+exit 5
+"""
+
+
+def test_exit_line_and_report_say_what_the_limits_did(tmp_path):
+    root = fake_v2_root(tmp_path)
+    r = run(["--tier", "batch", "--report", "--", "sh", "-c", FAKE_USAGE.format(root=root)],
+            env=fake_v2_env(tmp_path, root))
+    assert r.returncode == 5, r.stderr
+    (line,) = [x for x in r.stderr.splitlines() if "job ended" in x]
+    assert "job ended with status 5 after" in line
+    for part in ("CPU time 2.50 s", "CPU throttled 12 periods, 1.50 s", "memory peak 700.0 MiB",
+                 "memory reclaimed 10.0 MiB (memory.high hit 7 times, max 1, OOM kills 0)",
+                 "I/O read 2.0 MiB, written 3.0 GiB",
+                 "pressure stall cpu 0.25 s, memory 0.25 s, io 0.25 s (some); memory 0.12 s, io 0.12 s (full)"):
+        assert part in line, (part, line)
+    assert "not available" not in line
+    report = r.stderr[r.stderr.index("lowprio-run report"):].splitlines()
+    assert report[0].startswith("lowprio-run report (cgroup v2 leaf gpuguard-lowprio-")
+    assert report[1].split() == ["exit", "status", "5"]
+    assert "  memory peak        700.0 MiB" in report
+
+
+def test_garbage_in_the_stat_files_never_costs_the_jobs_status(tmp_path):
+    root = fake_v2_root(tmp_path)
+    garbage = ("d=$(echo %s/gpuguard-lowprio-*); echo garbage > $d/memory.peak; "
+               "printf 'usage_usec x\\n' > $d/cpu.stat; "
+               "printf 'some avg10=1 total=\\n' > $d/cpu.pressure; printf '8:0 rbytes=abc wbytes=\\n' > $d/io.stat; "
+               "exit 4" % root)
+    r = run(["--report", "--", "sh", "-c", garbage], env=fake_v2_env(tmp_path, root))
+    assert r.returncode == 4, r.stderr
+    assert "job ended with status 4" in r.stderr and "memory peak (memory.peak" in r.stderr
+
+
+def test_report_names_what_this_kernel_does_not_provide(tmp_path):
+    root = fake_v2_root(tmp_path)
+    r = run(["--", "true"], env=fake_v2_env(tmp_path, root))
+    (line,) = [x for x in r.stderr.splitlines() if "job ended" in x]
+    assert "not available: CPU throttling (cpu.stat), memory peak (memory.peak: kernel 5.19+)" in line
+    r = run(["--report", "--", "true"], env={"LOWPRIO_MECHANISM": "autogroup"})
+    assert "not available      throttling, memory, I/O and pressure stall (they need a cgroup" in r.stderr
+    assert "  CPU time" in r.stderr
+
+
+NOBODY = 65534
+
+
+def as_user(args, uid=NOBODY, **kw):
+    """Runs a command as another (real) user, as that user would type it."""
+    require(os.geteuid() == 0, "needs root to run a command as a second user")
+    return subprocess.run(["setpriv", "--reuid", str(uid), "--regid", str(uid), "--clear-groups"] + args,
+                          capture_output=True, text=True, timeout=60, **kw)
+
+
+def shared_tmp():
+    """A folder a second user can reach (pytest's tmp_path is root-only)."""
+    import tempfile
+    d = tempfile.mkdtemp(prefix="gg-lowprio-")
+    os.chmod(d, 0o755)
+    return d
+
+
+def kernel_thread():
+    for pid in sorted(int(p) for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            stat = open("/proc/%d/stat" % pid).read().rsplit(") ", 1)[1].split()
+        except OSError:
+            continue
+        if stat[1] == "2":
+            return pid
+    return None
+
+
+def test_attach_refuses_pid_1_and_kernel_threads():
+    """Run where a regression could do no harm: PID 1 of a PID namespace of
+    our own (a version that accepted it demoted a whole machine), and the
+    kernel threads as a second user, who may not renice them anyway."""
+    require(os.geteuid() == 0 and subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"],
+                                                 capture_output=True).returncode == 0,
+            "needs root and unshare --pid (CAP_SYS_ADMIN)")
+    r = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", str(ROOT / "bin/lowprio-run"),
+                        "--tier", "batch", "--attach", "1"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1, r.stderr
+    assert "--attach refuses PID 1 (init)" in r.stderr
+    kthread = kernel_thread()
+    require(kthread is not None, "needs a visible kernel thread (not in a PID namespace)")
+    for pid in (2, kthread):
+        r = as_user([str(ROOT / "bin/lowprio-run"), "--tier", "batch", "--attach", str(pid)])
+        assert r.returncode == 2 and len(r.stderr.splitlines()) == 1, r.stderr
+        assert "--attach refuses PID %d: it is a kernel thread" % pid in r.stderr
+
+
+def test_attach_refuses_another_users_process_unless_root():
+    job = subprocess.Popen(["sleep", "60"])
+    try:
+        r = as_user([str(ROOT / "bin/lowprio-run"), "--tier", "batch", "--attach", str(job.pid)])
+        assert r.returncode == 2 and len(r.stderr.splitlines()) == 1, r.stderr
+        assert "--attach refuses PID %d: it belongs to root; only root may demote another user's process" % job.pid \
+            in r.stderr
+        assert open("/proc/%d/stat" % job.pid).read().rsplit(") ", 1)[1].split()[16] == "0"
+    finally:
+        job.kill()
+        job.wait()
+
+
+def test_attach_by_a_user_reports_what_it_could_not_do():
+    """nobody's own job already at nice 19: a user may not lower it to 15."""
+    require(os.geteuid() == 0, "needs root to start a second user's job")
+    job = subprocess.Popen(["setpriv", "--reuid", str(NOBODY), "--regid", str(NOBODY), "--clear-groups",
+                            "nice", "-n", "19", "sleep", "60"])
+    try:
+        assert wait_for(lambda: open("/proc/%d/comm" % job.pid).read().strip() == "sleep")
+        r = as_user([str(ROOT / "bin/lowprio-run"), "--tier", "batch", "--attach", str(job.pid)])
+        assert r.returncode == 1, r.stderr
+        assert "PID %d thread %d: nice 15 not set" % (job.pid, job.pid) in r.stderr
+        assert "PID %d only partly demoted" % job.pid in r.stderr
+        assert "demoted PID %d:" % job.pid not in r.stderr
+    finally:
+        job.kill()
+        job.wait()
+
+
+def test_dry_run_attach_changes_nothing():
+    job = subprocess.Popen(["sleep", "60"])
+    try:
+        before = (open("/proc/%d/cgroup" % job.pid).read(),
+                  subprocess.run(["ionice", "-p", str(job.pid)], capture_output=True, text=True).stdout)
+        r = run(["--tier", "batch", "--dry-run", "--attach", str(job.pid)])
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.startswith("would demote PID %d: 1 processes (%d), 1 threads to nice 15" % (job.pid, job.pid))
+        assert open("/proc/%d/stat" % job.pid).read().rsplit(") ", 1)[1].split()[16] == "0"
+        assert (open("/proc/%d/cgroup" % job.pid).read(),
+                subprocess.run(["ionice", "-p", str(job.pid)], capture_output=True, text=True).stdout) == before
+    finally:
+        job.kill()
+        job.wait()
+
+
+def test_a_user_whose_cgroup_is_not_delegated_runs_the_job_and_is_told_why():
+    top = shared_tmp()
+    try:
+        from pathlib import Path
+        root = fake_v2_root(Path(top), caller="/user.slice")
+        fake_v2_child(root, "user.slice", procs="4242\n")
+        r = as_user([str(ROOT / "bin/lowprio-run"), "--tier", "batch", "--", "sh", "-c", "exit 3"],
+                    env=dict(os.environ, **fake_v2_env(Path(top), root)))
+        assert r.returncode == 3, r.stderr
+        assert "cgroup v2 not used: EACCES: the caller's cgroup /user.slice is not writable by nobody" in r.stderr
+        assert "via autogroup" in r.stderr
+    finally:
+        subprocess.run(["rm", "-rf", top])
+
+
+def test_an_unreadable_tiers_file_does_not_stop_the_job():
+    top = shared_tmp()
+    try:
+        tiers = os.path.join(top, "tiers.conf")
+        with open(tiers, "w") as f:
+            f.write("batch 15 idle idle 60\n")
+        os.chmod(tiers, 0o600)
+        r = as_user([str(ROOT / "bin/lowprio-run"), "--tier", "batch", "--", "sh", "-c", "exit 3"],
+                    env=dict(os.environ, LOWPRIO_TIERS=tiers))
+        assert r.returncode == 3, r.stderr
+        assert "cannot read the tiers file %s: using the built-in tiers" % tiers in r.stderr
+    finally:
+        subprocess.run(["rm", "-rf", top])
 
 
 @pytest.mark.parametrize("text,name", [("write error: Device or resource busy", "EBUSY"),
@@ -222,18 +606,27 @@ def test_explain_describes_the_host():
 
 # ------------------------------------------------- real cgroup v1 / v2 ----
 
-def leaves():
-    return [d for d in os.listdir(LEAF_PARENT) if d.startswith("gpuguard-lowprio-")]
+def leaf_of(stderr):
+    m = re.search(r"leaf (gpuguard-lowprio-\d+)", stderr)
+    assert m, stderr
+    return m.group(1)
+
+
+def leaf_dirs(name):
+    """Every folder of that leaf left in any hierarchy."""
+    out = subprocess.run(["find", "/sys/fs/cgroup", "-maxdepth", "8", "-type", "d", "-name", name],
+                         capture_output=True, text=True).stdout
+    return out.split()
 
 
 CG_PROBE = r"""
-if grep -q '^0::/gpuguard' /proc/self/cgroup; then
+if [ -e /sys/fs/cgroup/cgroup.controllers ]; then
   d=/sys/fs/cgroup$(sed -n 's/^0:://p' /proc/self/cgroup)
   echo leaf=${d##*/}; cat $d/cpu.idle; cut -d' ' -f1 $d/cpu.max; cat $d/memory.max
 else
-  d=$(grep ':cpu:' /proc/self/cgroup | cut -d: -f3); echo leaf=${d##*/}
-  grep -q ':memory:/gpuguard' /proc/self/cgroup && echo memory-moved
-  cat /sys/fs/cgroup/cpu$d/cpu.idle /sys/fs/cgroup/cpu$d/cpu.cfs_quota_us /sys/fs/cgroup/memory$d/memory.limit_in_bytes
+  c=$(grep ':cpu:' /proc/self/cgroup | cut -d: -f3); echo leaf=${c##*/}
+  m=$(grep ':memory:' /proc/self/cgroup | cut -d: -f3)
+  cat /sys/fs/cgroup/cpu$c/cpu.idle /sys/fs/cgroup/cpu$c/cpu.cfs_quota_us /sys/fs/cgroup/memory$m/memory.limit_in_bytes
 fi
 sleep 300 &
 """
@@ -246,8 +639,75 @@ def test_real_cgroup_limits_and_cleanup():
     lines = r.stdout.split()
     assert re.match(r"leaf=gpuguard-lowprio-\d+$", lines[0]), lines
     assert lines[-3:] == ["1", str(60 * CPUS * 1000), str(1 << 30)]
-    assert leaves() == []                      # removed, the stray sleep killed with it
+    assert leaf_dirs(leaf_of(r.stderr)) == []   # removed, the stray sleep killed with it
     assert subprocess.run(["pgrep", "-f", "^sleep 300$"], capture_output=True).returncode == 1
+
+
+def own_memory_cgroup(limit):
+    """A memory-limited cgroup of the test's own, where the caller may make
+    one: v2 under the root, v1 under the test's own memory cgroup. Returns
+    (folder, the command prefix that runs a command inside it)."""
+    name = "gg-test-box-%d" % os.getpid()
+    if REAL == "v2":
+        with open("/sys/fs/cgroup/cgroup.subtree_control") as f:
+            enabled = f.read().split()
+        for c in ("cpu", "memory"):
+            if c not in enabled:
+                with open("/sys/fs/cgroup/cgroup.subtree_control", "w") as f:
+                    f.write("+" + c)
+        box = "/sys/fs/cgroup/" + name
+        os.mkdir(box)
+        with open(box + "/memory.max", "w") as f:
+            f.write(str(limit))
+        boxes = [box]
+    else:
+        mine = [x.split(":", 2)[2].strip() for x in open("/proc/self/cgroup") if x.split(":")[1] == "memory"][0]
+        box = "/sys/fs/cgroup/memory%s/%s" % (mine.rstrip("/"), name)
+        os.mkdir(box)
+        with open(box + "/memory.limit_in_bytes", "w") as f:
+            f.write(str(limit))
+        boxes = [box, "/sys/fs/cgroup/cpu/" + name]
+        os.mkdir(boxes[1])
+    enter = " ".join("echo $$ > %s/cgroup.procs &&" % b for b in boxes)
+    return boxes, ["sh", "-c", enter + ' exec "$@"', "sh"]
+
+
+def remove_boxes(boxes):
+    for box in reversed(boxes):
+        for d, _, _ in sorted(os.walk(box), key=lambda x: -len(x[0])):
+            for _ in range(50):
+                try:
+                    os.rmdir(d)
+                    break
+                except OSError:
+                    time.sleep(0.1)
+
+
+HOG = "x = bytearray(400 << 20)\nfor i in range(0, len(x), 4096): x[i] = 1\nprint('survived')"
+
+
+@real_cgroup
+def test_real_the_callers_memory_limit_still_holds_for_the_job():
+    """Before: the leaf was made at the top of the hierarchy and a job
+    escaped its caller's (container's, slice's) memory limit."""
+    boxes, inside = own_memory_cgroup(150 << 20)
+    try:
+        lowprio = [str(ROOT / "bin/lowprio-run"), "--tier", "online", "--"]
+        r = subprocess.run(inside + lowprio + [sys.executable, "-c", HOG],
+                           capture_output=True, text=True, timeout=120, env=dict(os.environ, **REAL_ENV))
+        assert "survived" not in r.stdout
+        assert r.returncode in (137, 1), (r.returncode, r.stderr)
+        assert "gg-test-box-%d/gpuguard-lowprio-" % os.getpid() in r.stderr
+    finally:
+        remove_boxes(boxes)
+
+
+@real_cgroup
+def test_real_report_counts_the_jobs_memory():
+    r = run(["--tier", "online", "--report", "--", sys.executable, "-c", HOG.replace("400", "64")], env=REAL_ENV)
+    assert r.returncode == 0, r.stderr
+    peak = re.search(r"memory peak +(\d+)\.\d MiB", r.stderr)
+    assert peak and int(peak.group(1)) >= 64, r.stderr
 
 
 @real_cgroup
@@ -256,7 +716,7 @@ def test_real_memory_limit_bites():
     r = run(["--tier", "online", "--mem-max", "128M", "--", sys.executable, "-c", hog], env=REAL_ENV)
     assert "survived" not in r.stdout
     assert r.returncode in (137, 1), (r.returncode, r.stderr)
-    assert leaves() == []
+    assert leaf_dirs(leaf_of(r.stderr)) == []
 
 
 @real_cgroup
@@ -271,7 +731,7 @@ def test_real_cpu_cap_bites():
 
 @real_cgroup
 def test_real_stale_leaf_of_an_earlier_run_is_removed():
-    stale = os.path.join(LEAF_PARENT, "gpuguard-lowprio-999999999")
+    stale = os.path.join(LEAF_PARENT, "gpuguard-lowprio-999999999")   # where versions before 0.2 put them
     os.mkdir(stale)
     try:
         r = run(["--", "true"], env=REAL_ENV)
@@ -309,4 +769,4 @@ def test_real_attach_demotes_every_thread_and_descendant():
             os.kill(int(kid), signal.SIGKILL)
         time.sleep(0.3)
         run(["--", "true"], env=REAL_ENV)      # cleans the now-stale leaf
-    assert leaves() == []
+    assert leaf_dirs(leaf_of(r.stderr)) == []
