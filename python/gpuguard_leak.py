@@ -2,286 +2,56 @@
 """gpuguard's GPU memory leak detector (stdlib only).
 
 Commands:
-  replay FILE     run the detector over a CSV (timestamp,pid,used_memory_mib)
-                  without sleeping; one JSON line per event on stdout
-  check           live mode, one call per watch cycle: reads sample lines on
-                  stdin ("KEY TS PID USED_MIB FREE_MIB NAME"), keeps state in
-                  $GPUGUARD_STATE_DIR/leak-state.json and history CSVs, prints
-                  events and "status" JSON lines on stdout
+  replay FILE     run the detector over a CSV without sleeping: the 3-column
+                  `timestamp,pid,used_memory_mib` (GPU total from
+                  LEAK_GPU_TOTAL_MIB / --gpu-total-mib) or the watcher's own
+                  history file (`...,gpu_used_mib,gpu_total_mib`, which knows
+                  the capacity); a UTF-8 BOM is ignored. One JSON line per
+                  event on stdout, then one summary line on stderr
+                  ("replayed N samples, K series, H h: E events; PID: verdict,
+                  ..."). A malformed file is exit 2 naming the line.
+  check           live mode, one call per watch cycle. Reads tab-separated
+                  lines on stdin (see PROTOCOL), keeps compact per-series
+                  state in $GPUGUARD_STATE_DIR/leak-state-$LEAK_INSTANCE.json,
+                  appends to history/<key>.csv, prints tab-separated "event"
+                  and "status" lines on stdout.
   report          write one self-contained HTML file charting the history
   loss FILE       say whether the loss in an ms-swift logging.jsonl plateaued
   slopes          print "PID SLOPE FIRING" for every watched process tree
 
-Method (see shared research, "floor-trend"): samples are reduced to the
-minimum of each bucket (default 10 min), which removes spikes, evaluation
-peaks and checkpoint sawtooth; the series is cut at restarts (floor halves)
-and at short steps (>= 256 MiB within <= 3 buckets: a new batch shape, a
-re-warm), after which a warm-up is skipped; four or more steps with no drop
-between them are a staircase leak and are analysed uncut. A tail window of
-3, 6, 12 or 24 h is leaking when all gates pass: one-sided Mann-Kendall
-Z >= 2.326, Theil-Sen slope >= threshold, net growth >= 64 MiB spread over
-at least 5 rising buckets with no jump carrying 40 % of it, and the second
-half still rising (slope >= 0.7 of the whole). Near OOM there is
-no time for hours of evidence: when free memory is known, the last hour of
-floors rising in every step, by at least 64 MiB, with no single step
-carrying half of it and the second half keeping the pace, above the threshold and with OOM projected within
-6 h, also counts as leaking. Two leaking evaluations in a row fire; growth
-stopping for two evaluations resolves.
+PROTOCOL (bash -> Python, one line per series, fields separated by tabs):
+  T KEY TS PID USED_MIB FREE_MIB TOTAL_MIB CPU_PCT RSS_MIB MEMBERS NAME CMDLINE
+      a watched process tree (MEMBERS: comma-separated PIDs holding GPU
+      memory; a complete change of them is a restart)
+  M KEY ROOT_KEY TS PID USED_MIB FREE_MIB TOTAL_MIB RANK
+      one GPU-holding process of a tree that has several (RANK from its
+      environment, '' when unreadable)
+  FREE/TOTAL '' or '-' when unknown. Python -> bash:
+  event STATE ROOT_PID JSON
+  status ROOT_PID SLOPE FIRING USED SEVERITY OOM_H NAME
+      SEVERITY none|info|warning|critical; OOM_H '' when unknown.
+
+The method (module gpuguard_leakstat, docs/LEAK.md): robust floors that
+ignore empty_cache dips, level shifts subtracted (one-time jumps, eval and
+RL phases), step leaks, a deceleration test (cache fills), a slow tier on
+10-minute floors and a fast tier driven by the projected time to OOM. Each
+process of a multi-process tree is analysed on its own as well, and an alert
+names the leaking rank.
 """
 import csv
 import html
+import io
 import json
 import math
 import os
 import re
 import sys
+import tempfile
 import time
 
-DEFAULTS = {
-    "bucket_s": 600.0,          # floor bucket length
-    "threshold": 50.0,          # MiB/h
-    "min_growth": 64.0,         # MiB of net growth in the window
-    "step_mib": 256.0,          # a jump this big between buckets is a step
-    "step_max_buckets": 3,      # ... if it lasts no longer than this
-    "skip_buckets": 6,          # warm-up skipped after a start or a cut
-    "windows": (18, 36, 72, 144),
-    "z_min": 2.326,             # one-sided alpha = 0.01
-    "tail_ratio": 0.7,
-    "debounce": 2,
-    "staircase_steps": 4,       # this many steps ...
-    "staircase_buckets": 36,    # ... within this many buckets: a staircase leak
-    "max_jump_share": 0.4,      # one bucket's jump may carry at most this of the growth
-    "min_rises": 5,             # a leak raises the floor in at least this many buckets
-    "gap_s": 300.0,             # no sample for this long: the process restarted
-    "fast_buckets": 6,          # near-OOM tier: the last hour of floors ...
-    "fast_oom_h": 6.0,          # ... rising steadily with OOM this close
-}
+from gpuguard_leakstat import DEFAULTS, Series, mann_kendall_z, median, theil_sen  # noqa: F401
 
-
-# ------------------------------------------------------------ statistics --
-
-def median(values):
-    s = sorted(values)
-    n = len(s)
-    if n == 0:
-        return 0.0
-    mid = n // 2
-    return float(s[mid]) if n % 2 else (s[mid - 1] + s[mid]) / 2.0
-
-
-def theil_sen(xs, ys):
-    """Median of pairwise slopes."""
-    slopes = []
-    n = len(xs)
-    for i in range(n):
-        xi, yi = xs[i], ys[i]
-        for j in range(i + 1, n):
-            dx = xs[j] - xi
-            if dx:
-                slopes.append((ys[j] - yi) / dx)
-    return median(slopes) if slopes else 0.0
-
-
-def mann_kendall_z(ys):
-    """One-sided Mann-Kendall Z with the tie correction."""
-    n = len(ys)
-    if n < 3:
-        return 0.0
-    s = 0
-    for k in range(n - 1):
-        yk = ys[k]
-        for j in range(k + 1, n):
-            d = ys[j] - yk
-            s += (d > 0) - (d < 0)
-    counts = {}
-    for y in ys:
-        counts[y] = counts.get(y, 0) + 1
-    ties = sum(t * (t - 1) * (2 * t + 5) for t in counts.values() if t > 1)
-    var = (n * (n - 1) * (2 * n + 5) - ties) / 18.0
-    if var <= 0:
-        return 0.0
-    if s > 0:
-        return (s - 1) / math.sqrt(var)
-    if s < 0:
-        return (s + 1) / math.sqrt(var)
-    return 0.0
-
-
-# -------------------------------------------------------------- detector --
-
-class Series:
-    """One process incarnation: bucket floors and the alert state."""
-
-    def __init__(self, params, key, pid):
-        self.p = params
-        self.key = key
-        self.pid = pid
-        self.bucket = None
-        self.bucket_min = None
-        self.floors = []        # [bucket_index, floor_mib]
-        self.streak = 0
-        self.calm = 0
-        self.firing = False
-        self.last = {}
-        self.cut_bucket = None      # first bucket after a gap in the samples
-
-    def to_json(self):
-        return {"key": self.key, "pid": self.pid, "bucket": self.bucket, "bucket_min": self.bucket_min,
-                "floors": self.floors, "streak": self.streak, "calm": self.calm, "firing": self.firing,
-                "last": self.last, "cut_bucket": self.cut_bucket}
-
-    @classmethod
-    def from_json(cls, params, data):
-        s = cls(params, data["key"], data["pid"])
-        for name in ("bucket", "bucket_min", "floors", "streak", "calm", "firing", "last", "cut_bucket"):
-            setattr(s, name, data.get(name, getattr(s, name)))
-        return s
-
-    def add(self, ts, mib, free_mib=None):
-        """Adds a sample; returns an event dict when the state changes."""
-        b = int(ts // self.p["bucket_s"])
-        prev_ts = self.last.get("ts")
-        if prev_ts is not None and ts - prev_ts > self.p["gap_s"]:
-            self.cut_bucket = b       # samples stopped: a restart, PID reused
-        self.last = {"ts": ts, "used": mib, "free": free_mib}
-        if self.bucket is None:
-            self.bucket, self.bucket_min = b, mib
-            return None
-        if b == self.bucket:
-            self.bucket_min = min(self.bucket_min, mib)
-            return None
-        self.floors.append([self.bucket, self.bucket_min])
-        keep = max(self.p["windows"]) + self.p["skip_buckets"] + 8
-        if len(self.floors) > keep:
-            del self.floors[:len(self.floors) - keep]
-        self.bucket, self.bucket_min = b, mib
-        return self.evaluate()
-
-    def segment(self):
-        """Index where the analysed part of the floors starts: after the last
-        cut and the warm-up that follows it."""
-        f = [v for _, v in self.floors]
-        p = self.p
-        start = 0
-        steps = []                  # (first, last) bucket indices of jumps
-        run = None
-        for j in range(1, len(f)):
-            prev, cur = f[j - 1], f[j]
-            if cur < 0.5 * prev or (self.cut_bucket is not None and self.floors[j][0] >= self.cut_bucket
-                                    and self.floors[j - 1][0] < self.cut_bucket) or self.floors[j][0] - self.floors[j - 1][0] > 3 * max(p["windows"]):
-                start, steps, run = j, [], None          # restart or long gap
-                continue
-            if cur - prev >= p["step_mib"]:
-                run = [j, j] if run is None else [run[0], j]
-                continue
-            if run is not None:
-                steps.append(tuple(run))
-                run = None
-            if cur - prev <= -p["step_mib"]:
-                steps = []                                # a drop ends a staircase
-        if run is not None and run[1] - run[0] + 1 <= p["step_max_buckets"]:
-            steps.append(tuple(run))
-        short = [s for s in steps if s[1] - s[0] + 1 <= p["step_max_buckets"]]
-        # Legitimate steps (new batch shapes, a re-warm) come a few a day; a
-        # leak that keeps e.g. one evaluation's outputs per half hour comes
-        # as dense steps: those are analysed uncut.
-        recent = [s for s in short if s[1] >= len(f) - p["staircase_buckets"]]
-        if short and len(recent) < p["staircase_steps"]:
-            start = max(start, short[-1][1])
-        return start + p["skip_buckets"]
-
-    def window_verdict(self, xs, ys, threshold):
-        growth = median(ys[-3:]) - median(ys[:3])
-        if growth < self.p["min_growth"]:
-            return False, theil_sen(xs[-6:], ys[-6:]), 0.0     # cheap gate first
-        # A leak grows in many increments; one or two jumps (a new batch
-        # shape, a cache that filled) carry most of a step's growth.
-        jumps = [b - a for a, b in zip(ys, ys[1:])]
-        if max(jumps) > self.p["max_jump_share"] * (ys[-1] - ys[0] if ys[-1] > ys[0] else growth) \
-                or sum(1 for d in jumps if d > 0) < self.p["min_rises"]:
-            return False, theil_sen(xs[-6:], ys[-6:]), 0.0
-        z = mann_kendall_z(ys)
-        beta = theil_sen(xs, ys)
-        half = len(xs) // 2
-        tail = theil_sen(xs[half:], ys[half:])
-        ok = (z >= self.p["z_min"] and beta >= threshold and growth >= self.p["min_growth"]
-              and tail >= self.p["tail_ratio"] * beta)
-        return ok, beta, z
-
-    def near_oom_verdict(self, xs, ys, threshold):
-        """The slope when the last hour of floors says OOM comes within
-        fast_oom_h hours; None otherwise (or when free memory is unknown)."""
-        p = self.p
-        free = self.last.get("free")
-        n = p["fast_buckets"]
-        if free is None or len(xs) < n:
-            return None
-        fx, fy = xs[-n:], ys[-n:]
-        steps = [b - a for a, b in zip(fy, fy[1:])]
-        growth = fy[-1] - fy[0]
-        # A leak fast enough to matter this close to OOM (more than free/6 h)
-        # raises the floor in every bucket; a filling cache does not.
-        if min(steps) <= 0 or growth < p["min_growth"] \
-                or max(steps) > 0.5 * growth:
-            return None
-        beta = theil_sen(fx, fy)
-        # a warm-up ramp decelerates; a leak keeps its pace
-        tail = theil_sen(fx[n // 2:], fy[n // 2:])
-        if beta >= threshold and free / beta <= p["fast_oom_h"] and tail >= p["tail_ratio"] * beta:
-            return beta
-        return None
-
-    def evaluate(self):
-        p = self.p
-        threshold = p["threshold"]
-        first = self.segment()
-        pts = self.floors[first:]
-        xs = [b * p["bucket_s"] / 3600.0 for b, _ in pts]
-        ys = [float(v) for _, v in pts]
-        leaking, slope, window = False, 0.0, 0
-        for w in p["windows"]:
-            if len(xs) < w:
-                break
-            ok, beta, _ = self.window_verdict(xs[-w:], ys[-w:], threshold)
-            if ok:
-                leaking, slope, window = True, beta, w
-                break
-            slope, window = beta, w
-        if not leaking:
-            fast = self.near_oom_verdict(xs, ys, threshold)
-            if fast is not None:
-                leaking, slope, window = True, fast, p["fast_buckets"]
-        self.last["slope"] = slope
-        self.last["window_s"] = window * p["bucket_s"]
-        if self.firing:
-            restarted = len(self.floors) >= 2 and self.floors[-1][1] < 0.5 * self.floors[-2][1]
-            recent = self.floors[-min(len(self.floors), 12):]
-            rx = [b * p["bucket_s"] / 3600.0 for b, _ in recent]
-            ry = [float(v) for _, v in recent]
-            stopped = len(recent) >= 6 and theil_sen(rx, ry) < 0.25 * threshold and \
-                median(ry[-3:]) - median(ry[:3]) < p["min_growth"]
-            self.calm = self.calm + 1 if (stopped or restarted) else 0
-            if self.calm >= p["debounce"] or restarted:
-                self.firing, self.streak, self.calm = False, 0, 0
-                self.last["slope"] = theil_sen(rx, ry) if len(rx) > 1 else 0.0
-                return self.event("resolved")
-            return None
-        self.streak = self.streak + 1 if leaking else 0
-        if self.streak >= p["debounce"]:
-            self.firing, self.calm = True, 0
-            return self.event("firing")
-        return None
-
-    def event(self, state):
-        slope = round(self.last.get("slope", 0.0), 1)
-        free = self.last.get("free")
-        oom = None
-        if free is not None and slope > 0:
-            oom = round(free / slope, 1)
-        return {"ts": int(self.last["ts"]), "event": "gpu_memory_leak", "state": state, "pid": self.pid,
-                "slope_mib_per_hour": slope, "used_memory_mib": self.last["used"],
-                "free_memory_mib": free, "projected_oom_hours": oom,
-                "window_seconds": int(self.last.get("window_s", 0))}
+HISTORY_HEADER = "timestamp,pid,used_memory_mib,gpu_used_mib,gpu_total_mib"
 
 
 def params_from(args_or_env):
@@ -295,69 +65,143 @@ def params_from(args_or_env):
 
 # ---------------------------------------------------------------- replay --
 
-def replay(path, params, gpu_total=None, out=sys.stdout):
-    """Runs the detector over a CSV; returns the events."""
+def replay_rows(rows, params, gpu_total=None, out=None):
+    """Runs the detector over (ts, pid, used[, gpu_used, gpu_total]) rows;
+    returns the events (also written as JSON lines to `out`)."""
     series = {}
     events = []
-    with open(path, newline="", encoding="utf-8") as f:
-        reader = csv.DictReader(f)
-        missing = {"timestamp", "pid", "used_memory_mib"} - set(reader.fieldnames or [])
-        if missing:
-            raise ValueError("%s: missing column(s) %s (need timestamp,pid,used_memory_mib)"
-                             % (path, ",".join(sorted(missing))))
-        for n, row in enumerate(reader, 2):
-            try:
-                ts = float(row["timestamp"])
-                pid = int(row["pid"])
-                mib = float(row["used_memory_mib"])
-                mib = int(mib) if mib.is_integer() else mib
-            except (TypeError, ValueError):
-                raise ValueError("%s:%d: not a number in %r" % (path, n, row))
-            s = series.get(pid)
-            if s is None:
-                s = series[pid] = Series(params, str(pid), pid)
-            free = (gpu_total - mib) if gpu_total else None
-            ev = s.add(ts, mib, free)
-            if ev:
-                events.append(ev)
+    for row in rows:
+        ts, pid, used = row[0], row[1], row[2]
+        total = row[4] if len(row) > 4 and row[4] is not None else gpu_total
+        gpu_used = row[3] if len(row) > 3 and row[3] is not None else used
+        s = series.get(pid)
+        if s is None:
+            s = series[pid] = Series(params, str(pid), pid)
+        ev = s.add(ts, used, (total - gpu_used) if total else None)
+        if ev:
+            events.append(ev)
+            if out is not None:
                 out.write(json.dumps(ev) + "\n")
+    replay_rows.series = series
+    return events
+
+
+def read_csv_rows(path):
+    """Rows of a replay CSV; ValueError naming the line on bad input."""
+    with open(path, newline="", encoding="utf-8-sig") as f:
+        text = f.read()
+    reader = csv.reader(io.StringIO(text))
+    header = next(reader, None)
+    if header is None:
+        raise ValueError("%s: empty file (need the header timestamp,pid,used_memory_mib)" % path)
+    header = [h.strip() for h in header]
+    missing = {"timestamp", "pid", "used_memory_mib"} - set(header)
+    if missing:
+        raise ValueError("%s: missing column(s) %s (need timestamp,pid,used_memory_mib)"
+                         % (path, ",".join(sorted(missing))))
+    it, ip, iu = header.index("timestamp"), header.index("pid"), header.index("used_memory_mib")
+    ig = header.index("gpu_used_mib") if "gpu_used_mib" in header else None
+    itot = header.index("gpu_total_mib") if "gpu_total_mib" in header else None
+    rows = []
+    last_ts = None
+    for n, row in enumerate(reader, 2):
+        if not row or (len(row) == 1 and not row[0].strip()):
+            continue
+        try:
+            if len(row) != len(header):
+                raise ValueError
+            ts = float(row[it])
+            pid = int(row[ip])
+            mib = float(row[iu])
+            gu = float(row[ig]) if ig is not None and row[ig] not in ("", "-") else None
+            tot = float(row[itot]) if itot is not None and row[itot] not in ("", "-") else None
+            if not (math.isfinite(ts) and math.isfinite(mib)) or mib < 0:
+                raise ValueError
+        except (TypeError, ValueError):
+            raise ValueError("%s:%d: expected %d comma-separated numbers, got %r"
+                             % (path, n, len(header), ",".join(row)))
+        if last_ts is not None and ts < last_ts - 1:
+            raise ValueError("%s:%d: timestamp %s goes back in time" % (path, n, row[it]))
+        last_ts = ts
+        rows.append((ts, pid, mib, gu, tot))
+    return rows
+
+
+def replay(path, params, gpu_total=None, out=sys.stdout, err=sys.stderr):
+    """Runs the detector over a CSV; returns the events. Prints one summary
+    line on `err` even when there is no event."""
+    rows = read_csv_rows(path)
+    events = replay_rows(rows, params, gpu_total, out)
+    series = replay_rows.series if rows else {}
+    hours = (rows[-1][0] - rows[0][0]) / 3600.0 if rows else 0.0
+    parts = []
+    for pid, s in sorted(series.items()):
+        slope, firing, sev, oom = s.verdict()
+        fired = [e for e in events if e["pid"] == pid and e["state"] == "firing"]
+        if fired:
+            e = fired[0]
+            parts.append("%s: leak %+.0f MiB/h (%s, %s, OOM in %s h)" % (
+                pid, e["slope_mib_per_hour"], e["trend"], e["severity"],
+                e["projected_oom_hours"] if e["projected_oom_hours"] is not None else "?"))
+        else:
+            parts.append("%s: no leak (%s, %+.0f MiB/h)" % (pid, s.last.get("trend", "too short"), slope))
+    err.write("gpu-leak-watch: replayed %d samples, %d series, %.1f h: %d events; %s\n" % (
+        len(rows), len(series), hours, len(events), "; ".join(parts) or "no series"))
     return events
 
 
 # ----------------------------------------------------------------- rules --
 
+RULE_KEYS = {"threshold": float, "min_growth": float, "fast_oom_h": float, "note_h": float,
+             "critical_h": float, "step_mib": float}
+
+
 def load_rules(path):
-    """Per-pattern thresholds: lines "REGEX THRESHOLD" or "REGEX ignore"."""
+    """Per-pattern settings, first match wins. A line is a regular
+    expression (no spaces: use \\s) followed by "ignore", a bare threshold
+    (MiB/h), or KEY=VALUE settings (threshold, min_growth, fast_oom_h,
+    note_h, critical_h, step_mib)."""
     rules = []
     if not path or not os.path.exists(path):
         return rules
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding="utf-8-sig") as f:
         for n, line in enumerate(f, 1):
             line = line.strip()
             if not line or line.startswith("#"):
                 continue
-            parts = line.rsplit(None, 1)
-            if len(parts) != 2:
-                raise ValueError("%s:%d: expected 'REGEX THRESHOLD|ignore'" % (path, n))
-            pattern, value = parts
+            parts = line.split()
+            if len(parts) < 2:
+                raise ValueError("%s:%d: expected 'REGEX ignore|THRESHOLD|KEY=VALUE...'" % (path, n))
+            pattern = parts[0]
             try:
                 rx = re.compile(pattern, re.I)
             except re.error as e:
                 raise ValueError("%s:%d: bad regex: %s" % (path, n, e))
-            if value != "ignore":
+            if parts[1:] == ["ignore"]:
+                rules.append((rx, "ignore"))
+                continue
+            settings = {}
+            for item in parts[1:]:
+                key, eq, value = item.partition("=")
+                if not eq:
+                    key, value = "threshold", item
+                if key not in RULE_KEYS:
+                    raise ValueError("%s:%d: unknown setting %r (known: ignore, %s)"
+                                     % (path, n, key, ", ".join(sorted(RULE_KEYS))))
                 try:
-                    value = float(value)
+                    settings[key] = RULE_KEYS[key](value)
                 except ValueError:
-                    raise ValueError("%s:%d: threshold must be a number or 'ignore'" % (path, n))
-            rules.append((rx, value))
+                    raise ValueError("%s:%d: %s must be a number (got %r)" % (path, n, key, value))
+            rules.append((rx, settings))
     return rules
 
 
-def rule_for(rules, cmdline, default):
+def rule_for(rules, cmdline, default=None):
+    """The first matching rule's settings ("ignore" or a dict)."""
     for rx, value in rules:
         if rx.search(cmdline or ""):
             return value
-    return default
+    return default if default is not None else {}
 
 
 # ------------------------------------------------------------------ loss --
@@ -390,111 +234,235 @@ def loss_plateau(path, last=60):
 
 # ------------------------------------------------------------------ live --
 
+def num(text):
+    """An int from a protocol field; None when empty, '-' or malformed."""
+    try:
+        return int(float(text))
+    except ValueError:
+        return None
+
+
 def check(env, stdin, stdout):
     """One live cycle: samples in, events and status out."""
     state_dir = env.get("GPUGUARD_STATE_DIR") or "."
+    instance = env.get("LEAK_INSTANCE") or ""
     params = params_from(env)
     rules = load_rules(env.get("LEAK_RULES") or "")
-    series = {k: Series.from_json(params, v) for k, v in load_state(state_dir).items()}
+    state = load_state(state_dir, instance)
+    series = {k: Series.from_json(params, v) for k, v in state.get("series", {}).items()}
+    meta = state.get("meta", {})          # per key: history rows, members, name
     seen = set()
     max_rows = int(env.get("LEAK_HISTORY_MAX_ROWS") or 20000)
     loss_log = env.get("LEAK_LOSS_LOG") or ""
     host = env.get("GPUGUARD_HOST") or os.uname().nodename
-    for line in stdin:
-        # KEY TS PID USED_MIB FREE_MIB CPU_PCT RSS_MIB NAME CMDLINE
-        parts = line.rstrip("\n").split(" ", 8)
-        if len(parts) < 8:
+    trees = {}            # root key -> [pid, name, settings, used, cpu, rss]
+    member_events = {}    # root key -> [event]
+    lines = [line.rstrip("\n").split("\t") for line in stdin]
+    # trees first: members take their settings from the tree's cmdline
+    for parts in sorted(lines, key=lambda p: p[0] != "T"):
+        if parts[0] == "T" and len(parts) >= 11:
+            key, ts, pid, used, free, total, cpu, rss, members, name = parts[1:11]
+            cmdline = parts[11] if len(parts) > 11 and parts[11] else name
+            root_key, rank = None, None
+        elif parts[0] == "M" and len(parts) >= 8:
+            key, root_key, ts, pid, used, free, total = parts[1:8]
+            rank = parts[8] if len(parts) > 8 and parts[8] else None
+            cpu = rss = members = ""
+            if root_key not in trees:
+                continue
+            name, cmdline = trees[root_key][1], None
+        else:
             continue
-        key, ts, pid, used, free, cpu, rss, name = parts[:8]
-        cmdline = parts[8] if len(parts) > 8 else name
         try:
             ts, pid, used = float(ts), int(pid), int(float(used))
-            free = int(float(free)) if free not in ("", "-") else None
         except ValueError:
             continue
+        free = num(free)
         seen.add(key)
+        m = meta.setdefault(key, {})
+        m["rows"] = history_append(state_dir, key, ts, pid, used, free, num(total), max_rows, m.get("rows"))
+        settings = rule_for(rules, cmdline, {}) if root_key is None else trees[root_key][2]
+        if root_key is None:
+            trees[key] = [pid, name, settings, used, cpu, rss]
+        if settings == "ignore":
+            if root_key is None:
+                stdout.write("status\t%d\t0\t0\t%d\tnone\t\t%s\n" % (pid, used, name))
+            continue
         s = series.get(key)
-        threshold = rule_for(rules, cmdline, params["threshold"])
         if s is None:
             s = series[key] = Series(params, key, pid)
-        history_append(state_dir, key, ts, pid, used, max_rows)
-        if threshold == "ignore":
-            stdout.write("status - %d - 0 %d %s\n" % (pid, used, name))
-            continue
-        s.p = dict(params, threshold=threshold)
+        s.p = dict(params, **settings)
+        if root_key is None and members:
+            new = set(members.split(","))
+            old = set(m.get("members") or [])
+            if old and not (old & new):
+                s.restart(ts)                 # same key, new processes
+            m["members"] = sorted(new)
         ev = s.add(ts, used, free)
         if ev:
-            # the command line stays out of events: it may hold tokens
-            ev.update({"host": host, "name": name, "threshold_mib_per_hour": threshold,
-                       "cpu_pct": int(cpu) if cpu.isdigit() else None,
-                       "rss_mib": int(rss) if rss.isdigit() else None})
+            ev.update({"host": host, "name": name,
+                       "threshold_mib_per_hour": s.p["threshold"]})
+            if root_key is None:
+                ev.update({"cpu_pct": int(cpu) if cpu.isdigit() else None,
+                           "rss_mib": int(rss) if rss.isdigit() else None})
+            else:
+                # one rank of a data-parallel tree: the tree is the unit
+                # acted on, the rank is named
+                ev.update({"pid": trees[root_key][0], "leaking_pid": pid, "rank": rank})
             if loss_log:
                 ev["loss_plateau"] = loss_plateau(loss_log)
-            stdout.write("event %s %d %s\n" % (ev["state"], pid, json.dumps(ev)))
-        stdout.write("status - %d %.1f %d %d %s\n" % (pid, s.last.get("slope", 0.0), s.firing, used, name))
+            if root_key is None:
+                member_events.setdefault(key, []).append(ev)
+            else:
+                member_events.setdefault(root_key, []).append(ev)
+    for key, (pid, name, settings, used, _cpu, _rss) in trees.items():
+        for ev in member_events.get(key, []):
+            # the command line stays out of events: it may hold tokens
+            stdout.write("event\t%s\t%d\t%s\n" % (ev["state"], pid, json.dumps(ev)))
+        if settings == "ignore":
+            continue
+        # the tree's verdict: its own, or its worst member's
+        best = None
+        for k, s in series.items():
+            if k == key or k.startswith(key + "/"):
+                v = s.verdict()
+                if best is None or (v[1], v[0]) > (best[1], best[0]):
+                    best = v
+        slope, firing, sev, oom = best
+        stdout.write("status\t%d\t%.1f\t%d\t%d\t%s\t%s\t%s\n" % (
+            pid, slope, firing, used, sev, "" if oom is None else oom, name))
     for key in list(series):
         if key not in seen:
             s = series.pop(key)
+            meta.pop(key, None)
             if s.firing:
                 ev = s.event("resolved")
                 ev.update({"host": host, "reason": "gone"})
-                stdout.write("event resolved %d %s\n" % (s.pid, json.dumps(ev)))
-    write_atomic(state_path(state_dir), json.dumps({k: s.to_json() for k, s in series.items()}))
+                stdout.write("event\tresolved\t%d\t%s\n" % (s.pid, json.dumps(ev)))
+    for key in list(meta):
+        if key not in seen:
+            meta.pop(key)
+    write_atomic(state_path(state_dir, instance),
+                 json.dumps({"series": {k: s.to_json() for k, s in series.items()}, "meta": meta},
+                            separators=(",", ":")))
 
 
-def state_path(state_dir):
+def state_path(state_dir, instance=""):
+    """leak-state-<instance>.json (contract 6); leak-state.json without one."""
+    if instance:
+        return os.path.join(state_dir, "leak-state-%s.json" % re.sub(r"[^0-9A-Za-z_.-]", "_", instance))
     return os.path.join(state_dir, "leak-state.json")
 
 
-def load_state(state_dir):
-    """The saved series by key; empty when there is none or it is unreadable."""
+def load_state(state_dir, instance=""):
+    """{"series": {key: ...}, "meta": {...}}; empty when there is none or it
+    is unreadable (an older flat file is read as its series)."""
     try:
-        with open(state_path(state_dir), encoding="utf-8") as f:
-            return json.load(f)
+        with open(state_path(state_dir, instance), encoding="utf-8") as f:
+            data = json.load(f)
     except (OSError, ValueError):
         return {}
+    if not isinstance(data, dict):
+        return {}
+    if "series" not in data:
+        data = {"series": {k: v for k, v in data.items() if isinstance(v, dict) and "key" in v}}
+    return data
+
+
+def all_states(state_dir):
+    """Every instance's saved series."""
+    out = {}
+    try:
+        names = sorted(os.listdir(state_dir))
+    except OSError:
+        return out
+    for name in names:
+        if name.startswith("leak-state") and name.endswith(".json"):
+            inst = name[len("leak-state-"):-5] if name.startswith("leak-state-") else ""
+            out.update(load_state(state_dir, inst).get("series", {}))
+    return out
 
 
 def write_atomic(path, text):
-    """Writes through a temporary file and a rename: readers never see half."""
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    """Writes through a private temporary file in the same folder and a
+    rename: readers never see half, and no fixed temporary name is used."""
+    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", dir=os.path.dirname(path) or ".")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
-def history_append(state_dir, key, ts, pid, used, max_rows):
-    """Appends to history/<key>.csv; past max_rows it is rotated to .1."""
+def history_append(state_dir, key, ts, pid, used, free, total, max_rows, rows=None):
+    """Appends to history/<key>.csv; past max_rows it is rotated to .1.
+    `rows` is the count kept in the state (the file is counted only when it
+    is unknown); returns the new count."""
     folder = os.path.join(state_dir, "history")
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, re.sub(r"[^0-9A-Za-z_.-]", "_", key) + ".csv")
     new = not os.path.exists(path)
-    if not new:
+    if new:
+        rows = 0
+    elif rows is None:
         with open(path, "rb") as f:
-            rows = sum(1 for _ in f)
-        if rows > max_rows:
-            os.replace(path, path + ".1")
-            new = True
-    with open(path, "a", encoding="utf-8") as f:
+            rows = sum(1 for _ in f) - 1
+    if not new and rows >= max_rows:
+        os.replace(path, path + ".1")
+        new, rows = True, 0
+    gpu_used = (total - free) if total is not None and free is not None else None
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "a", encoding="utf-8") as f:
         if new:
-            f.write("timestamp,pid,used_memory_mib\n")
-        f.write("%d,%d,%g\n" % (ts, pid, used))
+            f.write(HISTORY_HEADER + "\n")
+        f.write("%d,%d,%d,%s,%s\n" % (ts, pid, used, "" if gpu_used is None else gpu_used,
+                                      "" if total is None else total))
+    return rows + 1
 
 
 # ---------------------------------------------------------------- report --
 
+class HistoryRow(tuple):
+    """(timestamp, used_mib), with the GPU's figures as attributes:
+    pid, gpu_used_mib, gpu_total_mib, gpu_free_mib (None when unknown)."""
+
+    def __new__(cls, ts, used, pid=None, gpu_used=None, gpu_total=None):
+        row = tuple.__new__(cls, (ts, used))
+        row.pid, row.gpu_used_mib, row.gpu_total_mib = pid, gpu_used, gpu_total
+        row.gpu_free_mib = (gpu_total - gpu_used) if gpu_total is not None and gpu_used is not None else None
+        return row
+
+
+def _num_or_none(text):
+    try:
+        return float(text)
+    except (TypeError, ValueError):
+        return None
+
+
 def read_history(folder):
+    """{key: [(timestamp, used_mib), ...]} for every history file; each row
+    also carries .pid, .gpu_used_mib, .gpu_total_mib and .gpu_free_mib
+    (None when the file predates them)."""
     out = {}
     for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
         if not name.endswith(".csv"):
             continue
         rows = []
-        with open(os.path.join(folder, name), newline="", encoding="utf-8") as f:
+        with open(os.path.join(folder, name), newline="", encoding="utf-8-sig") as f:
             for row in csv.DictReader(f):
                 try:
-                    rows.append((float(row["timestamp"]), float(row["used_memory_mib"])))
+                    r = HistoryRow(float(row["timestamp"]), float(row["used_memory_mib"]),
+                                   _num_or_none(row.get("pid")), _num_or_none(row.get("gpu_used_mib")),
+                                   _num_or_none(row.get("gpu_total_mib")))
                 except (KeyError, TypeError, ValueError):
                     continue
+                rows.append(r)
         if rows:
             out[name[:-4]] = rows
     return out
@@ -598,8 +566,9 @@ def main(argv):
             return 0
         if cmd == "slopes":
             # for gpuguard status: "PID SLOPE FIRING" per watched series
-            for data in load_state(env.get("GPUGUARD_STATE_DIR") or ".").values():
-                print("%s %.0f %d" % (data.get("pid"), (data.get("last") or {}).get("slope", 0.0), data.get("firing", False)))
+            for data in all_states(env.get("GPUGUARD_STATE_DIR") or ".").values():
+                print("%s %.0f %d" % (data.get("pid"), (data.get("last") or {}).get("slope", 0.0) or 0.0,
+                                      data.get("firing", False)))
             return 0
         if cmd == "loss" and len(argv) >= 3:
             print(json.dumps(loss_plateau(argv[2])))
@@ -607,7 +576,7 @@ def main(argv):
     except (OSError, ValueError) as e:
         print("gpu-leak-watch: %s" % e, file=sys.stderr)
         return 2
-    print("usage: gpuguard_leak.py replay FILE | check | report OUT.html | loss FILE", file=sys.stderr)
+    print("usage: gpuguard_leak.py replay FILE | check | report OUT.html | loss FILE | slopes", file=sys.stderr)
     return 2
 
 

@@ -1,0 +1,537 @@
+"""gpuguard's leak statistics: one Series per process (or process tree).
+
+Method (docs/LEAK.md has each phenomenon and the rule that handles it):
+
+Reduction. Samples become 1-minute "fine" floors (the minimum of each
+minute; bucket_s / 10 in general), and every 10 minutes a bucket floor: the
+minimum of the bucket's fine floors after dropping isolated dips (a fine
+floor under 85 % of both neighbours: torch.cuda.empty_cache() drops the
+process to its allocated floor for one sample). The minimum removes spikes,
+evaluation peaks and checkpoint saves that last less than a bucket.
+
+Segments. A series restarts (cut, then 30 minutes of warm-up skipped) on a
+new PID for the same key (the caller says so), a gap longer than 6 h, or a
+floor collapse below half the recent level that stays for an hour. Gaps
+shorter than that and single low floors do not cut.
+
+Level shifts. Inside a segment, jumps between buckets (>= 256 MiB and far
+outside the bucket-to-bucket noise) are level shifts: a one-time jump (new
+sequence-length bucket), the start or end of an evaluation phase, an RL
+rollout/train alternation. They are subtracted (minus the local trend), so
+the trend underneath stays visible and a shift is never read as growth.
+Persistent up-shifts of similar size at regular intervals (>= 3, still
+coming) are a step leak (the allocator leaking in blocks), rated size /
+interval.
+
+Slow tier. On the de-shifted floors, windows of 2, 3, 6, 12 and 24 h are
+tested: net growth >= 64 MiB spread over >= 4 rising buckets, no single jump
+carrying more than 40 %, one-sided Mann-Kendall Z >= 2.326, Theil-Sen slope
+>= the threshold (50 MiB/h), and the growth not decelerating: the window's
+slope must be at least 0.6 of the slope in the window before it (or, with
+no room before it, the last third at least 0.6 of the first third). A
+decelerating series is a cache filling toward a ceiling; it alerts only
+when the projected ceiling is above the GPU's capacity.
+
+Fast tier. With the GPU's free memory known, the fine floors decide: when
+the growth projects OOM within 6 h and has been observed for at least as
+long as the time left (a third of it when the growth is strictly linear:
+last half's rate >= 0.9 of the first half's), rising in most minutes, with
+no single jump carrying more than 40 %, it fires. Warm-ups decelerate and
+fail this; a leak of GB/h alerts minutes to an hour after it starts.
+
+Alerting. Two passing evaluations in a row fire (per tier); growth stopping
+for two evaluations, or a restart, resolves. The event carries the slope,
+since when, the projected hours to OOM, a confidence (0-1, from the
+Mann-Kendall Z and the evidence span), the trend ("steady", "accelerating",
+"decelerating/saturating", "steps") and a severity from the projection:
+critical under 6 h, warning under 7 days or when the capacity is unknown,
+info (a trend note, not a page) beyond.
+"""
+import math
+
+DEFAULTS = {
+    "bucket_s": 600.0,          # floor bucket length
+    "threshold": 50.0,          # MiB/h
+    "min_growth": 64.0,         # MiB of net growth in the window
+    "step_mib": 256.0,          # a jump this big between buckets may be a level shift
+    "step_noise": 4.0,          # ... when it is this many noise scales out
+    "skip_buckets": 3,          # warm-up skipped after a start or a cut
+    "windows": (12, 18, 36, 72, 144),
+    "z_min": 2.326,             # one-sided alpha = 0.01
+    "decel_ratio": 0.6,         # slope / slope before it under this: decelerating
+    "debounce": 2,
+    "max_jump_share": 0.4,      # one bucket's jump may carry at most this of the growth
+    "min_rises": 4,             # a leak raises the floor in at least this many buckets
+    "gap_cut_s": 6 * 3600.0,    # no sample for this long: a new segment
+    "collapse": 0.5,            # floor under this share of the recent level ...
+    "collapse_buckets": 6,      # ... for this many buckets: a restart
+    "stair_min": 3,             # persistent steps of a step leak
+    "fast_oom_h": 6.0,          # fast tier: OOM projected this close
+    "fast_min_s": 240.0,        # ... observed for at least this long
+    "fast_linear_share": 0.35,  # ... and this share of the time left when linear
+    "critical_h": 6.0,          # severity by projected hours to OOM
+    "note_h": 168.0,            # beyond this: a trend note
+}
+MAX_FINES = 120
+
+
+# ------------------------------------------------------------ statistics --
+
+def median(values):
+    s = sorted(values)
+    n = len(s)
+    if n == 0:
+        return 0.0
+    mid = n // 2
+    return float(s[mid]) if n % 2 else (s[mid - 1] + s[mid]) / 2.0
+
+
+def theil_sen(xs, ys):
+    """Median of pairwise slopes."""
+    slopes = []
+    n = len(xs)
+    for i in range(n):
+        xi, yi = xs[i], ys[i]
+        for j in range(i + 1, n):
+            dx = xs[j] - xi
+            if dx:
+                slopes.append((ys[j] - yi) / dx)
+    return median(slopes) if slopes else 0.0
+
+
+def mann_kendall_z(ys):
+    """One-sided Mann-Kendall Z with the tie correction."""
+    n = len(ys)
+    if n < 3:
+        return 0.0
+    s = 0
+    for k in range(n - 1):
+        yk = ys[k]
+        for j in range(k + 1, n):
+            d = ys[j] - yk
+            s += (d > 0) - (d < 0)
+    counts = {}
+    for y in ys:
+        counts[y] = counts.get(y, 0) + 1
+    ties = sum(t * (t - 1) * (2 * t + 5) for t in counts.values() if t > 1)
+    var = (n * (n - 1) * (2 * n + 5) - ties) / 18.0
+    if var <= 0:
+        return 0.0
+    if s > 0:
+        return (s - 1) / math.sqrt(var)
+    if s < 0:
+        return (s + 1) / math.sqrt(var)
+    return 0.0
+
+
+def reduce_points(xs, ys, most=36):
+    """At most `most` points: medians of consecutive groups (keeps the
+    O(n^2) statistics cheap on 24 h windows)."""
+    n = len(xs)
+    if n <= most:
+        return xs, ys
+    g = (n + most - 1) // most
+    rx, ry = [], []
+    for i in range(0, n, g):
+        rx.append(median(xs[i:i + g]))
+        ry.append(median(ys[i:i + g]))
+    return rx, ry
+
+
+def drop_dips(values, share=0.85):
+    """Values without isolated dips (lower than `share` of both neighbours)."""
+    n = len(values)
+    if n < 3:
+        return values
+    out = []
+    for i, v in enumerate(values):
+        left = values[i - 1] if i else values[i + 1]
+        right = values[i + 1] if i + 1 < n else values[i - 1]
+        if v < share * left and v < share * right:
+            continue
+        out.append(v)
+    return out or values
+
+
+def severity_for(oom_h, params):
+    if oom_h is None:
+        return "warning"
+    if oom_h < params["critical_h"]:
+        return "critical"
+    if oom_h < params["note_h"]:
+        return "warning"
+    return "info"
+
+
+# -------------------------------------------------------------- detector --
+
+class Series:
+    """One process (or process tree) incarnation: floors and alert state."""
+
+    FIELDS = ("bucket", "fine", "fine_min", "fine_cur", "fines", "floors", "cut", "streak", "fstreak", "calm",
+              "firing", "last", "alert")
+
+    def __init__(self, params, key, pid):
+        self.p = params
+        self.key = key
+        self.pid = pid
+        self.bucket = None          # current bucket index
+        self.fine = None            # current fine index
+        self.fine_min = None
+        self.fine_cur = []          # fine floors of the current bucket
+        self.fines = []             # [fine_index, floor], the last MAX_FINES
+        self.floors = []            # [bucket_index, floor]
+        self.cut = None             # bucket index where the segment starts
+        self.streak = 0
+        self.fstreak = 0
+        self.calm = 0
+        self.firing = False
+        self.last = {}
+        self.alert = {}
+
+    def to_json(self):
+        d = {name: getattr(self, name) for name in self.FIELDS}
+        d.update(key=self.key, pid=self.pid)
+        return d
+
+    @classmethod
+    def from_json(cls, params, data):
+        s = cls(params, data["key"], data["pid"])
+        for name in cls.FIELDS:
+            if name in data:
+                setattr(s, name, data[name])
+        return s
+
+    # ------------------------------------------------------------ input --
+    def fine_s(self):
+        return self.p["bucket_s"] / 10.0
+
+    def restart(self, ts):
+        """A new incarnation under the same key (new PID): a new segment."""
+        self.cut = int(ts // self.p["bucket_s"])
+        self.fines = []
+        self.fstreak = 0
+
+    def add(self, ts, mib, free_mib=None):
+        """Adds a sample; returns an event dict when the alert state changes."""
+        p = self.p
+        prev_ts = self.last.get("ts")
+        last = self.last
+        last["ts"], last["used"], last["free"] = ts, mib, free_mib
+        f = int(ts // (p["bucket_s"] / 10.0))
+        if f == self.fine:
+            if mib < self.fine_min:
+                self.fine_min = mib
+            return None
+        if prev_ts is not None and ts - prev_ts > p["gap_cut_s"]:
+            self.close_fine()
+            self.close_bucket()
+            self.cut = int(ts // p["bucket_s"])
+            self.fines = []
+            self.fine, self.fine_min, self.bucket = f, mib, int(ts // p["bucket_s"])
+            return None
+        ev = self.close_fine() if self.fine is not None else None
+        self.fine, self.fine_min = f, mib
+        b = int(ts // p["bucket_s"])
+        if self.bucket is None:
+            self.bucket = b
+            if self.cut is None:
+                self.cut = b
+        elif b != self.bucket:
+            ev = self.close_bucket() or ev
+            self.bucket = b
+        return ev
+
+    def close_fine(self):
+        if self.fine is None:
+            return None
+        v = self.fine_min
+        self.fine_cur.append(v)
+        self.fines.append([self.fine, v])
+        if len(self.fines) > MAX_FINES:
+            del self.fines[0]
+        return self.evaluate_fast()
+
+    def close_bucket(self):
+        if not self.fine_cur:
+            return None
+        floor = min(drop_dips(self.fine_cur))
+        self.fine_cur = []
+        self.floors.append([self.bucket, floor])
+        keep = max(self.p["windows"]) * 2 + self.p["skip_buckets"] + 8
+        if len(self.floors) > keep:
+            del self.floors[:len(self.floors) - keep]
+        return self.evaluate()
+
+    # --------------------------------------------------------- segments --
+    def segment(self):
+        """The floors of the current segment: after the last cut (or floor
+        collapse that stays) and its warm-up."""
+        p = self.p
+        fl = self.floors
+        start = 0
+        cut = self.cut if self.cut is not None else -1
+        for j in range(len(fl)):
+            if fl[j][0] >= cut:
+                start = j
+                break
+        else:
+            return []
+        # a collapse under half the recent level that stays: a restart
+        k = p["collapse_buckets"]
+        j = start + 1
+        n = len(fl)
+        while j + k <= n:
+            ref = median([v for _, v in fl[max(start, j - 6):j]])
+            if fl[j][1] < p["collapse"] * ref and all(fl[i][1] < p["collapse"] * ref for i in range(j, j + k)):
+                start = j
+                self.cut = fl[j][0]
+                j += k
+                continue
+            j += 1
+        seg = fl[start:]
+        skip = p["skip_buckets"]
+        if seg and seg[0][0] == self.cut:
+            seg = seg[skip:]
+        return seg
+
+    def level_shifts(self, ys):
+        """De-shifted floors and the persistent up-shifts [(index, size)]."""
+        p = self.p
+        n = len(ys)
+        d = [ys[i] - ys[i - 1] for i in range(1, n)]
+        if not d:
+            return ys, []
+        med = median(d)
+        mad = median([abs(x - med) for x in d]) * 1.4826
+        limit = max(p["step_mib"], p["step_noise"] * (mad + 10.0))
+        jumps = [abs(x - med) >= limit for x in d]
+        small = [x for x, j in zip(d, jumps) if not j]
+        trend = sum(small) / len(small) if small else 0.0
+        out = [ys[0]]
+        offset = 0.0
+        ups = []
+        for i, x in enumerate(d):
+            if jumps[i]:
+                offset += x - trend
+                if x > 0:
+                    ups.append((i + 1, x - trend))
+            out.append(ys[i + 1] - offset)
+        # persistent: the level stays up (the minimum of what follows, up to
+        # 6 buckets, is above everything in the hour before by most of the
+        # jump; the end of a lower phase only returns to an earlier level)
+        keep = []
+        for i, size in ups:
+            after = ys[i:i + 6]
+            before = ys[max(0, i - 6):i]
+            if len(after) >= 2 and before and min(after) - max(before) >= 0.5 * size:
+                keep.append((i, size))
+        return out, keep
+
+    def staircase(self, xs, steps):
+        """Rate (MiB/h) when the persistent steps are a step leak."""
+        p = self.p
+        if len(steps) < p["stair_min"]:
+            return None
+        steps = steps[-6:]
+        sizes = [s for _, s in steps]
+        times = [xs[i] for i, _ in steps]
+        gaps = [b - a for a, b in zip(times, times[1:])]
+        ms, mg = median(sizes), median(gaps)
+        if mg <= 0 or min(sizes) < 0.5 * ms or max(sizes) > 1.5 * ms:
+            return None
+        if min(gaps) < 0.5 * mg or max(gaps) > 1.5 * mg:
+            return None
+        if xs[-1] - times[-1] > 1.5 * mg:
+            return None                 # the steps stopped coming
+        return ms / mg
+
+    # --------------------------------------------------------- verdicts --
+    def window_verdict(self, xs, ys, before):
+        """(leaking, slope, z, trend) of one window; `before` are the de-shifted
+        floors (x, y) just before it."""
+        p = self.p
+        growth = median(ys[-3:]) - median(ys[:3])
+        if growth < p["min_growth"]:
+            return False, 0.0, 0.0, "flat"
+        jumps = [b - a for a, b in zip(ys, ys[1:])]
+        if max(jumps) > p["max_jump_share"] * growth or sum(1 for d in jumps if d > 0) < p["min_rises"]:
+            return False, 0.0, 0.0, "jumpy"
+        rx, ry = reduce_points(xs, ys)
+        beta = theil_sen(rx, ry)
+        if beta < p["threshold"]:
+            return False, beta, 0.0, "slow"
+        z = mann_kendall_z(ry)
+        if z < p["z_min"]:
+            return False, beta, z, "noisy"
+        if len(before[0]) >= max(6, len(xs) // 2):
+            bx, by = reduce_points(*before)
+            prev = theil_sen(bx, by)
+        else:
+            third = max(3, len(rx) // 3)
+            prev = theil_sen(rx[:third], ry[:third])
+            beta_last = theil_sen(rx[-third:], ry[-third:])
+            if prev > 0 and beta_last < p["decel_ratio"] * prev:
+                return False, beta, z, "decelerating/saturating"
+            prev = 0.0
+        if prev > 0 and beta < p["decel_ratio"] * prev:
+            return False, beta, z, "decelerating/saturating"
+        return True, beta, z, "accelerating" if prev > 0 and beta > 1.5 * prev else "steady"
+
+    def evaluate(self):
+        """The slow tier, once per bucket."""
+        p = self.p
+        seg = self.segment()
+        xs = [b * p["bucket_s"] / 3600.0 for b, _ in seg]
+        ys, ups = self.level_shifts([float(v) for _, v in seg])
+        leaking, slope, z, trend, window = False, 0.0, 0.0, "flat", 0
+        rate = self.staircase(xs, ups) if ups else None
+        if rate is not None and rate >= p["threshold"]:
+            leaking, slope, z, trend, window = True, rate, 0.0, "steps", len(xs)
+            since_x = xs[ups[-min(len(ups), 6)][0]]
+        else:
+            for w in p["windows"]:
+                if len(xs) < w:
+                    break
+                before = (xs[-2 * w:-w], ys[-2 * w:-w])
+                ok, beta, zz, tr = self.window_verdict(xs[-w:], ys[-w:], before)
+                if ok:
+                    leaking, slope, z, trend, window = True, beta, zz, tr, w
+                    break
+                if beta > slope or window == 0:
+                    slope, z, trend, window = beta, zz, tr, w
+            since_x = xs[-window] if leaking else None
+        self.last["slope"] = slope
+        self.last["trend"] = trend
+        self.last["window_s"] = window * p["bucket_s"]
+        if leaking:
+            self.last["since"] = since_x * 3600.0
+            self.last["z"] = z
+        if self.firing:
+            return self.maybe_resolve(leaking, seg)
+        self.streak = self.streak + 1 if leaking else 0
+        if self.streak >= p["debounce"]:
+            return self.fire("slow")
+        return None
+
+    def evaluate_fast(self):
+        """The fast tier, once per fine floor, when the free memory is known."""
+        p = self.p
+        free = self.last.get("free")
+        fines = self.fines
+        if free is None or len(fines) < 5 or self.firing:
+            self.fstreak = 0
+            return None
+        fs = self.fine_s()
+        cut_f = (self.cut or 0) * 10
+        # cheap gate: the last few minutes' rate against the free memory
+        a, b = fines[max(0, len(fines) - 5)], fines[-1]
+        if a[0] < cut_f:
+            self.fstreak = 0
+            return None
+        rate = (b[1] - a[1]) / ((b[0] - a[0]) * fs / 3600.0)
+        if rate < max(p["threshold"], 1.0) or free / rate > p["fast_oom_h"]:
+            self.fstreak = 0
+            return None
+        ok = self.fast_verdict(free, cut_f)
+        if ok is None:
+            self.fstreak = 0
+            return None
+        self.fstreak += 1
+        if self.fstreak >= p["debounce"]:
+            beta, since, z = ok
+            self.last.update(slope=beta, trend="steady", since=since, z=z,
+                             window_s=self.last["ts"] - since)
+            return self.fire("fast")
+        return None
+
+    def fast_verdict(self, free, cut_f):
+        p = self.p
+        fs = self.fine_s()
+        pts = [(f, v) for f, v in self.fines if f >= cut_f]
+        vals = drop_dips([v for _, v in pts])
+        if len(vals) != len(pts):
+            keep = set(vals)
+            pts = [(f, v) for f, v in pts if v in keep]
+        if len(pts) < 5:
+            return None
+        end = pts[-1][0]
+        # the longest stretch, back from now, that is still rising
+        xs = [(f - end) * fs / 3600.0 for f, _ in pts]
+        ys = [float(v) for _, v in pts]
+        rx, ry = reduce_points(xs, ys, 24)
+        beta = theil_sen(rx, ry)
+        if beta <= 0:
+            return None
+        left_h = free / beta
+        if left_h > p["fast_oom_h"]:
+            return None
+        half = len(rx) // 2
+        b1 = theil_sen(rx[:half + 1], ry[:half + 1])
+        b2 = theil_sen(rx[half:], ry[half:])
+        if b1 <= 0 or b2 < 0.7 * b1:
+            return None                 # decelerating: a warm-up
+        share = p["fast_linear_share"] if b2 >= 0.9 * b1 else 1.0
+        need_h = max(p["fast_min_s"] / 3600.0, share * left_h)
+        span_h = -xs[0]
+        if span_h < need_h:
+            return None
+        # use only the evidence needed
+        w = [i for i, x in enumerate(xs) if x >= -max(need_h, 5 * fs / 3600.0)]
+        wx, wy = [xs[i] for i in w], [ys[i] for i in w]
+        if len(wx) < 5:
+            wx, wy = xs[-5:], ys[-5:]
+        growth = wy[-1] - wy[0]
+        steps = [bb - aa for aa, bb in zip(wy, wy[1:])]
+        if growth < p["min_growth"] or max(steps) > p["max_jump_share"] * growth \
+                or sum(1 for s in steps if s > 0) < 0.6 * len(steps):
+            return None
+        z = mann_kendall_z(reduce_points(wx, wy, 24)[1])
+        return beta, self.last["ts"] + wx[0] * 3600.0, z
+
+    def maybe_resolve(self, leaking, seg):
+        p = self.p
+        restarted = self.cut is not None and seg == [] and len(self.floors) > 1
+        recent = self.floors[-min(len(self.floors), 12):]
+        rx = [b * p["bucket_s"] / 3600.0 for b, _ in recent]
+        ry, _ = self.level_shifts([float(v) for _, v in recent])
+        stopped = not leaking and len(recent) >= 6 and theil_sen(rx, ry) < 0.25 * p["threshold"] and \
+            median(ry[-3:]) - median(ry[:3]) < p["min_growth"]
+        self.calm = self.calm + 1 if (stopped or restarted) else 0
+        if self.calm >= p["debounce"] or restarted:
+            self.firing, self.streak, self.calm = False, 0, 0
+            self.last["slope"] = theil_sen(rx, ry) if len(rx) > 1 else 0.0
+            return self.event("resolved")
+        return None
+
+    def fire(self, tier):
+        self.firing, self.calm, self.streak, self.fstreak = True, 0, 0, 0
+        self.last["tier"] = tier
+        return self.event("firing")
+
+    def verdict(self):
+        """(slope, firing, severity, oom_h) for status lines and metrics."""
+        slope = self.last.get("slope", 0.0) or 0.0
+        free = self.last.get("free")
+        oom = round(free / slope, 1) if free is not None and slope > 0 else None
+        return slope, self.firing, (severity_for(oom, self.p) if self.firing else "none"), oom
+
+    def event(self, state):
+        slope = round(self.last.get("slope", 0.0) or 0.0, 1)
+        free = self.last.get("free")
+        oom = round(free / slope, 1) if free is not None and slope > 0 else None
+        ev = {"ts": int(self.last["ts"]), "event": "gpu_memory_leak", "state": state, "pid": self.pid,
+              "slope_mib_per_hour": slope, "used_memory_mib": self.last["used"],
+              "free_memory_mib": free, "projected_oom_hours": oom,
+              "window_seconds": int(self.last.get("window_s", 0))}
+        if state == "firing":
+            z = self.last.get("z") or 0.0
+            span_h = self.last.get("window_s", 0) / 3600.0
+            conf = min(0.99, 0.5 + 0.1 * max(0.0, z - 2.0) + 0.05 * min(span_h, 6.0))
+            if self.last.get("tier") == "fast" or self.last.get("trend") == "steps":
+                conf = min(0.99, max(conf, 0.8))
+            since = self.last.get("since")
+            ev.update({"severity": severity_for(oom, self.p), "trend": self.last.get("trend", "steady"),
+                       "since_ts": int(since) if since is not None else None,
+                       "confidence": round(conf, 2), "tier": self.last.get("tier", "slow")})
+        return ev
