@@ -22,7 +22,8 @@ per seed):
   7 RL phase alternation every 10-30 min (levels 5-40 GiB apart)    rl
   8 8-rank data-parallel tree, one rank leaking                     dp
   9 fast leaks 1-60 GB/h from the first minute, H200 total known;
-    the recorded 0.6 -> 120 GB in 88 min; 1 s traces of 5-10 min   fast, fill88, fast1s
+    the recorded 0.6 -> 120 GB in 88 min; 1 s traces of 5-10 min
+    (leaks there reach OOM within them)                             fast, fill88, fast1s
  10 warm-ups ending 1-4 GiB below capacity; noisy series (CV up to
     0.5); leaks after 10 healthy hours; slow leaks 50-80 MiB/h      warmfull, noisy, late, slow
 plus the tidy kinds of bench/leak.py (plateau, mixed). "h_" kinds are
@@ -217,8 +218,10 @@ def make_trace(kind, seed):
         p.dips = (rng.randint(10, 40), 0)
         p.phases = periodic(rng, hours, (60, 180), (10, 40), lambda: rng.uniform(1024, 8192))
         if leak:
-            rate = rng.uniform(1, 10) * 1024 * 60        # 1-10 GiB/min
+            # GB/min: OOM 5-10 min after the start (the trace ends there)
             t0 = rng.uniform(0, 30)
+            hours = 12 / 60.0
+            rate = (H200 - p.base - p.warm) / (rng.uniform(5, 10) / 60.0)
             block = 64
     elif k == "warmfull":
         p.tau = rng.uniform(120, 3600)

@@ -67,7 +67,7 @@ DEFAULTS = {
     "collapse_buckets": 6,      # ... for this many buckets: a restart
     "stair_min": 3,             # persistent steps of a step leak
     "fast_oom_h": 6.0,          # fast tier: OOM projected this close
-    "fast_min_s": 240.0,        # ... observed for at least this long
+    "fast_min_s": 120.0,        # ... observed for at least this long
     "fast_linear_share": 0.35,  # ... and this share of the time left when linear
     "critical_h": 6.0,          # severity by projected hours to OOM
     "note_h": 168.0,            # beyond this: a trend note
@@ -168,13 +168,18 @@ def severity_for(oom_h, params):
 class Series:
     """One process (or process tree) incarnation: floors and alert state."""
 
-    FIELDS = ("bucket", "fine", "fine_min", "fine_cur", "fines", "floors", "cut", "streak", "fstreak", "calm",
+    FIELDS = ("fs", "dts", "pend", "prev_v", "fed_ts", "bucket", "fine", "fine_min", "fine_cur", "fines", "floors", "cut", "streak", "fstreak", "calm",
               "firing", "last", "alert")
 
     def __init__(self, params, key, pid):
         self.p = params
         self.key = key
         self.pid = pid
+        self.fs = None              # fine floor seconds, set from the first samples
+        self.dts = []
+        self.pend = None            # the sample held back: [ts, mib]
+        self.prev_v = None          # the last sample fed
+        self.fed_ts = None
         self.bucket = None          # current bucket index
         self.fine = None            # current fine index
         self.fine_min = None
@@ -204,7 +209,11 @@ class Series:
 
     # ------------------------------------------------------------ input --
     def fine_s(self):
-        return self.p["bucket_s"] / 10.0
+        """The fine floor length: a tenth of a bucket, shorter (down to ten
+        samples) when samples come faster, fixed after the first samples."""
+        if self.fs is None:
+            return self.p["bucket_s"] / 10.0
+        return self.fs
 
     def restart(self, ts):
         """A new incarnation under the same key (new PID): a new segment."""
@@ -213,12 +222,33 @@ class Series:
         self.fstreak = 0
 
     def add(self, ts, mib, free_mib=None):
-        """Adds a sample; returns an event dict when the alert state changes."""
-        p = self.p
-        prev_ts = self.last.get("ts")
+        """Adds a sample; returns an event dict when the alert state changes.
+        A sample is held back one step: one under 85 % of both neighbours is
+        an empty_cache() dip and never reaches the floors."""
         last = self.last
         last["ts"], last["used"], last["free"] = ts, mib, free_mib
-        f = int(ts // (p["bucket_s"] / 10.0))
+        pend, prev = self.pend, self.prev_v
+        self.pend = [ts, mib]
+        if pend is None:
+            return None
+        pts, pv = pend
+        if prev is not None and pv < 0.85 * prev and pv < 0.85 * mib:
+            return None
+        self.prev_v = pv
+        return self.feed(pts, pv)
+
+    def feed(self, ts, mib):
+        p = self.p
+        prev_ts = self.fed_ts
+        self.fed_ts = ts
+        if self.fs is None:
+            if prev_ts is not None and ts > prev_ts:
+                self.dts.append(ts - prev_ts)
+            if len(self.dts) >= 4 or (prev_ts is not None and ts - prev_ts >= p["bucket_s"] / 10.0):
+                dt = median(self.dts) if self.dts else p["bucket_s"]
+                self.fs = min(p["bucket_s"] / 10.0, max(p["bucket_s"] / 60.0, 10.0 * dt))
+                self.fine = None if self.fine is None else int(prev_ts // self.fs)
+        f = int(ts // self.fine_s())
         if f == self.fine:
             if mib < self.fine_min:
                 self.fine_min = mib
@@ -311,6 +341,7 @@ class Series:
         out = [ys[0]]
         offset = 0.0
         ups = []
+        self.njumps = sum(jumps[-36:])
         for i, x in enumerate(d):
             if jumps[i]:
                 offset += x - trend
@@ -364,48 +395,111 @@ class Series:
         z = mann_kendall_z(ry)
         if z < p["z_min"]:
             return False, beta, z, "noisy"
-        if len(before[0]) >= max(6, len(xs) // 2):
-            bx, by = reduce_points(*before)
-            prev = theil_sen(bx, by)
-        else:
-            third = max(3, len(rx) // 3)
-            prev = theil_sen(rx[:third], ry[:third])
-            beta_last = theil_sen(rx[-third:], ry[-third:])
-            if prev > 0 and beta_last < p["decel_ratio"] * prev:
-                return False, beta, z, "decelerating/saturating"
-            prev = 0.0
-        if prev > 0 and beta < p["decel_ratio"] * prev:
+        if self.decelerating(before[0] + xs, before[1] + ys, beta):
             return False, beta, z, "decelerating/saturating"
+        prev = 0.0
+        if len(before[0]) >= max(6, len(xs) // 2):
+            prev = theil_sen(*reduce_points(*before))
         return True, beta, z, "accelerating" if prev > 0 and beta > 1.5 * prev else "steady"
+
+    def decelerating(self, xs, ys, beta):
+        """True when the growth keeps slowing: the rates of up to 6 chunks
+        (the window and the one before it) fall, and the last is under
+        decel_ratio of the fastest before it (a cache filling to a ceiling)."""
+        n = len(xs)
+        k = 6 if n >= 24 else 3
+        size = n // k
+        if size < 2:
+            return False
+        rates = []
+        for c in range(k):
+            a = n - (k - c) * size
+            cx, cy = reduce_points(xs[a:a + size], ys[a:a + size], 12)
+            rates.append(theil_sen(cx, cy))
+        top = max(rates[:-1])
+        if top <= 0 or rates[-1] >= self.p["decel_ratio"] * top:
+            return False
+        s = sum((b > a) - (b < a) for i, a in enumerate(rates) for b in rates[i + 1:])
+        return s <= -0.4 * k * (k - 1) / 2
+
+    def windows_verdict(self, xs, ys):
+        """(leaking, slope, z, trend, span_h) over the time windows."""
+        p = self.p
+        bh = p["bucket_s"] / 3600.0
+        leaking, slope, z, trend, span = False, 0.0, 0.0, "flat", 0.0
+        if not xs:
+            return leaking, slope, z, trend, span
+        end = xs[-1]
+        n = len(xs)
+        for w in p["windows"]:
+            lo = end - (w - 0.5) * bh
+            i = n
+            while i > 0 and xs[i - 1] > lo:
+                i -= 1
+            if n - i < max(6, 0.6 * w) or xs[0] > lo + bh:
+                break
+            j = i
+            while j > 0 and xs[j - 1] > lo - w * bh:
+                j -= 1
+            ok, beta, zz, tr = self.window_verdict(xs[i:], ys[i:], (xs[j:i], ys[j:i]))
+            if ok:
+                return True, beta, zz, tr, end - xs[i]
+            if beta > slope or span == 0:
+                slope, z, trend, span = beta, zz, tr, end - xs[i]
+        return leaking, slope, z, trend, span
+
+    def phase_split(self, ys):
+        """The level between two alternating phases (RL rollout/train), or
+        None: the largest gap between sorted floors, with both sides >= 25 %
+        of the points and the gap wide against each side's spread."""
+        n = len(ys)
+        if n < 12:
+            return None
+        s = sorted(ys)
+        lo_i = n // 4
+        best, at = 0.0, None
+        for i in range(lo_i, n - lo_i):
+            g = s[i] - s[i - 1]
+            if g > best:
+                best, at = g, i
+        if at is None or best < self.p["step_mib"]:
+            return None
+        low, high = s[:at], s[at:]
+        spread = max(low[int(0.9 * (len(low) - 1))] - low[int(0.1 * (len(low) - 1))],
+                     high[int(0.9 * (len(high) - 1))] - high[int(0.1 * (len(high) - 1))])
+        if best < 2 * spread:
+            return None
+        return (s[at - 1] + s[at]) / 2.0
 
     def evaluate(self):
         """The slow tier, once per bucket."""
         p = self.p
         seg = self.segment()
         xs = [b * p["bucket_s"] / 3600.0 for b, _ in seg]
-        ys, ups = self.level_shifts([float(v) for _, v in seg])
-        leaking, slope, z, trend, window = False, 0.0, 0.0, "flat", 0
+        raw = [float(v) for _, v in seg]
+        self.njumps = 0
+        ys, ups = self.level_shifts(raw)
+        leaking, slope, z, trend, span = False, 0.0, 0.0, "flat", 0.0
         rate = self.staircase(xs, ups) if ups else None
+        split = self.phase_split(raw[-36:]) if self.njumps >= 6 else None
         if rate is not None and rate >= p["threshold"]:
-            leaking, slope, z, trend, window = True, rate, 0.0, "steps", len(xs)
-            since_x = xs[ups[-min(len(ups), 6)][0]]
+            leaking, slope, trend = True, rate, "steps"
+            span = xs[-1] - xs[ups[-min(len(ups), 6)][0]]
+        elif split is not None:
+            # alternating phases: each phase against itself, the busier one decides
+            high = [(x, y) for x, y in zip(xs, raw) if y >= split]
+            low = [(x, y) for x, y in zip(xs, raw) if y < split]
+            recent = xs[-1] - 6.0
+            main = max((high, low), key=lambda ph: sum(1 for x, _ in ph if x > recent))
+            leaking, slope, z, trend, span = self.windows_verdict([x for x, _ in main], [y for _, y in main])
+            trend = trend if trend != "steady" else "steady (phase-aware)"
         else:
-            for w in p["windows"]:
-                if len(xs) < w:
-                    break
-                before = (xs[-2 * w:-w], ys[-2 * w:-w])
-                ok, beta, zz, tr = self.window_verdict(xs[-w:], ys[-w:], before)
-                if ok:
-                    leaking, slope, z, trend, window = True, beta, zz, tr, w
-                    break
-                if beta > slope or window == 0:
-                    slope, z, trend, window = beta, zz, tr, w
-            since_x = xs[-window] if leaking else None
+            leaking, slope, z, trend, span = self.windows_verdict(xs, ys)
         self.last["slope"] = slope
         self.last["trend"] = trend
-        self.last["window_s"] = window * p["bucket_s"]
+        self.last["window_s"] = span * 3600.0 + p["bucket_s"]
         if leaking:
-            self.last["since"] = since_x * 3600.0
+            self.last["since"] = (xs[-1] - span) * 3600.0
             self.last["z"] = z
         if self.firing:
             return self.maybe_resolve(leaking, seg)
@@ -423,7 +517,7 @@ class Series:
             self.fstreak = 0
             return None
         fs = self.fine_s()
-        cut_f = (self.cut or 0) * 10
+        cut_f = int((self.cut or 0) * p["bucket_s"] // fs)
         # cheap gate: the last few minutes' rate against the free memory
         a, b = fines[max(0, len(fines) - 5)], fines[-1]
         if a[0] < cut_f:
@@ -438,8 +532,9 @@ class Series:
             self.fstreak = 0
             return None
         self.fstreak += 1
-        if self.fstreak >= p["debounce"]:
-            beta, since, z = ok
+        beta, since, z = ok
+        # under an hour left there is no time for a second look
+        if self.fstreak >= p["debounce"] or free / beta < 1.0:
             self.last.update(slope=beta, trend="steady", since=since, z=z,
                              window_s=self.last["ts"] - since)
             return self.fire("fast")
