@@ -335,7 +335,13 @@ class Series:
         med = median(d)
         mad = median([abs(x - med) for x in d]) * 1.4826
         limit = max(p["step_mib"], p["step_noise"] * (mad + 10.0))
-        jumps = [abs(x - med) >= limit for x in d]
+        # a jump stands out from the diffs around it (a cache filling fast
+        # has large diffs everywhere: none of them is a jump)
+        m = len(d)
+        jumps = []
+        for i, x in enumerate(d):
+            around = d[max(0, i - 3):i] + d[i + 1:i + 4]
+            jumps.append(abs(x - (median(around) if around else med)) >= limit)
         small = [x for x, j in zip(d, jumps) if not j]
         trend = sum(small) / len(small) if small else 0.0
         out = [ys[0]]
@@ -344,9 +350,11 @@ class Series:
         self.njumps = sum(jumps[-36:])
         for i, x in enumerate(d):
             if jumps[i]:
-                offset += x - trend
+                near = [d[k] for k in range(max(0, i - 6), min(m, i + 7)) if not jumps[k]]
+                local = sum(near) / len(near) if len(near) >= 3 else trend
+                offset += x - local
                 if x > 0:
-                    ups.append((i + 1, x - trend))
+                    ups.append((i + 1, x - local))
             out.append(ys[i + 1] - offset)
         # persistent: the level stays up (the minimum of what follows, up to
         # 6 buckets, is above everything in the hour before by most of the
