@@ -63,6 +63,7 @@ DEFAULTS = {
     "max_jump_share": 0.4,      # one bucket's jump may carry at most this of the growth
     "min_rises": 4,             # a leak raises the floor in at least this many buckets
     "gap_cut_s": 6 * 3600.0,    # no sample for this long: a new segment
+    "gap_check_s": 300.0,       # after a shorter gap only a level change cuts
     "collapse": 0.5,            # floor under this share of the recent level ...
     "collapse_buckets": 6,      # ... for this many buckets: a restart
     "stair_min": 3,             # persistent steps of a step leak
@@ -168,7 +169,7 @@ def severity_for(oom_h, params):
 class Series:
     """One process (or process tree) incarnation: floors and alert state."""
 
-    FIELDS = ("fs", "dts", "pend", "prev_v", "fed_ts", "bucket", "fine", "fine_min", "fine_cur", "fines", "floors", "cut", "streak", "fstreak", "calm",
+    FIELDS = ("fs", "dts", "pend", "prev_v", "fed_ts", "prev_fed", "bucket", "fine", "fine_min", "fine_cur", "fines", "floors", "cut", "streak", "fstreak", "calm",
               "firing", "last", "alert")
 
     def __init__(self, params, key, pid):
@@ -180,6 +181,7 @@ class Series:
         self.pend = None            # the sample held back: [ts, mib]
         self.prev_v = None          # the last sample fed
         self.fed_ts = None
+        self.prev_fed = None
         self.bucket = None          # current bucket index
         self.fine = None            # current fine index
         self.fine_min = None
@@ -253,7 +255,14 @@ class Series:
             if mib < self.fine_min:
                 self.fine_min = mib
             return None
-        if prev_ts is not None and ts - prev_ts > p["gap_cut_s"]:
+        restarted = False
+        if prev_ts is not None and ts - prev_ts > p["gap_check_s"] and self.prev_fed is not None:
+            # a gap and a different level after it: the process restarted
+            # (a watcher that was away finds the level where it was)
+            grown = max(0.0, self.last.get("slope") or 0.0) * (ts - prev_ts) / 3600.0
+            restarted = abs(mib - self.prev_fed - grown) > max(p["step_mib"], 0.05 * self.prev_fed)
+        self.prev_fed = mib
+        if prev_ts is not None and (ts - prev_ts > p["gap_cut_s"] or restarted):
             self.close_fine()
             self.close_bucket()
             self.cut = int(ts // p["bucket_s"])
@@ -377,9 +386,13 @@ class Series:
         times = [xs[i] for i, _ in steps]
         gaps = [b - a for a, b in zip(times, times[1:])]
         ms, mg = median(sizes), median(gaps)
-        if mg <= 0 or min(sizes) < 0.5 * ms or max(sizes) > 1.5 * ms:
+        # a leak's blocks are all alike and come at a steady pace; new
+        # record lengths (a healthy staircase) come ever more rarely
+        if mg <= 0 or min(sizes) < 0.75 * ms or max(sizes) > 1.25 * ms:
             return None
-        if min(gaps) < 0.5 * mg or max(gaps) > 1.5 * mg:
+        if min(gaps) < 0.65 * mg or max(gaps) > 1.35 * mg:
+            return None
+        if len(gaps) >= 2 and all(b > a for a, b in zip(gaps, gaps[1:])) and gaps[-1] > 1.2 * gaps[0]:
             return None
         if xs[-1] - times[-1] > 1.5 * mg:
             return None                 # the steps stopped coming
@@ -574,7 +587,18 @@ class Series:
         b2 = theil_sen(rx[half:], ry[half:])
         if b1 <= 0 or b2 < 0.7 * b1:
             return None                 # decelerating: a warm-up
-        share = p["fast_linear_share"] if b2 >= 0.9 * b1 else 1.0
+        # strictly linear growth, seen in enough fine floors, needs less of
+        # the time left as evidence; anything else as much as is left
+        share = 1.0
+        if b2 >= 0.9 * b1 and len(pts) >= 20:
+            d = [bb - aa for aa, bb in zip(ys, ys[1:])]
+            total_growth = ys[-1] - ys[0]
+            k = len(rx) // 3
+            r1, r2, r3 = theil_sen(rx[:k], ry[:k]), theil_sen(rx[k:-k], ry[k:-k]), theil_sen(rx[-k:], ry[-k:])
+            if total_growth > 0 and sum(1 for x in d if x > 0) >= 0.8 * len(d) \
+                    and max(d) <= 0.25 * total_growth and r1 > 0 \
+                    and min(r2, r3) >= 0.85 * r1 and max(r2, r3) <= 1.5 * r1:
+                share = p["fast_linear_share"]
         need_h = max(p["fast_min_s"] / 3600.0, share * left_h)
         span_h = -xs[0]
         if span_h < need_h:
