@@ -28,8 +28,9 @@ PROTOCOL (bash -> Python, one line per series, fields separated by tabs):
       environment, '' when unreadable)
   FREE/TOTAL '' or '-' when unknown. Python -> bash:
   event STATE ROOT_PID JSON
-  status ROOT_PID SLOPE FIRING USED SEVERITY OOM_H NAME
-      SEVERITY none|info|warning|critical; OOM_H '' when unknown.
+  status ROOT_PID SLOPE FIRING USED SEVERITY OOM_S NAME
+      SEVERITY none|info|warning|critical; OOM_S: seconds to OOM at the
+      trend, '' when not growing or unknown.
 
 The method (module gpuguard_leakstat, docs/LEAK.md): robust floors that
 ignore empty_cache dips, level shifts subtracted (one-time jumps, eval and
@@ -118,8 +119,8 @@ def read_csv_rows(path):
             if not (math.isfinite(ts) and math.isfinite(mib)) or mib < 0:
                 raise ValueError
         except (TypeError, ValueError):
-            raise ValueError("%s:%d: expected %d comma-separated numbers, got %r"
-                             % (path, n, len(header), ",".join(row)))
+            raise ValueError("%s:%d: not a number in %r (expected %d comma-separated numbers)"
+                             % (path, n, ",".join(row), len(header)))
         if last_ts is not None and ts < last_ts - 1:
             raise ValueError("%s:%d: timestamp %s goes back in time" % (path, n, row[it]))
         last_ts = ts
@@ -330,7 +331,7 @@ def check(env, stdin, stdout):
                     best = v
         slope, firing, sev, oom = best
         stdout.write("status\t%d\t%.1f\t%d\t%d\t%s\t%s\t%s\n" % (
-            pid, slope, firing, used, sev, "" if oom is None else oom, name))
+            pid, slope, firing, used, sev, "" if oom is None else int(oom * 3600), name))
     for key in list(series):
         if key not in seen:
             s = series.pop(key)

@@ -440,8 +440,11 @@ class Series:
         top = max(rates[:-1])
         if top <= 0 or rates[-1] >= self.p["decel_ratio"] * top:
             return False
-        s = sum((b > a) - (b < a) for i, a in enumerate(rates) for b in rates[i + 1:])
-        return s <= -0.4 * k * (k - 1) / 2
+        # from the fastest chunk on, the rate keeps falling (flat hours
+        # before a growth's onset do not count either way)
+        after = rates[rates.index(top):]
+        slack = 0.1 * top
+        return all(b <= a + slack for a, b in zip(after, after[1:]))
 
     def windows_verdict(self, xs, ys):
         """(leaking, slope, z, trend, span_h) over the time windows."""
@@ -562,6 +565,12 @@ class Series:
         return None
 
     def fast_verdict(self, free, cut_f):
+        """(slope, since_ts, z) when the fine floors show growth that will
+        fill the GPU within fast_oom_h and has been seen for long enough:
+        as long as the time it leaves (a third of it when the rise is
+        smooth and linear). The evidence is the last stretch of that length:
+        a warm-up, which decelerates, never passes (its time left is at
+        least its time constant, over which its rate falls by half)."""
         p = self.p
         fs = self.fine_s()
         pts = [(f, v) for f, v in self.fines if f >= cut_f]
@@ -572,49 +581,48 @@ class Series:
         if len(pts) < 5:
             return None
         end = pts[-1][0]
-        # the longest stretch, back from now, that is still rising
         xs = [(f - end) * fs / 3600.0 for f, _ in pts]
         ys = [float(v) for _, v in pts]
-        rx, ry = reduce_points(xs, ys, 24)
-        beta = theil_sen(rx, ry)
-        if beta <= 0:
-            return None
-        left_h = free / beta
-        if left_h > p["fast_oom_h"]:
-            return None
-        half = len(rx) // 2
-        b1 = theil_sen(rx[:half + 1], ry[:half + 1])
-        b2 = theil_sen(rx[half:], ry[half:])
-        if b1 <= 0 or b2 < 0.7 * b1:
-            return None                 # decelerating: a warm-up
-        # strictly linear growth, seen in enough fine floors, needs less of
-        # the time left as evidence; anything else as much as is left
-        share = 1.0
-        if b2 >= 0.9 * b1 and len(pts) >= 20:
-            d = [bb - aa for aa, bb in zip(ys, ys[1:])]
-            total_growth = ys[-1] - ys[0]
-            k = len(rx) // 3
-            r1, r2, r3 = theil_sen(rx[:k], ry[:k]), theil_sen(rx[k:-k], ry[k:-k]), theil_sen(rx[-k:], ry[-k:])
-            if total_growth > 0 and sum(1 for x in d if x > 0) >= 0.8 * len(d) \
-                    and max(d) <= 0.25 * total_growth and r1 > 0 \
-                    and min(r2, r3) >= 0.85 * r1 and max(r2, r3) <= 1.5 * r1:
-                share = p["fast_linear_share"]
-        need_h = max(p["fast_min_s"] / 3600.0, share * left_h)
         span_h = -xs[0]
-        if span_h < need_h:
+        beta = theil_sen(*reduce_points(xs, ys, 24))
+        if beta <= 0 or free / beta > p["fast_oom_h"]:
             return None
-        # use only the evidence needed
-        w = [i for i, x in enumerate(xs) if x >= -max(need_h, 5 * fs / 3600.0)]
-        wx, wy = [xs[i] for i in w], [ys[i] for i in w]
-        if len(wx) < 5:
-            wx, wy = xs[-5:], ys[-5:]
-        growth = wy[-1] - wy[0]
-        steps = [bb - aa for aa, bb in zip(wy, wy[1:])]
-        if growth < p["min_growth"] or max(steps) > p["max_jump_share"] * growth \
-                or sum(1 for s in steps if s > 0) < 0.6 * len(steps):
-            return None
-        z = mann_kendall_z(reduce_points(wx, wy, 24)[1])
-        return beta, self.last["ts"] + wx[0] * 3600.0, z
+        for share in (p["fast_linear_share"], 1.0):
+            need = max(p["fast_min_s"] / 3600.0, share * free / beta)
+            if span_h < need:
+                continue
+            i = 0
+            while xs[i] < -need - 1e-9:
+                i += 1
+            wx, wy = xs[i:], ys[i:]
+            if len(wx) < 5:
+                wx, wy = xs[-5:], ys[-5:]
+            rx, ry = reduce_points(wx, wy, 24)
+            wbeta = theil_sen(rx, ry)
+            if wbeta <= 0 or free / wbeta > p["fast_oom_h"] or need < 0.9 * share * free / wbeta:
+                continue
+            growth = wy[-1] - wy[0]
+            d = [bb - aa for aa, bb in zip(wy, wy[1:])]
+            if growth < p["min_growth"] or max(d) > p["max_jump_share"] * growth \
+                    or sum(1 for x in d if x > 0) < 0.6 * len(d):
+                continue
+            if share < 1.0:
+                # smooth and linear: rising in most fine floors, no jump over
+                # a quarter, the rate of each third within -15/+50 % of the first
+                k = len(rx) // 3
+                if len(wx) < 20 or k < 2 or sum(1 for x in d if x > 0) < 0.8 * len(d) or max(d) > 0.25 * growth:
+                    continue
+                r1, r2, r3 = theil_sen(rx[:k], ry[:k]), theil_sen(rx[k:-k], ry[k:-k]), theil_sen(rx[-k:], ry[-k:])
+                if r1 <= 0 or min(r2, r3) < 0.85 * r1 or max(r2, r3) > 1.5 * r1:
+                    continue
+            else:
+                half = len(rx) // 2
+                b1 = theil_sen(rx[:half + 1], ry[:half + 1])
+                b2 = theil_sen(rx[half:], ry[half:])
+                if b1 <= 0 or b2 < 0.8 * b1:
+                    continue                # decelerating: a warm-up
+            return wbeta, self.last["ts"] + wx[0] * 3600.0, mann_kendall_z(ry)
+        return None
 
     def maybe_resolve(self, leaking, seg):
         p = self.p
