@@ -407,13 +407,19 @@ def history_append(state_dir, key, ts, pid, used, free, total, max_rows, rows=No
     folder = os.path.join(state_dir, "history")
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, re.sub(r"[^0-9A-Za-z_.-]", "_", key) + ".csv")
-    new = not os.path.exists(path)
+    try:
+        size = os.stat(path).st_size
+        new = False
+    except FileNotFoundError:
+        new, size = True, 0
     if new:
         rows = 0
     elif rows is None:
         with open(path, "rb") as f:
             rows = sum(1 for _ in f) - 1
-    if not new and rows >= max_rows:
+    # the size catches a file that grew behind the count's back (a row is
+    # under 64 bytes)
+    if not new and (rows >= max_rows or size > 64 * (max_rows + 1)):
         os.replace(path, path + ".1")
         new, rows = True, 0
     gpu_used = (total - free) if total is not None and free is not None else None
