@@ -281,6 +281,9 @@ def check(env, stdin, stdout):
         free = num(free)
         seen.add(key)
         m = meta.setdefault(key, {})
+        m["pid"] = pid
+        if rank is not None:
+            m["rank"] = rank
         m["rows"] = history_append(state_dir, key, ts, pid, used, free, num(total), max_rows, m.get("rows"))
         settings = rule_for(rules, cmdline, {}) if root_key is None else trees[root_key][2]
         if root_key is None:
@@ -317,35 +320,57 @@ def check(env, stdin, stdout):
             else:
                 member_events.setdefault(root_key, []).append(ev)
     for key, (pid, name, settings, used, _cpu, _rss) in trees.items():
-        for ev in member_events.get(key, []):
-            # the command line stays out of events: it may hold tokens
-            stdout.write("event\t%s\t%d\t%s\n" % (ev["state"], pid, json.dumps(ev)))
         if settings == "ignore":
             continue
-        # the tree's verdict: its own, or its worst member's
-        best = None
-        for k, s in series.items():
-            if k == key or k.startswith(key + "/"):
-                v = s.verdict()
-                if best is None or (v[1], v[0]) > (best[1], best[0]):
-                    best = v
-        slope, firing, sev, oom = best
+        parts = [s for k, s in series.items() if k == key or k.startswith(key + "/")]
+        m = meta[key]
+        alerting = any(s.firing for s in parts)
+        evs = member_events.get(key, [])
+        if alerting and not m.get("alerting"):
+            # one alert per tree: a rank's when one fires (it names the
+            # rank), else the tree's with its fastest-growing rank named
+            fired = [e for e in evs if e["state"] == "firing"] or \
+                [s.event("firing") for s in parts if s.firing]
+            ev = max(fired, key=lambda e: ("leaking_pid" in e, e["slope_mib_per_hour"]))
+            ev.setdefault("host", host)
+            ev.setdefault("name", name)
+            members = [s for s in parts if s.key != key]
+            if "leaking_pid" not in ev and members:
+                top = max(members, key=lambda s: s.last.get("slope") or 0.0)
+                ev.update({"leaking_pid": top.pid, "rank": meta.get(top.key, {}).get("rank")})
+            emit_event(stdout, pid, ev)
+        elif m.get("alerting") and not alerting:
+            resolved = [e for e in evs if e["state"] == "resolved"]
+            ev = resolved[0] if resolved else series[key].event("resolved")
+            ev.setdefault("host", host)
+            emit_event(stdout, pid, ev)
+        m["alerting"] = alerting
+        # the tree's verdict: the worst of its own and its ranks'
+        slope, firing, sev, oom = max((s.verdict() for s in parts), key=lambda v: (v[1], v[0]))
         stdout.write("status\t%d\t%.1f\t%d\t%d\t%s\t%s\t%s\n" % (
             pid, slope, firing, used, sev, "" if oom is None else int(oom * 3600), name))
-    for key in list(series):
-        if key not in seen:
-            s = series.pop(key)
-            meta.pop(key, None)
-            if s.firing:
-                ev = s.event("resolved")
-                ev.update({"host": host, "reason": "gone"})
-                stdout.write("event\tresolved\t%d\t%s\n" % (s.pid, json.dumps(ev)))
     for key in list(meta):
         if key not in seen:
-            meta.pop(key)
+            m = meta.pop(key)
+            if m.get("alerting"):
+                if key in series:
+                    ev = series[key].event("resolved")
+                else:
+                    ev = {"ts": int(time.time()), "event": "gpu_memory_leak", "state": "resolved",
+                          "pid": m.get("pid")}
+                ev.update({"host": host, "reason": "gone"})
+                emit_event(stdout, m.get("pid") or 0, ev)
+    for key in list(series):
+        if key not in seen:
+            series.pop(key)
     write_atomic(state_path(state_dir, instance),
                  json.dumps({"series": {k: s.to_json() for k, s in series.items()}, "meta": meta},
                             separators=(",", ":")))
+
+
+def emit_event(stdout, pid, ev):
+    # the command line stays out of events: it may hold tokens
+    stdout.write("event\t%s\t%d\t%s\n" % (ev["state"], pid, json.dumps(ev)))
 
 
 def state_path(state_dir, instance=""):
