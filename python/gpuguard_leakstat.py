@@ -239,6 +239,59 @@ class Series:
         self.prev_v = pv
         return self.feed(pts, pv)
 
+    def add_many(self, tss, vals, frees=None):
+        """add() over columns (a replay): the same result, with the common
+        case (a sample inside the current fine floor) kept in local
+        variables. Returns the events."""
+        events = []
+        last = self.last
+        n = len(tss)
+        i = 0
+        while i < n and (self.fs is None or self.pend is None or self.fine is None):
+            ev = self.add(tss[i], vals[i], frees[i] if frees is not None else None)
+            if ev:
+                events.append(ev)
+            i += 1
+        if i >= n:
+            return events
+        fs = self.fs
+        pts, pv = self.pend
+        prev = self.prev_v
+        fine, fmin = self.fine, self.fine_min
+        fed_ts, prev_fed = self.fed_ts, self.prev_fed
+        while i < n:
+            ts, mib = tss[i], vals[i]
+            # the held-back sample (pts, pv) is decided now
+            if prev is not None and pv < 0.85 * prev and pv < 0.85 * mib:
+                pts, pv = ts, mib
+                i += 1
+                continue
+            if int(pts // fs) == fine:
+                if pv < fmin:
+                    fmin = pv
+                fed_ts = pts
+                prev = prev_fed = pv
+                pts, pv = ts, mib
+                i += 1
+                continue
+            # a new fine floor: the full path
+            self.fine_min, self.fed_ts, self.prev_fed = fmin, fed_ts, prev_fed
+            self.prev_v = pv
+            last["ts"], last["used"], last["free"] = ts, mib, frees[i] if frees is not None else None
+            ev = self.feed(pts, pv)
+            if ev:
+                events.append(ev)
+            fs, fine, fmin = self.fs, self.fine, self.fine_min
+            fed_ts, prev_fed = self.fed_ts, self.prev_fed
+            prev = pv
+            pts, pv = ts, mib
+            i += 1
+        self.pend = [pts, pv]
+        self.prev_v = prev
+        self.fine, self.fine_min, self.fed_ts, self.prev_fed = fine, fmin, fed_ts, prev_fed
+        last["ts"], last["used"], last["free"] = tss[-1], vals[-1], frees[-1] if frees is not None else None
+        return events
+
     def feed(self, ts, mib):
         p = self.p
         prev_ts = self.fed_ts
@@ -254,6 +307,7 @@ class Series:
         if f == self.fine:
             if mib < self.fine_min:
                 self.fine_min = mib
+            self.prev_fed = mib
             return None
         restarted = False
         if prev_ts is not None and ts - prev_ts > p["gap_check_s"] and self.prev_fed is not None:
@@ -297,7 +351,7 @@ class Series:
         floor = min(drop_dips(self.fine_cur))
         self.fine_cur = []
         self.floors.append([self.bucket, floor])
-        keep = max(self.p["windows"]) * 2 + self.p["skip_buckets"] + 8
+        keep = max(self.p["windows"]) + 24 + self.p["skip_buckets"]
         if len(self.floors) > keep:
             del self.floors[:len(self.floors) - keep]
         return self.evaluate()
@@ -317,9 +371,10 @@ class Series:
         else:
             return []
         # a collapse under half the recent level that stays: a restart
+        # (earlier positions were checked by earlier evaluations)
         k = p["collapse_buckets"]
-        j = start + 1
         n = len(fl)
+        j = max(start + 1, n - k - 2)
         while j + k <= n:
             ref = median([v for _, v in fl[max(start, j - 6):j]])
             if fl[j][1] < p["collapse"] * ref and all(fl[i][1] < p["collapse"] * ref for i in range(j, j + k)):
@@ -349,8 +404,12 @@ class Series:
         m = len(d)
         jumps = []
         for i, x in enumerate(d):
-            around = d[max(0, i - 3):i] + d[i + 1:i + 4]
-            jumps.append(abs(x - (median(around) if around else med)) >= limit)
+            if -limit < x - med < limit and abs(x) < limit:
+                jumps.append(False)         # small: no jump whatever surrounds it
+                continue
+            around = sorted(d[max(0, i - 3):i] + d[i + 1:i + 4])
+            local = around[len(around) // 2] if around else med
+            jumps.append(abs(x - local) >= limit)
         small = [x for x, j in zip(d, jumps) if not j]
         trend = sum(small) / len(small) if small else 0.0
         out = [ys[0]]
@@ -502,11 +561,16 @@ class Series:
         xs = [b * p["bucket_s"] / 3600.0 for b, _ in seg]
         raw = [float(v) for _, v in seg]
         self.njumps = 0
-        ys, ups = self.level_shifts(raw)
         leaking, slope, z, trend, span = False, 0.0, 0.0, "flat", 0.0
-        rate = self.staircase(xs, ups) if ups else None
-        split = self.phase_split(raw[-36:]) if self.njumps >= 6 else None
-        if rate is not None and rate >= p["threshold"]:
+        if not raw or max(raw) - min(raw) < p["min_growth"]:
+            ys, ups, rate, split = raw, [], None, None      # flat: nothing to test
+        else:
+            ys, ups = self.level_shifts(raw)
+            rate = self.staircase(xs, ups) if ups else None
+            split = self.phase_split(raw[-36:]) if self.njumps >= 6 else None
+        if not raw or max(raw) - min(raw) < p["min_growth"]:
+            pass
+        elif rate is not None and rate >= p["threshold"]:
             leaking, slope, trend = True, rate, "steps"
             span = xs[-1] - xs[ups[-min(len(ups), 6)][0]]
         elif split is not None:
