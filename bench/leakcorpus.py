@@ -322,7 +322,8 @@ def score(path, seeds, kinds, procs=2):
 
 def table(results, title):
     lines = ["### %s" % title, "",
-             "| kind | traces | leaks caught | healthy flagged | alerts before start / wrong PID | median delay h | min lead before OOM min |",
+             "| kind | traces | leaks caught | healthy flagged | alerts before start / wrong PID "
+             "| median delay h | min lead before OOM min |",
              "|---|---|---|---|---|---|---|"]
     kinds = []
     for r in results:

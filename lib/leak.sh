@@ -178,7 +178,7 @@ leak_rank_into() {
 # shellcheck disable=SC2034 # LEAK_STATUS is read by textfile_write_leak
 leak_run_detector() {
   local out kind state pid rest
-  out=$(printf '%s' "$1" | LEAK_INSTANCE=${LEAK_INSTANCE:-} python3 -S "$GPUGUARD_ROOT/python/gpuguard_leak.py" check) || {
+  out=$(printf '%s' "$1" | LEAK_INSTANCE=${LEAK_INSTANCE:-} python3 -S "$GPUGUARD_ROOT/python/gpuguard_leakcheck.py" check) || {
     gg_log error "leak detector failed (exit $?)"
     return 0
   }

@@ -39,21 +39,32 @@ RL phases), step leaks, a deceleration test (cache fills), a slow tier on
 process of a multi-process tree is analysed on its own as well, and an alert
 names the leaking rank.
 """
-import csv
 import gc
-import html
-import io
 import json
 import math
 import os
 import re
 import sys
-import tempfile
 import time
 
 from gpuguard_leakstat import DEFAULTS, Series, mann_kendall_z, median, theil_sen  # noqa: F401
 
 HISTORY_HEADER = "timestamp,pid,used_memory_mib,gpu_used_mib,gpu_total_mib"
+
+
+class _Lazy:
+    """A module imported on first use: a live cycle (a process per minute)
+    does not pay for what only the report and the replay need."""
+
+    def __init__(self, name):
+        self._name = name
+
+    def __getattr__(self, attr):
+        import importlib
+        return getattr(importlib.import_module(self._name), attr)
+
+
+html = _Lazy("html")
 
 
 def params_from(args_or_env):
@@ -102,6 +113,7 @@ def read_csv_columns(path, gpu_total=None):
     """{pid: (timestamps, used_mib, free_mib)} of a replay CSV (free from
     the file's gpu_used_mib/gpu_total_mib, else from gpu_total, else None);
     ValueError naming the line on bad input."""
+    import csv      # replay only: a live cycle does not pay for it
     with open(path, newline="", encoding="utf-8-sig") as f:
         text = f.read()
     lines = text.splitlines()
@@ -329,6 +341,7 @@ def check(env, stdin, stdout):
     trees = {}            # root key -> [pid, name, settings, used, cpu, rss]
     member_events = {}    # root key -> [event]
     lines = [line.rstrip("\n").split("\t") for line in stdin]
+    os.makedirs(os.path.join(state_dir, "history"), exist_ok=True)
     # trees first: members take their settings from the tree's cmdline
     for parts in sorted(lines, key=lambda p: p[0] != "T"):
         if parts[0] == "T" and len(parts) >= 11:
@@ -389,10 +402,15 @@ def check(env, stdin, stdout):
                 member_events.setdefault(key, []).append(ev)
             else:
                 member_events.setdefault(root_key, []).append(ev)
+    by_tree = {}
+    for k, s in series.items():
+        by_tree.setdefault(k.split("/", 1)[0], []).append(s)
     for key, (pid, name, settings, used, _cpu, _rss) in trees.items():
         if settings == "ignore":
             continue
-        parts = [s for k, s in series.items() if k == key or k.startswith(key + "/")]
+        parts = by_tree.get(key, [])
+        if not parts:
+            continue
         m = meta[key]
         alerting = any(s.firing for s in parts)
         evs = member_events.get(key, [])
@@ -480,9 +498,16 @@ def all_states(state_dir):
 
 
 def write_atomic(path, text):
-    """Writes through a private temporary file in the same folder and a
-    rename: readers never see half, and no fixed temporary name is used."""
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", dir=os.path.dirname(path) or ".")
+    """Writes through a new, uniquely named temporary file in the same folder
+    (O_EXCL, never a symlink) and a rename: readers never see half."""
+    folder = os.path.dirname(path) or "."
+    while True:
+        tmp = os.path.join(folder, ".%s.%s" % (os.path.basename(path), os.urandom(6).hex()))
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+            break
+        except FileExistsError:
+            continue
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
@@ -496,34 +521,33 @@ def write_atomic(path, text):
 
 
 def history_append(state_dir, key, ts, pid, used, free, total, max_rows, rows=None):
-    """Appends to history/<key>.csv; past max_rows it is rotated to .1.
-    `rows` is the count kept in the state (the file is counted only when it
-    is unknown); returns the new count."""
-    folder = os.path.join(state_dir, "history")
-    os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, re.sub(r"[^0-9A-Za-z_.-]", "_", key) + ".csv")
-    try:
-        size = os.stat(path).st_size
-        new = False
-    except FileNotFoundError:
-        new, size = True, 0
-    if new:
-        rows = 0
-    elif rows is None:
-        with open(path, "rb") as f:
-            rows = sum(1 for _ in f) - 1
-    # the size catches a file that grew behind the count's back (a row is
-    # under 64 bytes)
-    if not new and (rows >= max_rows or size > 64 * (max_rows + 1)):
-        os.replace(path, path + ".1")
-        new, rows = True, 0
+    """Appends to history/<key>.csv; past max_rows rows (or 64 bytes a row:
+    a file that grew behind the count's back) it is rotated to .1. `rows`
+    is the count kept in the state (the file is counted only when it is
+    unknown); returns the new count. One open and one write: a cycle never
+    re-reads the history."""
+    path = os.path.join(state_dir, "history", re.sub(r"[^0-9A-Za-z_.-]", "_", key) + ".csv")
     gpu_used = (total - free) if total is not None and free is not None else None
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
-    with os.fdopen(fd, "a", encoding="utf-8") as f:
-        if new:
-            f.write(HISTORY_HEADER + "\n")
-        f.write("%d,%d,%d,%s,%s\n" % (ts, pid, used, "" if gpu_used is None else gpu_used,
-                                      "" if total is None else total))
+    row = "%d,%d,%d,%s,%s\n" % (ts, pid, used, "" if gpu_used is None else gpu_used, "" if total is None else total)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        fd = None
+    if fd is not None:
+        if rows is None:
+            with open(path, "rb") as f:
+                rows = sum(1 for _ in f) - 1
+        if rows >= max_rows or os.fstat(fd).st_size > 64 * (max_rows + 1):
+            os.close(fd)
+            os.replace(path, path + ".1")
+            fd = None
+    if fd is None:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        row, rows = HISTORY_HEADER + "\n" + row, 0
+    try:
+        os.write(fd, row.encode())
+    finally:
+        os.close(fd)
     return rows + 1
 
 
@@ -551,6 +575,7 @@ def read_history(folder):
     """{key: [(timestamp, used_mib), ...]} for every history file; each row
     also carries .pid, .gpu_used_mib, .gpu_total_mib and .gpu_free_mib
     (None when the file predates them)."""
+    import csv
     out = {}
     for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
         if not name.endswith(".csv"):

@@ -76,7 +76,8 @@ def test_alert_payload_says_rate_since_projection_confidence_and_severity():
     first = firing(trace)[0]
     assert first["slope_mib_per_hour"] == pytest.approx(trace["rate"], rel=0.5)
     assert trace["t0"] - 3 * 3600 <= first["since_ts"] <= first["ts"]
-    assert first["projected_oom_hours"] == pytest.approx(first["free_memory_mib"] / first["slope_mib_per_hour"], rel=0.01)
+    assert first["projected_oom_hours"] == pytest.approx(first["free_memory_mib"] / first["slope_mib_per_hour"],
+                                                         rel=0.01)
     assert 0.5 <= first["confidence"] <= 0.99
     assert first["trend"] in ("steady", "accelerating")
     # 100+ GB free at a few hundred MiB/h: days away, a trend note
