@@ -549,6 +549,8 @@ class Series:
             cx, cy = reduce_points(xs[a:a + size], ys[a:a + size], 12)
             rates.append(theil_sen(cx, cy))
         top = max(rates[:-1])
+        if rates[0] > 0 and rates[-1] < 0.8 * rates[0] and all(b < 0.95 * a for a, b in zip(rates, rates[1:])):
+            return True                 # every chunk slower than the one before
         if top <= 0 or rates[-1] >= self.p["decel_ratio"] * top:
             return False
         # from the fastest chunk on, the rate keeps falling (flat hours
