@@ -63,7 +63,7 @@ DEFAULTS = {
     "max_jump_share": 0.4,      # one bucket's jump may carry at most this of the growth
     "min_rises": 4,             # a leak raises the floor in at least this many buckets
     "gap_cut_s": 6 * 3600.0,    # no sample for this long: a new segment
-    "gap_check_s": 300.0,       # after a shorter gap only a level change cuts
+    "gap_check_s": 90.0,        # after a shorter gap only a level change cuts
     "collapse": 0.5,            # floor under this share of the recent level ...
     "collapse_buckets": 6,      # ... for this many buckets: a restart
     "stair_min": 3,             # persistent steps of a step leak
@@ -366,7 +366,7 @@ class Series:
             # a gap and a different level after it: the process restarted
             # (a watcher that was away finds the level where it was)
             grown = max(0.0, self.last.get("slope") or 0.0) * (ts - prev_ts) / 3600.0
-            restarted = abs(mib - self.prev_fed - grown) > max(p["step_mib"], 0.05 * self.prev_fed)
+            restarted = abs(mib - self.prev_fed - grown) > max(p["step_mib"], 0.02 * self.prev_fed)
         self.prev_fed = mib
         if prev_ts is not None and (ts - prev_ts > p["gap_cut_s"] or restarted):
             self.close_fine()
