@@ -102,7 +102,7 @@ textfile_write_leak() {
     slope+="$lbl $s"$'\n'
     firing+="$lbl $f"$'\n'
     sevs+="$lbl ${sev_level[${sev:-none}]:-0}"$'\n'
-    [[ -n $oom ]] && ooms+="$lbl $oom"$'\n'
+    [[ $oom =~ ^[0-9]+$ ]] && ooms+="$lbl $oom"$'\n'
   done
   local out=''
   textfile_family out gpuguard_process_tree_gpu_memory_bytes gauge \

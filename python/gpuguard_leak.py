@@ -30,7 +30,8 @@ PROTOCOL (bash -> Python, one line per series, fields separated by tabs):
   event STATE ROOT_PID JSON
   status ROOT_PID SLOPE FIRING USED SEVERITY OOM_S NAME
       SEVERITY none|info|warning|critical; OOM_S: seconds to OOM at the
-      trend, '' when not growing or unknown.
+      trend, '-' when not growing or unknown (bash's read merges empty
+      tab-separated fields, so no field Python prints is empty).
 
 The method (module gpuguard_leakstat, docs/LEAK.md): robust floors that
 ignore empty_cache dips, level shifts subtracted (one-time jumps, eval and
@@ -373,7 +374,7 @@ def check(env, stdin, stdout):
             trees[key] = [pid, name, settings, used, cpu, rss]
         if settings == "ignore":
             if root_key is None:
-                stdout.write("status\t%d\t0\t0\t%d\tnone\t\t%s\n" % (pid, used, name))
+                stdout.write("status\t%d\t0\t0\t%d\tnone\t-\t%s\n" % (pid, used, name))
             continue
         s = series.get(key)
         if s is None:
@@ -436,7 +437,7 @@ def check(env, stdin, stdout):
         # the tree's verdict: the worst of its own and its ranks'
         slope, firing, sev, oom = max((s.verdict() for s in parts), key=lambda v: (v[1], v[0]))
         stdout.write("status\t%d\t%.1f\t%d\t%d\t%s\t%s\t%s\n" % (
-            pid, slope, firing, used, sev, "" if oom is None else int(oom * 3600), name))
+            pid, slope, firing, used, sev, "-" if oom is None else int(oom * 3600), name))
     for key in list(meta):
         if key not in seen:
             m = meta.pop(key)
