@@ -4,16 +4,25 @@ allocator blocks, noise, warm-ups, plateaus, steps, checkpoint sawtooth,
 spikes, restarts, shrinking; leaks at 10/60/100/200/500 MB/h and staircase
 leaks), scored for recall, false alerts per 24 h of clean traces, detection
 delay and lead time before OOM, gpuguard's detector beside the source
-article's rule (last 3 samples, growth > 50 MB/h). Prints Markdown."""
+article's rule (last 3 samples, growth > 50 MB/h); the labelled corpus of
+issue 12's ten phenomena (bench/leakcorpus.py); the cost of a live cycle and
+of replays. Prints Markdown.
+
+  python3 bench/leak.py [--quick]   the make-bench set (about 2 minutes)
+  python3 bench/leak.py --full      60 seeds per tidy kind, held-out seeds
+  python3 bench/leak.py --full --before OLD/gpuguard_leak.py   a before row"""
+import argparse
 import math
-import zlib
 import os
 import random
+import subprocess
 import sys
+import zlib
 from multiprocessing import Pool
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "python"))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
 import gpuguard_leak as leak  # noqa: E402
 
 DT = 60.0                 # seconds between samples (the watcher's default)
@@ -175,13 +184,114 @@ def pct(values, p):
     return s[min(len(s) - 1, int(round(p * (len(s) - 1))))]
 
 
-def main():
-    seeds = int(os.environ.get("BENCH_LEAK_SEEDS", "20"))
+# ------------------------------------------------------------------ cost --
+
+def leak_cycle_cost(n_procs, cycles, work):
+    """CPU ms per leak_cycle (bash + the Python detector + state + history),
+    watching n_procs GPU processes that grow slowly, beyond the nvidia-smi
+    calls (the bench double's own cost is subtracted)."""
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import idle as idlebench
+    fields = subprocess.run(["bash", "-c", 'source lib/common.sh; source lib/smi.sh; '
+                             'echo "$SMI_GPU_FIELDS"; echo "$SMI_APP_FIELDS"'], cwd=ROOT,
+                            capture_output=True, text=True).stdout.split()
+    args = [["--query-gpu=%s" % fields[0], "--format=csv,noheader,nounits"],
+            ["--query-compute-apps=%s" % fields[1], "--format=csv,noheader,nounits"]]
+    steps = 20
+    gpus = [{"index": i, "uuid": "GPU-%08x-3a23-ca8c-52da-f8eedc850d97" % (0x21b026da + i),
+             "name": "NVIDIA H200", "pci.bus_id": "00000000:%02X:00.0" % (i + 6),
+             "memory.total": 143771, "power.limit": 700.0} for i in range(8)]
+    scen = {"gpus": gpus, "steps": []}
+    for st in range(steps):
+        apps = [{"pid": 500000 + p, "process_name": "/opt/venv/bin/python3",
+                 "used_memory": 6000 + 20 * ((st + p) // 3), "gpu": p % 8} for p in range(n_procs)]
+        scen["steps"].append({"gpus": [{"utilization.gpu": 90, "memory.used": 8 * 6000 + 500,
+                                        "power.draw": 500.0} for _ in range(8)], "apps": apps})
+    smidir = os.path.join(work, "smi-leak-%d" % n_procs)
+    idlebench.render(scen, steps, args, smidir)
+    env = idlebench.bench_env(smidir, steps, os.path.join(work, "state-leak-%d" % n_procs))
+    # as installed: the detector's bytecode cached (python3 -m compileall)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    subprocess.run([sys.executable, "-m", "compileall", "-q", os.path.join(ROOT, "python")], env=env, check=True)
+    idlebench.run_cpu(["bash", os.path.join(ROOT, "bench", "leak_bench.sh"), "3"], env)     # warm the state
+    cpu, _ = idlebench.run_cpu(["bash", os.path.join(ROOT, "bench", "leak_bench.sh"), str(cycles)], env)
+    per_call = idlebench.double_cost(smidir, args[0], env, calls=50)
+    return 1000 * (cpu - 2 * per_call * cycles) / cycles, 1000 * cpu / cycles
+
+
+def replay_cost(path, total=None):
+    """CPU seconds of `gpu-leak-watch --replay` (the whole command)."""
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import idle as idlebench
+    env = dict(os.environ, GPUGUARD_CONFIG="/dev/null", GPUGUARD_STATE_DIR=os.path.dirname(path))
+    cmd = [os.path.join(ROOT, "bin", "gpu-leak-watch"), "--replay", path]
+    if total:
+        cmd += ["--gpu-total-mib", str(total)]
+    cpu, _ = idlebench.run_cpu(cmd, env)
+    return cpu
+
+
+def write_trace(path, series):
+    """series: {pid: [(t, mib)]} -> a 3-column CSV in time order."""
+    rows = sorted((t, pid, v) for pid, tr in series.items() for t, v in tr)
+    with open(path, "w") as f:
+        f.write("timestamp,pid,used_memory_mib\n")
+        f.write("".join("%d,%d,%d\n" % (1796206508 + t, pid, v) for t, pid, v in rows))
+
+
+def cost_table(quick):
+    import tempfile
+    rows = []
+    with tempfile.TemporaryDirectory() as work:
+        cycles = 20 if quick else 100
+        beyond, total = leak_cycle_cost(64, cycles, work)
+        rows.append(("live cycle, 64 watched processes (%d cycles)" % cycles,
+                     "%.1f ms CPU beyond nvidia-smi (%.1f ms with the bench double)" % (beyond, total), "<= 40 ms"))
+        rng = random.Random(3)
+        week = [(t, 40000 + (20 if rng.random() < 0.3 else 0)) for t in range(7 * 86400)]
+        path = os.path.join(work, "week.csv")
+        write_trace(path, {77: week})
+        rows.append(("replay of 7 days at 1 s (604,800 samples, one process)",
+                     "%.2f s CPU" % replay_cost(path, 143771), "<= 1 s"))
+        n = 16 if quick else 64
+        grow = {}
+        for p in range(n):
+            r = random.Random(p)
+            grow[1000 + p] = [(i * 60, q(30000 + 30 * i / 60 + r.gauss(0, 10))) for i in range(24 * 60)]
+        path = os.path.join(work, "grow.csv")
+        write_trace(path, grow)
+        rows.append(("replay of %d slowly growing series (30 MiB/h, 24 h at 60 s each)" % n,
+                     "%.1f s CPU" % replay_cost(path, 143771), "<= 30 s for 64"))
+    print("## Leak detector: cost\n")
+    print("| what | measured | goal |")
+    print("|---|---|---|")
+    for r in rows:
+        print("| %s | %s | %s |" % r)
+    print()
+
+
+def corpus_tables(quick, before):
+    import leakcorpus
+    sets = [("development seeds", "0-1" if quick else "0-3")]
+    if not quick:
+        sets.append(("held-out seeds", "100-103"))
+    for title, seeds in sets:
+        modules = [("after", os.path.join(ROOT, "python", "gpuguard_leak.py"))]
+        if before:
+            modules.insert(0, ("before", before))
+        for label, mod in modules:
+            res = leakcorpus.score(os.path.abspath(mod), leakcorpus.parse_seeds(seeds), leakcorpus.KINDS)
+            print(leakcorpus.table(res, "issue-12 corpus, %s %s, %s" % (title, seeds, label)))
+            print()
+
+
+def tidy_tables(seeds):
     cases = [(k, None, s) for k in CLEAN + [k + "@full" for k in CLEAN] + HARD for s in range(seeds)] + \
             [(k, r, s) for k, r in LEAKS for s in range(seeds)]
-    with Pool(min(4, os.cpu_count() or 1)) as pool:
+    with Pool(min(2, os.cpu_count() or 1)) as pool:
         results = pool.map(run_case, cases, chunksize=4)
-    print("## Leak detector: clean traces (%d x %d h per kind, 60 s samples; @full: 3 GiB free above the peak)\n" % (seeds, CLEAN_HOURS))
+    print("## Leak detector: clean traces (%d x %d h per kind, 60 s samples; @full: 3 GiB free above the peak)\n"
+          % (seeds, CLEAN_HOURS))
     print("| kind | gpuguard false alerts / 24 h | traces alerted | source rule false alerts / 24 h | traces alerted |")
     print("|---|---|---|---|---|")
     total = {"gpuguard": 0, "source": 0}
@@ -203,7 +313,8 @@ def main():
             kind, sum(g) / len(g), sum(1 for e in g if e), len(g), sum(s) / len(s), sum(1 for e in s if e), len(s)))
     print("\n## Leak detector: leaks (leak starts %.0f h in; lead time with %d GiB free at the start, %d GiB for near-oom)\n"
           % (LEAK_T0, HEADROOM // 1024, NEAR_OOM_HEADROOM // 1024))
-    print("| leak | MiB/h | gpuguard recall | median delay h | p90 delay h | median lead before OOM h (of) | alerts before the leak | source rule recall | source median delay h | source alerts before the leak |")
+    print("| leak | MiB/h | gpuguard recall | median delay h | p90 delay h | median lead before OOM h (of) "
+          "| alerts before the leak | source rule recall | source median delay h | source alerts before the leak |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for kind, rate in LEAKS:
         rows = [r[3] for r in results if r[0] == "leak" and r[1] == kind and r[2] == rate]
@@ -215,7 +326,24 @@ def main():
         print("| %s | %d | %d/%d | %.1f | %.1f | %.1f (%.1f) | %d | %d/%d | %.2f | %d |" % (
             kind, rate, len(gd), len(g), pct(gd, 0.5), pct(gd, 0.9), pct(gl, 0.5), g[0]["oom_h"],
             sum(x["early"] for x in g), len(sd), len(s), pct(sd, 0.5), sum(x["early"] for x in s)))
-    print("\nThreshold 50 MiB/h (the default): a 10 MiB/h leak is below it by design.")
+    print("\nThreshold 50 MiB/h (the default): a 10 MiB/h leak is below it by design.\n")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description="gpu-leak-watch bench: tidy corpus, issue-12 corpus, cost")
+    ap.add_argument("--quick", action="store_true", help="the make-bench set (about 2 minutes)")
+    ap.add_argument("--full", action="store_true", help="60 seeds per tidy kind, held-out seeds, 100 cycles")
+    ap.add_argument("--before", default="", help="an older gpuguard_leak.py to score beside this one")
+    ap.add_argument("--only", default="", help="tidy, corpus or cost")
+    a = ap.parse_args(argv)
+    quick = not a.full
+    seeds = int(os.environ.get("BENCH_LEAK_SEEDS", "3" if quick else "60"))
+    if a.only in ("", "tidy"):
+        tidy_tables(seeds)
+    if a.only in ("", "corpus"):
+        corpus_tables(quick, a.before)
+    if a.only in ("", "cost"):
+        cost_table(quick)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@
 # Declares the watcher's state (empty).
 leak_init() {
   declare -ga LEAK_ROOT_PIDS=() LEAK_PIDS=()
-  declare -gA LEAK_CPU_PREV=() LEAK_STATUS=() LEAK_CMDLINES=()
+  declare -gA LEAK_CPU_PREV=() LEAK_STATUS=() LEAK_CMDLINES=() LEAK_RANKS=()
   declare -g LEAK_MATCH='' LEAK_ALL=0 LEAK_FAILS=0 LEAK_ACTION=notify LEAK_GRACE=30
   # option values for the Python helper, exported by leak_export_options
   declare -gA LEAK_OPT_ENV=()
@@ -67,7 +67,12 @@ leak_select_roots() {
 }
 
 # One cycle: sample, build the sample lines, run the detector, emit events,
-# act, write metrics.
+# act, write metrics. Sample lines are tab-separated (python/gpuguard_leak.py
+# PROTOCOL): a "T" line per watched tree (GPU memory summed over the tree,
+# the free and total memory of its fullest GPU, CPU %, RSS, the PIDs holding
+# GPU memory, name, command line) and, when several of its processes hold
+# GPU memory (data-parallel ranks), an "M" line per such process with its
+# own GPU's figures and its RANK.
 # Arguments:
 #   $1 now (unix seconds)
 leak_cycle() {
@@ -82,21 +87,21 @@ leak_cycle() {
   gg_proc_scan
   LEAK_CMDLINES=()
   leak_select_roots
-  local samples='' root pid used free cpu rss key name cmd ticks uuid gfree
-  local -a tree
+  local samples='' root pid used free total cpu rss key name cmd ticks members mlines mfree mtotal rank
+  local -a tree holders
   for root in "${LEAK_ROOT_PIDS[@]}"; do
     # a PID not visible here (another PID namespace) is a tree of one
     gg_proc_tree_into "$root" tree
-    used=0 free='' ticks=0 rss=0
+    used=0 free='' total='' ticks=0 rss=0 holders=()
     for pid in "${tree[@]}"; do
       used=$((used + ${SMI_PIDS_MEM[$pid]:-0}))
       ticks=$((ticks + ${GG_PROC_TICKS[$pid]:-0}))
       rss=$((rss + ${GG_PROC_RSS[$pid]:-0}))
-      for uuid in ${SMI_PID_UUIDS[$pid]:-}; do
-        [[ -n ${SMI_MEM_TOTAL[$uuid]} && -n ${SMI_MEM_USED[$uuid]} ]] || continue
-        gfree=$((${SMI_MEM_TOTAL[$uuid]%.*} - ${SMI_MEM_USED[$uuid]%.*}))
-        [[ -z $free ]] || ((gfree < free)) && free=$gfree
-      done
+      ((${SMI_PIDS_MEM[$pid]:-0} > 0)) && holders+=("$pid")
+      leak_gpu_room_into "$pid" mfree mtotal
+      if [[ -n $mfree ]] && [[ -z $free || $mfree -lt $free ]]; then
+        free=$mfree total=$mtotal
+      fi
     done
     cpu=0
     if [[ -n ${LEAK_CPU_PREV[$root]:-} ]]; then
@@ -107,8 +112,18 @@ leak_cycle() {
     key="$root-${GG_PROC_START[$root]:-0}"
     name=${GG_PROC_COMM[$root]:-pid$root}
     leak_cmdline_into "$root" cmd
-    # cmdline goes last: the detector matches per-pattern rules on it
-    samples+="$key $now $root $used ${free:--} $cpu $((rss * LEAK_PAGE_KIB / 1024)) $name ${cmd:-$name}"$'\n'
+    cmd=${cmd:-$name}
+    # tabs and newlines would break the protocol's fields
+    name=${name//[$'\t\n']/ } cmd=${cmd//[$'\t\n']/ }
+    members='' mlines=''
+    for pid in "${holders[@]}"; do
+      members+="${members:+,}$pid"
+      ((${#holders[@]} > 1)) || continue
+      leak_gpu_room_into "$pid" mfree mtotal
+      leak_rank_into "$pid" rank
+      mlines+="M"$'\t'"$key/$pid-${GG_PROC_START[$pid]:-0}"$'\t'"$key"$'\t'"$now"$'\t'"$pid"$'\t'"${SMI_PIDS_MEM[$pid]}"$'\t'"$mfree"$'\t'"$mtotal"$'\t'"$rank"$'\n'
+    done
+    samples+="T"$'\t'"$key"$'\t'"$now"$'\t'"$root"$'\t'"$used"$'\t'"$free"$'\t'"$total"$'\t'"$cpu"$'\t'"$((rss * LEAK_PAGE_KIB / 1024))"$'\t'"$members"$'\t'"$name"$'\t'"$cmd"$'\n'"$mlines"
   done
   leak_run_detector "$samples"
   # contract 4: events_emit only enqueues; one digest per target a cycle
@@ -116,23 +131,69 @@ leak_cycle() {
   for pid in "${!LEAK_CPU_PREV[@]}"; do
     [[ -n ${GG_PROC_PPID[$pid]:-} ]] || unset "LEAK_CPU_PREV[$pid]"
   done
+  for pid in "${!LEAK_RANKS[@]}"; do
+    [[ -n ${GG_PROC_PPID[$pid]:-} ]] || unset "LEAK_RANKS[$pid]"
+  done
   if [[ -n ${GPUGUARD_TEXTFILE_DIR:-} ]]; then
     textfile_write_leak || gg_log warn "could not write textfile metrics in $GPUGUARD_TEXTFILE_DIR"
   fi
 }
 
-# Feeds the samples to the detector and handles what it prints:
+# Puts the free and total MiB of the fullest GPU a PID uses into $2 and $3
+# ('' when unknown: a GPU whose figures nvidia-smi did not give).
+# shellcheck disable=SC2034 # nameref: assigns the caller's variables
+leak_gpu_room_into() {
+  local -n room_free=$2 room_total=$3
+  local uuid f
+  room_free='' room_total=''
+  for uuid in ${SMI_PID_UUIDS[$1]:-}; do
+    [[ -n ${SMI_MEM_TOTAL[$uuid]:-} && -n ${SMI_MEM_USED[$uuid]:-} ]] || continue
+    f=$((${SMI_MEM_TOTAL[$uuid]%.*} - ${SMI_MEM_USED[$uuid]%.*}))
+    if [[ -z $room_free ]] || ((f < room_free)); then
+      room_free=$f
+      room_total=${SMI_MEM_TOTAL[$uuid]%.*}
+    fi
+  done
+  return 0
+}
+
+# Puts a process's data-parallel rank into $2: RANK (else LOCAL_RANK) from
+# /proc/PID/environ when readable, '' otherwise. Only that value is kept
+# (the environment may hold secrets); read once per PID (no fork).
+# shellcheck disable=SC2034 # nameref: assigns the caller's variable
+leak_rank_into() {
+  local -n rank_ref=$2
+  if [[ -z ${LEAK_RANKS[$1]+set} ]]; then
+    local -a env=()
+    local item r='' lr=''
+    { mapfile -d '' -t env <"/proc/$1/environ"; } 2>/dev/null || env=()
+    for item in "${env[@]}"; do
+      case $item in
+        RANK=*) r=${item#RANK=} ;;
+        LOCAL_RANK=*) lr=${item#LOCAL_RANK=} ;;
+      esac
+    done
+    r=${r:-$lr}
+    [[ $r =~ ^[0-9]{1,6}$ ]] || r=''
+    LEAK_RANKS[$1]=$r
+  fi
+  rank_ref=${LEAK_RANKS[$1]}
+}
+
+# Feeds the samples to the detector and handles what it prints
+# (tab-separated):
 #   event STATE PID JSON   -> events_emit, then the --on-leak action
-#   status - PID SLOPE FIRING USED NAME -> LEAK_STATUS, for metrics and status
+#   status PID SLOPE FIRING USED SEVERITY OOM_S NAME -> LEAK_STATUS
+#     (by PID, the fields after it), for metrics and status
 # shellcheck disable=SC2034 # LEAK_STATUS is read by textfile_write_leak
 leak_run_detector() {
   local out kind state pid rest
-  out=$(printf '%s' "$1" | gg_python gpuguard_leak.py "LEAK_THRESHOLD_MIB_H LEAK_BUCKET_S LEAK_RULES LEAK_HISTORY_MAX_ROWS LEAK_GPU_TOTAL_MIB LEAK_LOSS_LOG" check) || {
+  out=$(printf '%s' "$1" | gg_python gpuguard_leakcheck.py "LEAK_INSTANCE LEAK_THRESHOLD_MIB_H LEAK_BUCKET_S LEAK_RULES LEAK_HISTORY_MAX_ROWS LEAK_GPU_TOTAL_MIB LEAK_LOSS_LOG" check) || {
     gg_log error "leak detector failed (exit $?)"
     return 0
   }
   LEAK_STATUS=()
-  while read -r kind state pid rest; do
+  while IFS=$'\t' read -r kind state pid rest; do
     case $kind in
       event)
         events_emit "$rest"
@@ -141,7 +202,8 @@ leak_run_detector() {
           leak_act "$pid"
         fi
         ;;
-      status) LEAK_STATUS[$pid]=$rest ;;
+      # for status lines the second field is the PID
+      status) LEAK_STATUS[$state]="$pid"$'\t'"$rest" ;;
     esac
   done <<<"$out"
   return 0

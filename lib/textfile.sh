@@ -106,23 +106,32 @@ textfile_write_idle() {
 
 # Writes gpuguard_leak.prom from the leak watcher's last cycle.
 # Globals:
-#   LEAK_STATUS (by root PID: "slope firing used_mib name")
+#   LEAK_STATUS (by root PID: "slope firing used_mib severity oom_s name",
+#   tab-separated; severity none|info|warning|critical)
 textfile_write_leak() {
-  local dir=$GPUGUARD_TEXTFILE_DIR mem='' slope='' firing='' pid s f used name esc lbl
+  local dir=$GPUGUARD_TEXTFILE_DIR mem='' slope='' firing='' sevs='' ooms='' pid s f used sev oom name esc lbl
+  local -A sev_level=([none]=0 [info]=1 [warning]=2 [critical]=3)
   for pid in "${!LEAK_STATUS[@]}"; do
-    read -r s f used name <<<"${LEAK_STATUS[$pid]}"
+    IFS=$'\t' read -r s f used sev oom name <<<"${LEAK_STATUS[$pid]}"
     textfile_label_escape_into "$name" esc
     lbl="{pid=\"$pid\",name=\"$esc\"}"
     mem+="$lbl $((${used%.*} * 1048576))"$'\n'
-    [[ $s != - ]] && slope+="$lbl $s"$'\n'
+    # the slope while it fires is the one the alert reports
+    slope+="$lbl $s"$'\n'
     firing+="$lbl $f"$'\n'
+    sevs+="$lbl ${sev_level[${sev:-none}]:-0}"$'\n'
+    [[ $oom =~ ^[0-9]+$ ]] && ooms+="$lbl $oom"$'\n'
   done
   local out=''
   textfile_family out gpuguard_process_tree_gpu_memory_bytes gauge \
     'GPU memory held by a watched process and its descendants.' "$mem"
   textfile_family out gpuguard_process_leak_slope_mib_per_hour gauge \
-    'Robust GPU memory trend of a watched process tree (Theil-Sen on 10-minute floors).' "$slope"
-  textfile_family out gpuguard_process_leak gauge '1 while the leak alert fires for the process tree.' "$firing"
+    'GPU memory trend of a watched process tree (its worst process), MiB per hour.' "$slope"
+  textfile_family out gpuguard_process_leak gauge "1 while gpu-leak-watch's leak alert fires for the process tree." "$firing"
+  textfile_family out gpuguard_process_leak_severity gauge \
+    "gpu-leak-watch's verdict: 0 no leak, 1 trend note (OOM over 7 days away), 2 warning, 3 critical (OOM within 6 h)." "$sevs"
+  textfile_family out gpuguard_process_leak_projected_oom_seconds gauge \
+    'Time until the GPU runs out of memory at the present trend (absent when not growing or unknown).' "$ooms"
   [[ -d $dir ]] || mkdir -p -- "$dir" || return
   gg_write_atomic "$dir/gpuguard_leak.prom" "$out"
 }

@@ -2,284 +2,55 @@
 """gpuguard's GPU memory leak detector (stdlib only).
 
 Commands:
-  replay FILE     run the detector over a CSV (timestamp,pid,used_memory_mib)
-                  without sleeping; one JSON line per event on stdout
-  check           live mode, one call per watch cycle: reads sample lines on
-                  stdin ("KEY TS PID USED_MIB FREE_MIB NAME"), keeps state in
-                  $GPUGUARD_STATE_DIR/leak-state.json and history CSVs, prints
-                  events and "status" JSON lines on stdout
+  replay FILE     run the detector over a CSV without sleeping: the 3-column
+                  `timestamp,pid,used_memory_mib` (GPU total from
+                  LEAK_GPU_TOTAL_MIB / --gpu-total-mib) or the watcher's own
+                  history file (`...,gpu_used_mib,gpu_total_mib`, which knows
+                  the capacity); a UTF-8 BOM is ignored. One JSON line per
+                  event on stdout, then one summary line on stderr
+                  ("replayed N samples, K series, H h: E events; PID: verdict,
+                  ..."). A malformed file is exit 2 naming the line.
+  check           live mode, one call per watch cycle. Reads tab-separated
+                  lines on stdin (see PROTOCOL), keeps compact per-series
+                  state in $GPUGUARD_STATE_DIR/leak-state-$LEAK_INSTANCE.json,
+                  appends to history/<key>.csv, prints tab-separated "event"
+                  and "status" lines on stdout.
   report          write one self-contained HTML file charting the history
   loss FILE       say whether the loss in an ms-swift logging.jsonl plateaued
   slopes          print "PID SLOPE FIRING" for every watched process tree
 
-Method (see shared research, "floor-trend"): samples are reduced to the
-minimum of each bucket (default 10 min), which removes spikes, evaluation
-peaks and checkpoint sawtooth; the series is cut at restarts (floor halves)
-and at short steps (>= 256 MiB within <= 3 buckets: a new batch shape, a
-re-warm), after which a warm-up is skipped; four or more steps with no drop
-between them are a staircase leak and are analysed uncut. A tail window of
-3, 6, 12 or 24 h is leaking when all gates pass: one-sided Mann-Kendall
-Z >= 2.326, Theil-Sen slope >= threshold, net growth >= 64 MiB spread over
-at least 5 rising buckets with no jump carrying 40 % of it, and the second
-half still rising (slope >= 0.7 of the whole). Near OOM there is
-no time for hours of evidence: when free memory is known, the last hour of
-floors rising in every step, by at least 64 MiB, with no single step
-carrying half of it and the second half keeping the pace, above the threshold and with OOM projected within
-6 h, also counts as leaking. Two leaking evaluations in a row fire; growth
-stopping for two evaluations resolves.
+PROTOCOL (bash -> Python, one line per series, fields separated by tabs):
+  T KEY TS PID USED_MIB FREE_MIB TOTAL_MIB CPU_PCT RSS_MIB MEMBERS NAME CMDLINE
+      a watched process tree (MEMBERS: comma-separated PIDs holding GPU
+      memory; a complete change of them is a restart)
+  M KEY ROOT_KEY TS PID USED_MIB FREE_MIB TOTAL_MIB RANK
+      one GPU-holding process of a tree that has several (RANK from its
+      environment, '' when unreadable)
+  FREE/TOTAL '' or '-' when unknown. Python -> bash:
+  event STATE ROOT_PID JSON
+  status ROOT_PID SLOPE FIRING USED SEVERITY OOM_S NAME
+      SEVERITY none|info|warning|critical; OOM_S: seconds to OOM at the
+      trend, '-' when not growing or unknown (bash's read merges empty
+      tab-separated fields, so no field Python prints is empty).
+
+The method (module gpuguard_leakstat, docs/LEAK.md): robust floors that
+ignore empty_cache dips, level shifts subtracted (one-time jumps, eval and
+RL phases), step leaks, a deceleration test (cache fills), a slow tier on
+10-minute floors and a fast tier driven by the projected time to OOM. Each
+process of a multi-process tree is analysed on its own as well, and an alert
+names the leaking rank.
 """
-import csv
+import gc
 import json
 import math
 import os
 import re
 import sys
+import time
 
-DEFAULTS = {
-    "bucket_s": 600.0,          # floor bucket length
-    "threshold": 50.0,          # MiB/h
-    "min_growth": 64.0,         # MiB of net growth in the window
-    "step_mib": 256.0,          # a jump this big between buckets is a step
-    "step_max_buckets": 3,      # ... if it lasts no longer than this
-    "skip_buckets": 6,          # warm-up skipped after a start or a cut
-    "windows": (18, 36, 72, 144),
-    "z_min": 2.326,             # one-sided alpha = 0.01
-    "tail_ratio": 0.7,
-    "debounce": 2,
-    "staircase_steps": 4,       # this many steps ...
-    "staircase_buckets": 36,    # ... within this many buckets: a staircase leak
-    "max_jump_share": 0.4,      # one bucket's jump may carry at most this of the growth
-    "min_rises": 5,             # a leak raises the floor in at least this many buckets
-    "gap_s": 300.0,             # no sample for this long: the process restarted
-    "fast_buckets": 6,          # near-OOM tier: the last hour of floors ...
-    "fast_oom_h": 6.0,          # ... rising steadily with OOM this close
-}
+from gpuguard_leakstat import DEFAULTS, Series, mann_kendall_z, median, theil_sen  # noqa: F401
 
-
-# ------------------------------------------------------------ statistics --
-
-def median(values):
-    s = sorted(values)
-    n = len(s)
-    if n == 0:
-        return 0.0
-    mid = n // 2
-    return float(s[mid]) if n % 2 else (s[mid - 1] + s[mid]) / 2.0
-
-
-def theil_sen(xs, ys):
-    """Median of pairwise slopes."""
-    slopes = []
-    n = len(xs)
-    for i in range(n):
-        xi, yi = xs[i], ys[i]
-        for j in range(i + 1, n):
-            dx = xs[j] - xi
-            if dx:
-                slopes.append((ys[j] - yi) / dx)
-    return median(slopes) if slopes else 0.0
-
-
-def mann_kendall_z(ys):
-    """One-sided Mann-Kendall Z with the tie correction."""
-    n = len(ys)
-    if n < 3:
-        return 0.0
-    s = 0
-    for k in range(n - 1):
-        yk = ys[k]
-        for j in range(k + 1, n):
-            d = ys[j] - yk
-            s += (d > 0) - (d < 0)
-    counts = {}
-    for y in ys:
-        counts[y] = counts.get(y, 0) + 1
-    ties = sum(t * (t - 1) * (2 * t + 5) for t in counts.values() if t > 1)
-    var = (n * (n - 1) * (2 * n + 5) - ties) / 18.0
-    if var <= 0:
-        return 0.0
-    if s > 0:
-        return (s - 1) / math.sqrt(var)
-    if s < 0:
-        return (s + 1) / math.sqrt(var)
-    return 0.0
-
-
-# -------------------------------------------------------------- detector --
-
-class Series:
-    """One process incarnation: bucket floors and the alert state."""
-
-    def __init__(self, params, key, pid):
-        self.p = params
-        self.key = key
-        self.pid = pid
-        self.bucket = None
-        self.bucket_min = None
-        self.floors = []        # [bucket_index, floor_mib]
-        self.streak = 0
-        self.calm = 0
-        self.firing = False
-        self.last = {}
-        self.cut_bucket = None      # first bucket after a gap in the samples
-
-    def to_json(self):
-        return {"key": self.key, "pid": self.pid, "bucket": self.bucket, "bucket_min": self.bucket_min,
-                "floors": self.floors, "streak": self.streak, "calm": self.calm, "firing": self.firing,
-                "last": self.last, "cut_bucket": self.cut_bucket}
-
-    @classmethod
-    def from_json(cls, params, data):
-        s = cls(params, data["key"], data["pid"])
-        for name in ("bucket", "bucket_min", "floors", "streak", "calm", "firing", "last", "cut_bucket"):
-            setattr(s, name, data.get(name, getattr(s, name)))
-        return s
-
-    def add(self, ts, mib, free_mib=None):
-        """Adds a sample; returns an event dict when the state changes."""
-        b = int(ts // self.p["bucket_s"])
-        prev_ts = self.last.get("ts")
-        if prev_ts is not None and ts - prev_ts > self.p["gap_s"]:
-            self.cut_bucket = b       # samples stopped: a restart, PID reused
-        self.last = {"ts": ts, "used": mib, "free": free_mib}
-        if self.bucket is None:
-            self.bucket, self.bucket_min = b, mib
-            return None
-        if b == self.bucket:
-            self.bucket_min = min(self.bucket_min, mib)
-            return None
-        self.floors.append([self.bucket, self.bucket_min])
-        keep = max(self.p["windows"]) + self.p["skip_buckets"] + 8
-        if len(self.floors) > keep:
-            del self.floors[:len(self.floors) - keep]
-        self.bucket, self.bucket_min = b, mib
-        return self.evaluate()
-
-    def segment(self):
-        """Index where the analysed part of the floors starts: after the last
-        cut and the warm-up that follows it."""
-        f = [v for _, v in self.floors]
-        p = self.p
-        start = 0
-        steps = []                  # (first, last) bucket indices of jumps
-        run = None
-        for j in range(1, len(f)):
-            prev, cur = f[j - 1], f[j]
-            if cur < 0.5 * prev or (self.cut_bucket is not None and self.floors[j][0] >= self.cut_bucket
-                                    and self.floors[j - 1][0] < self.cut_bucket) or self.floors[j][0] - self.floors[j - 1][0] > 3 * max(p["windows"]):
-                start, steps, run = j, [], None          # restart or long gap
-                continue
-            if cur - prev >= p["step_mib"]:
-                run = [j, j] if run is None else [run[0], j]
-                continue
-            if run is not None:
-                steps.append(tuple(run))
-                run = None
-            if cur - prev <= -p["step_mib"]:
-                steps = []                                # a drop ends a staircase
-        if run is not None and run[1] - run[0] + 1 <= p["step_max_buckets"]:
-            steps.append(tuple(run))
-        short = [s for s in steps if s[1] - s[0] + 1 <= p["step_max_buckets"]]
-        # Legitimate steps (new batch shapes, a re-warm) come a few a day; a
-        # leak that keeps e.g. one evaluation's outputs per half hour comes
-        # as dense steps: those are analysed uncut.
-        recent = [s for s in short if s[1] >= len(f) - p["staircase_buckets"]]
-        if short and len(recent) < p["staircase_steps"]:
-            start = max(start, short[-1][1])
-        return start + p["skip_buckets"]
-
-    def window_verdict(self, xs, ys, threshold):
-        growth = median(ys[-3:]) - median(ys[:3])
-        if growth < self.p["min_growth"]:
-            return False, theil_sen(xs[-6:], ys[-6:]), 0.0     # cheap gate first
-        # A leak grows in many increments; one or two jumps (a new batch
-        # shape, a cache that filled) carry most of a step's growth.
-        jumps = [b - a for a, b in zip(ys, ys[1:])]
-        if max(jumps) > self.p["max_jump_share"] * (ys[-1] - ys[0] if ys[-1] > ys[0] else growth) \
-                or sum(1 for d in jumps if d > 0) < self.p["min_rises"]:
-            return False, theil_sen(xs[-6:], ys[-6:]), 0.0
-        z = mann_kendall_z(ys)
-        beta = theil_sen(xs, ys)
-        half = len(xs) // 2
-        tail = theil_sen(xs[half:], ys[half:])
-        ok = (z >= self.p["z_min"] and beta >= threshold and growth >= self.p["min_growth"]
-              and tail >= self.p["tail_ratio"] * beta)
-        return ok, beta, z
-
-    def near_oom_verdict(self, xs, ys, threshold):
-        """The slope when the last hour of floors says OOM comes within
-        fast_oom_h hours; None otherwise (or when free memory is unknown)."""
-        p = self.p
-        free = self.last.get("free")
-        n = p["fast_buckets"]
-        if free is None or len(xs) < n:
-            return None
-        fx, fy = xs[-n:], ys[-n:]
-        steps = [b - a for a, b in zip(fy, fy[1:])]
-        growth = fy[-1] - fy[0]
-        # A leak fast enough to matter this close to OOM (more than free/6 h)
-        # raises the floor in every bucket; a filling cache does not.
-        if min(steps) <= 0 or growth < p["min_growth"] \
-                or max(steps) > 0.5 * growth:
-            return None
-        beta = theil_sen(fx, fy)
-        # a warm-up ramp decelerates; a leak keeps its pace
-        tail = theil_sen(fx[n // 2:], fy[n // 2:])
-        if beta >= threshold and free / beta <= p["fast_oom_h"] and tail >= p["tail_ratio"] * beta:
-            return beta
-        return None
-
-    def evaluate(self):
-        p = self.p
-        threshold = p["threshold"]
-        first = self.segment()
-        pts = self.floors[first:]
-        xs = [b * p["bucket_s"] / 3600.0 for b, _ in pts]
-        ys = [float(v) for _, v in pts]
-        leaking, slope, window = False, 0.0, 0
-        for w in p["windows"]:
-            if len(xs) < w:
-                break
-            ok, beta, _ = self.window_verdict(xs[-w:], ys[-w:], threshold)
-            if ok:
-                leaking, slope, window = True, beta, w
-                break
-            slope, window = beta, w
-        if not leaking:
-            fast = self.near_oom_verdict(xs, ys, threshold)
-            if fast is not None:
-                leaking, slope, window = True, fast, p["fast_buckets"]
-        self.last["slope"] = slope
-        self.last["window_s"] = window * p["bucket_s"]
-        if self.firing:
-            restarted = len(self.floors) >= 2 and self.floors[-1][1] < 0.5 * self.floors[-2][1]
-            recent = self.floors[-min(len(self.floors), 12):]
-            rx = [b * p["bucket_s"] / 3600.0 for b, _ in recent]
-            ry = [float(v) for _, v in recent]
-            stopped = len(recent) >= 6 and theil_sen(rx, ry) < 0.25 * threshold and \
-                median(ry[-3:]) - median(ry[:3]) < p["min_growth"]
-            self.calm = self.calm + 1 if (stopped or restarted) else 0
-            if self.calm >= p["debounce"] or restarted:
-                self.firing, self.streak, self.calm = False, 0, 0
-                self.last["slope"] = theil_sen(rx, ry) if len(rx) > 1 else 0.0
-                return self.event("resolved")
-            return None
-        self.streak = self.streak + 1 if leaking else 0
-        if self.streak >= p["debounce"]:
-            self.firing, self.calm = True, 0
-            return self.event("firing")
-        return None
-
-    def event(self, state):
-        slope = round(self.last.get("slope", 0.0), 1)
-        free = self.last.get("free")
-        oom = None
-        if free is not None and slope > 0:
-            oom = round(free / slope, 1)
-        return {"ts": int(self.last["ts"]), "event": "gpu_memory_leak", "state": state, "pid": self.pid,
-                "slope_mib_per_hour": slope, "used_memory_mib": self.last["used"],
-                "free_memory_mib": free, "projected_oom_hours": oom,
-                "window_seconds": int(self.last.get("window_s", 0))}
+HISTORY_HEADER = "timestamp,pid,used_memory_mib,gpu_used_mib,gpu_total_mib"
 
 
 def params_from(args_or_env):
@@ -293,69 +64,213 @@ def params_from(args_or_env):
 
 # ---------------------------------------------------------------- replay --
 
-def replay(path, params, gpu_total=None, out=sys.stdout):
-    """Runs the detector over a CSV; returns the events."""
+def replay_rows(rows, params, gpu_total=None, out=None):
+    """Runs the detector over (ts, pid, used[, gpu_used, gpu_total]) rows;
+    returns the events (also written as JSON lines to `out`)."""
+    cols = {}
+    for row in rows:
+        c = cols.get(row[1])
+        if c is None:
+            c = cols[row[1]] = ([], [], [])
+        total = row[4] if len(row) > 4 and row[4] is not None else gpu_total
+        gpu_used = row[3] if len(row) > 3 and row[3] is not None else row[2]
+        c[0].append(row[0])
+        c[1].append(row[2])
+        c[2].append((total - gpu_used) if total else None)
+    return replay_columns(cols, params, out)
+
+
+def replay_columns(cols, params, out=None):
+    """{pid: (timestamps, used_mib, free_mib or None)} -> events in time order."""
     series = {}
     events = []
-    with open(path, newline="", encoding="utf-8") as f:
-        reader = csv.DictReader(f)
-        missing = {"timestamp", "pid", "used_memory_mib"} - set(reader.fieldnames or [])
-        if missing:
-            raise ValueError("%s: missing column(s) %s (need timestamp,pid,used_memory_mib)"
-                             % (path, ",".join(sorted(missing))))
-        for n, row in enumerate(reader, 2):
-            try:
-                ts = float(row["timestamp"])
-                pid = int(row["pid"])
-                mib = float(row["used_memory_mib"])
-                mib = int(mib) if mib.is_integer() else mib
-            except (TypeError, ValueError):
-                raise ValueError("%s:%d: not a number in %r" % (path, n, row))
-            s = series.get(pid)
-            if s is None:
-                s = series[pid] = Series(params, str(pid), pid)
-            free = (gpu_total - mib) if gpu_total else None
-            ev = s.add(ts, mib, free)
-            if ev:
-                events.append(ev)
-                out.write(json.dumps(ev) + "\n")
+    for pid, (tss, used, free) in cols.items():
+        s = series[pid] = Series(params, str(pid), pid)
+        events += s.add_many(tss, used, free)
+    events.sort(key=lambda e: e["ts"])
+    if out is not None:
+        for ev in events:
+            out.write(json.dumps(ev) + "\n")
+    replay_rows.series = series
+    return events
+
+
+def read_csv_columns(path, gpu_total=None):
+    """{pid: (timestamps, used_mib, free_mib)} of a replay CSV (free from
+    the file's gpu_used_mib/gpu_total_mib, else from gpu_total, else None);
+    ValueError naming the line on bad input."""
+    import csv      # replay only: a live cycle does not pay for it
+    with open(path, newline="", encoding="utf-8-sig") as f:
+        text = f.read()
+    lines = text.splitlines()
+    if not lines or not lines[0].strip():
+        raise ValueError("%s: empty file (need the header timestamp,pid,used_memory_mib)" % path)
+    header = [h.strip() for h in next(csv.reader([lines[0]]))]
+    missing = {"timestamp", "pid", "used_memory_mib"} - set(header)
+    if missing:
+        raise ValueError("%s: missing column(s) %s (need timestamp,pid,used_memory_mib)"
+                         % (path, ",".join(sorted(missing))))
+    width = len(header)
+    it, ip, iu = header.index("timestamp"), header.index("pid"), header.index("used_memory_mib")
+    ig = header.index("gpu_used_mib") if "gpu_used_mib" in header else None
+    itot = header.index("gpu_total_mib") if "gpu_total_mib" in header else None
+    quoted = '"' in text
+    if not quoted:
+        cols = fast_columns(lines, width, it, ip, iu, ig, itot, gpu_total)
+        if cols is not None:
+            return cols
+    # the careful way, which names the first bad line
+    cols = {}
+    last_ts = None
+    isfinite = math.isfinite
+    for n in range(1, len(lines)):
+        line = lines[n]
+        if not line.strip():
+            continue
+        row = next(csv.reader([line])) if quoted else line.split(",")
+        try:
+            if len(row) != width:
+                raise ValueError
+            ts = float(row[it])
+            pid = int(row[ip])
+            mib = float(row[iu])
+            if not (isfinite(ts) and isfinite(mib)) or mib < 0:
+                raise ValueError
+            free = None
+            tot = float(row[itot]) if itot is not None and row[itot] not in ("", "-") else gpu_total
+            if tot:
+                gu = float(row[ig]) if ig is not None and row[ig] not in ("", "-") else mib
+                free = tot - gu
+        except (TypeError, ValueError):
+            raise ValueError("%s:%d: not a number in %r (expected %d comma-separated numbers)"
+                             % (path, n + 1, line, width))
+        if last_ts is not None and ts < last_ts - 1:
+            raise ValueError("%s:%d: timestamp %s goes back in time" % (path, n + 1, row[it]))
+        last_ts = ts
+        c = cols.get(pid)
+        if c is None:
+            c = cols[pid] = ([], [], [])
+        c[0].append(ts)
+        c[1].append(mib)
+        c[2].append(free)
+    return cols
+
+
+def fast_columns(lines, width, it, ip, iu, ig, itot, gpu_total):
+    """read_csv_columns for a clean file, a column at a time (a 7-day
+    1-second trace is 600,000 lines); None when anything is off."""
+    try:
+        rows = [line.split(",") for line in lines[1:] if line]
+        if any(len(r) != width for r in rows):
+            return None
+        ts = [float(r[it]) for r in rows]
+        used = [float(r[iu]) for r in rows]
+        total = sum(ts) + sum(used)
+        if not math.isfinite(total) or min(used) < 0 or any(b < a - 1 for a, b in zip(ts, ts[1:])):
+            return None
+        if itot is not None and all(r[itot] not in ("", "-") for r in rows):
+            tot = [float(r[itot]) for r in rows]
+            gu = [float(r[ig]) for r in rows] if ig is not None else used
+            free = [a - b for a, b in zip(tot, gu)]
+        elif itot is None and gpu_total:
+            free = [gpu_total - u for u in used]
+        elif itot is None:
+            free = [None] * len(rows)
+        else:
+            return None
+        pids = [int(r[ip]) for r in rows]
+    except ValueError:
+        return None
+    first = pids[0] if pids else None
+    if all(p == first for p in pids):
+        return {first: (ts, used, free)} if pids else {}
+    cols = {}
+    for i, pid in enumerate(pids):
+        c = cols.get(pid)
+        if c is None:
+            c = cols[pid] = ([], [], [])
+        c[0].append(ts[i])
+        c[1].append(used[i])
+        c[2].append(free[i])
+    return cols
+
+
+def replay(path, params, gpu_total=None, out=sys.stdout, err=sys.stderr):
+    """Runs the detector over a CSV; returns the events. Prints one summary
+    line on `err` even when there is no event."""
+    cols = read_csv_columns(path, gpu_total)
+    events = replay_columns(cols, params, out)
+    series = replay_rows.series
+    n = sum(len(c[0]) for c in cols.values())
+    hours = (max(c[0][-1] for c in cols.values()) - min(c[0][0] for c in cols.values())) / 3600.0 if cols else 0.0
+    parts = []
+    for pid, s in sorted(series.items()):
+        slope = s.verdict()[0]
+        fired = [e for e in events if e["pid"] == pid and e["state"] == "firing"]
+        if fired:
+            e = fired[0]
+            parts.append("%s: leak %+.0f MiB/h (%s, %s, OOM in %s h)" % (
+                pid, e["slope_mib_per_hour"], e["trend"], e["severity"],
+                e["projected_oom_hours"] if e["projected_oom_hours"] is not None else "?"))
+        else:
+            parts.append("%s: no leak (%s, %+.0f MiB/h)" % (pid, s.last.get("trend", "too short"), slope))
+    err.write("gpu-leak-watch: replayed %d samples, %d series, %.1f h: %d events; %s\n" % (
+        n, len(series), hours, len(events), "; ".join(parts) or "no series"))
     return events
 
 
 # ----------------------------------------------------------------- rules --
 
+RULE_KEYS = {"threshold": float, "min_growth": float, "fast_oom_h": float, "note_h": float,
+             "critical_h": float, "step_mib": float}
+
+
 def load_rules(path):
-    """Per-pattern thresholds: lines "REGEX THRESHOLD" or "REGEX ignore"."""
+    """Per-pattern settings, first match wins. A line is a regular
+    expression (no spaces: use \\s) followed by "ignore", a bare threshold
+    (MiB/h), or KEY=VALUE settings (threshold, min_growth, fast_oom_h,
+    note_h, critical_h, step_mib)."""
     rules = []
     if not path or not os.path.exists(path):
         return rules
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding="utf-8-sig") as f:
         for n, line in enumerate(f, 1):
             line = line.strip()
             if not line or line.startswith("#"):
                 continue
-            parts = line.rsplit(None, 1)
-            if len(parts) != 2:
-                raise ValueError("%s:%d: expected 'REGEX THRESHOLD|ignore'" % (path, n))
-            pattern, value = parts
+            parts = line.split()
+            if len(parts) < 2:
+                raise ValueError("%s:%d: expected 'REGEX ignore|THRESHOLD|KEY=VALUE...'" % (path, n))
+            pattern = parts[0]
             try:
                 rx = re.compile(pattern, re.I)
             except re.error as e:
                 raise ValueError("%s:%d: bad regex: %s" % (path, n, e))
-            if value != "ignore":
+            if parts[1:] == ["ignore"]:
+                rules.append((rx, "ignore"))
+                continue
+            settings = {}
+            for item in parts[1:]:
+                key, eq, value = item.partition("=")
+                if not eq:
+                    key, value = "threshold", item
+                if key not in RULE_KEYS:
+                    raise ValueError("%s:%d: unknown setting %r (known: ignore, %s)"
+                                     % (path, n, key, ", ".join(sorted(RULE_KEYS))))
                 try:
-                    value = float(value)
+                    settings[key] = RULE_KEYS[key](value)
                 except ValueError:
-                    raise ValueError("%s:%d: threshold must be a number or 'ignore'" % (path, n))
-            rules.append((rx, value))
+                    raise ValueError("%s:%d: %s must be a number (got %r)" % (path, n, key, value))
+            rules.append((rx, settings))
     return rules
 
 
-def rule_for(rules, cmdline, default):
+def rule_for(rules, cmdline, default=None):
+    """The first matching rule's settings ("ignore" or a dict)."""
     for rx, value in rules:
         if rx.search(cmdline or ""):
             return value
-    return default
+    return default if default is not None else {}
 
 
 # ------------------------------------------------------------------ loss --
@@ -388,111 +303,279 @@ def loss_plateau(path, last=60):
 
 # ------------------------------------------------------------------ live --
 
+def num(text):
+    """An int from a protocol field; None when empty, '-' or malformed."""
+    try:
+        return int(float(text))
+    except ValueError:
+        return None
+
+
 def check(env, stdin, stdout):
     """One live cycle: samples in, events and status out."""
     state_dir = env.get("GPUGUARD_STATE_DIR") or "."
+    instance = env.get("LEAK_INSTANCE") or ""
     params = params_from(env)
     rules = load_rules(env.get("LEAK_RULES") or "")
-    series = {k: Series.from_json(params, v) for k, v in load_state(state_dir).items()}
+    state = load_state(state_dir, instance)
+    series = {k: Series.from_json(params, v) for k, v in state.get("series", {}).items()}
+    meta = state.get("meta", {})          # per key: history rows, members, name
     seen = set()
     max_rows = int(env.get("LEAK_HISTORY_MAX_ROWS") or 20000)
     loss_log = env.get("LEAK_LOSS_LOG") or ""
     host = env.get("GPUGUARD_HOST") or os.uname().nodename
-    for line in stdin:
-        # KEY TS PID USED_MIB FREE_MIB CPU_PCT RSS_MIB NAME CMDLINE
-        parts = line.rstrip("\n").split(" ", 8)
-        if len(parts) < 8:
+    trees = {}            # root key -> [pid, name, settings, used, cpu, rss]
+    member_events = {}    # root key -> [event]
+    lines = [line.rstrip("\n").split("\t") for line in stdin]
+    os.makedirs(os.path.join(state_dir, "history"), exist_ok=True)
+    # trees first: members take their settings from the tree's cmdline
+    for parts in sorted(lines, key=lambda p: p[0] != "T"):
+        if parts[0] == "T" and len(parts) >= 11:
+            key, ts, pid, used, free, total, cpu, rss, members, name = parts[1:11]
+            cmdline = parts[11] if len(parts) > 11 and parts[11] else name
+            root_key, rank = None, None
+        elif parts[0] == "M" and len(parts) >= 8:
+            key, root_key, ts, pid, used, free, total = parts[1:8]
+            rank = parts[8] if len(parts) > 8 and parts[8] else None
+            cpu = rss = members = ""
+            if root_key not in trees:
+                continue
+            name, cmdline = trees[root_key][1], None
+        else:
             continue
-        key, ts, pid, used, free, cpu, rss, name = parts[:8]
-        cmdline = parts[8] if len(parts) > 8 else name
         try:
             ts, pid, used = float(ts), int(pid), int(float(used))
-            free = int(float(free)) if free not in ("", "-") else None
         except ValueError:
             continue
+        free = num(free)
         seen.add(key)
+        m = meta.setdefault(key, {})
+        m["pid"] = pid
+        if rank is not None:
+            m["rank"] = rank
+        m["rows"] = history_append(state_dir, key, ts, pid, used, free, num(total), max_rows, m.get("rows"))
+        settings = rule_for(rules, cmdline, {}) if root_key is None else trees[root_key][2]
+        if root_key is None:
+            trees[key] = [pid, name, settings, used, cpu, rss]
+        if settings == "ignore":
+            if root_key is None:
+                stdout.write("status\t%d\t0\t0\t%d\tnone\t-\t%s\n" % (pid, used, name))
+            continue
         s = series.get(key)
-        threshold = rule_for(rules, cmdline, params["threshold"])
         if s is None:
             s = series[key] = Series(params, key, pid)
-        history_append(state_dir, key, ts, pid, used, max_rows)
-        if threshold == "ignore":
-            stdout.write("status - %d - 0 %d %s\n" % (pid, used, name))
-            continue
-        s.p = dict(params, threshold=threshold)
+        s.p = dict(params, **settings)
+        if root_key is None and members:
+            new = set(members.split(","))
+            old = set(m.get("members") or [])
+            if old and not (old & new):
+                s.restart(ts)                 # same key, new processes
+            m["members"] = sorted(new)
         ev = s.add(ts, used, free)
         if ev:
-            # the command line stays out of events: it may hold tokens
-            ev.update({"host": host, "name": name, "threshold_mib_per_hour": threshold,
-                       "cpu_pct": int(cpu) if cpu.isdigit() else None,
-                       "rss_mib": int(rss) if rss.isdigit() else None})
+            ev.update({"host": host, "name": name,
+                       "threshold_mib_per_hour": s.p["threshold"]})
+            if root_key is None:
+                ev.update({"cpu_pct": int(cpu) if cpu.isdigit() else None,
+                           "rss_mib": int(rss) if rss.isdigit() else None})
+            else:
+                # one rank of a data-parallel tree: the tree is the unit
+                # acted on, the rank is named
+                ev.update({"pid": trees[root_key][0], "leaking_pid": pid, "rank": rank})
             if loss_log:
                 ev["loss_plateau"] = loss_plateau(loss_log)
-            stdout.write("event %s %d %s\n" % (ev["state"], pid, json.dumps(ev)))
-        stdout.write("status - %d %.1f %d %d %s\n" % (pid, s.last.get("slope", 0.0), s.firing, used, name))
+            if root_key is None:
+                member_events.setdefault(key, []).append(ev)
+            else:
+                member_events.setdefault(root_key, []).append(ev)
+    by_tree = {}
+    for k, s in series.items():
+        by_tree.setdefault(k.split("/", 1)[0], []).append(s)
+    for key, (pid, name, settings, used, _cpu, _rss) in trees.items():
+        if settings == "ignore":
+            continue
+        parts = by_tree.get(key, [])
+        if not parts:
+            continue
+        m = meta[key]
+        alerting = any(s.firing for s in parts)
+        evs = member_events.get(key, [])
+        if alerting and not m.get("alerting"):
+            # one alert per tree: a rank's when one fires (it names the
+            # rank), else the tree's with its fastest-growing rank named
+            fired = [e for e in evs if e["state"] == "firing"] or \
+                [s.event("firing") for s in parts if s.firing]
+            ev = max(fired, key=lambda e: ("leaking_pid" in e, e["slope_mib_per_hour"]))
+            ev.setdefault("host", host)
+            ev.setdefault("name", name)
+            members = [s for s in parts if s.key != key]
+            if "leaking_pid" not in ev and members:
+                top = max(members, key=lambda s: s.last.get("slope") or 0.0)
+                ev.update({"leaking_pid": top.pid, "rank": meta.get(top.key, {}).get("rank")})
+            emit_event(stdout, pid, ev)
+        elif m.get("alerting") and not alerting:
+            resolved = [e for e in evs if e["state"] == "resolved"]
+            ev = resolved[0] if resolved else series[key].event("resolved")
+            ev.setdefault("host", host)
+            emit_event(stdout, pid, ev)
+        m["alerting"] = alerting
+        # the tree's verdict: the worst of its own and its ranks'
+        slope, firing, sev, oom = max((s.verdict() for s in parts), key=lambda v: (v[1], v[0]))
+        stdout.write("status\t%d\t%.1f\t%d\t%d\t%s\t%s\t%s\n" % (
+            pid, slope, firing, used, sev, "-" if oom is None else int(oom * 3600), name))
+    for key in list(meta):
+        if key not in seen:
+            m = meta.pop(key)
+            if m.get("alerting"):
+                if key in series:
+                    ev = series[key].event("resolved")
+                else:
+                    ev = {"ts": int(time.time()), "event": "gpu_memory_leak", "state": "resolved",
+                          "pid": m.get("pid")}
+                ev.update({"host": host, "reason": "gone"})
+                emit_event(stdout, m.get("pid") or 0, ev)
     for key in list(series):
         if key not in seen:
-            s = series.pop(key)
-            if s.firing:
-                ev = s.event("resolved")
-                ev.update({"host": host, "reason": "gone"})
-                stdout.write("event resolved %d %s\n" % (s.pid, json.dumps(ev)))
-    write_atomic(state_path(state_dir), json.dumps({k: s.to_json() for k, s in series.items()}))
+            series.pop(key)
+    write_atomic(state_path(state_dir, instance),
+                 json.dumps({"series": {k: s.to_json() for k, s in series.items()}, "meta": meta},
+                            separators=(",", ":")))
 
 
-def state_path(state_dir):
+def emit_event(stdout, pid, ev):
+    # the command line stays out of events: it may hold tokens
+    stdout.write("event\t%s\t%d\t%s\n" % (ev["state"], pid, json.dumps(ev)))
+
+
+def state_path(state_dir, instance=""):
+    """leak-state-<instance>.json (contract 6); leak-state.json without one."""
+    if instance:
+        return os.path.join(state_dir, "leak-state-%s.json" % re.sub(r"[^0-9A-Za-z_.-]", "_", instance))
     return os.path.join(state_dir, "leak-state.json")
 
 
-def load_state(state_dir):
-    """The saved series by key; empty when there is none or it is unreadable."""
+def load_state(state_dir, instance=""):
+    """{"series": {key: ...}, "meta": {...}}; empty when there is none or it
+    is unreadable (an older flat file is read as its series)."""
     try:
-        with open(state_path(state_dir), encoding="utf-8") as f:
-            return json.load(f)
+        with open(state_path(state_dir, instance), encoding="utf-8") as f:
+            data = json.load(f)
     except (OSError, ValueError):
         return {}
+    if not isinstance(data, dict):
+        return {}
+    if "series" not in data:
+        data = {"series": {k: v for k, v in data.items() if isinstance(v, dict) and "key" in v}}
+    return data
+
+
+def all_states(state_dir):
+    """Every instance's saved series."""
+    out = {}
+    try:
+        names = sorted(os.listdir(state_dir))
+    except OSError:
+        return out
+    for name in names:
+        if name.startswith("leak-state") and name.endswith(".json"):
+            inst = name[len("leak-state-"):-5] if name.startswith("leak-state-") else ""
+            out.update(load_state(state_dir, inst).get("series", {}))
+    return out
 
 
 def write_atomic(path, text):
-    """Writes through a temporary file and a rename: readers never see half."""
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    """Writes through a new, uniquely named temporary file in the same folder
+    (O_EXCL, never a symlink) and a rename: readers never see half."""
+    folder = os.path.dirname(path) or "."
+    while True:
+        tmp = os.path.join(folder, ".%s.%s" % (os.path.basename(path), os.urandom(6).hex()))
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+            break
+        except FileExistsError:
+            continue
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
-def history_append(state_dir, key, ts, pid, used, max_rows):
-    """Appends to history/<key>.csv; past max_rows it is rotated to .1."""
-    folder = os.path.join(state_dir, "history")
-    os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, re.sub(r"[^0-9A-Za-z_.-]", "_", key) + ".csv")
-    new = not os.path.exists(path)
-    if not new:
-        with open(path, "rb") as f:
-            rows = sum(1 for _ in f)
-        if rows > max_rows:
+def history_append(state_dir, key, ts, pid, used, free, total, max_rows, rows=None):
+    """Appends to history/<key>.csv; past max_rows rows (or 64 bytes a row:
+    a file that grew behind the count's back) it is rotated to .1. `rows`
+    is the count kept in the state (the file is counted only when it is
+    unknown); returns the new count. One open and one write: a cycle never
+    re-reads the history."""
+    path = os.path.join(state_dir, "history", re.sub(r"[^0-9A-Za-z_.-]", "_", key) + ".csv")
+    gpu_used = (total - free) if total is not None and free is not None else None
+    row = "%d,%d,%d,%s,%s\n" % (ts, pid, used, "" if gpu_used is None else gpu_used, "" if total is None else total)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        fd = None
+    if fd is not None:
+        if rows is None:
+            with open(path, "rb") as f:
+                rows = sum(1 for _ in f) - 1
+        if rows >= max_rows or os.fstat(fd).st_size > 64 * (max_rows + 1):
+            os.close(fd)
             os.replace(path, path + ".1")
-            new = True
-    with open(path, "a", encoding="utf-8") as f:
-        if new:
-            f.write("timestamp,pid,used_memory_mib\n")
-        f.write("%d,%d,%g\n" % (ts, pid, used))
+            fd = None
+    if fd is None:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        row, rows = HISTORY_HEADER + "\n" + row, 0
+    try:
+        os.write(fd, row.encode())
+    finally:
+        os.close(fd)
+    return rows + 1
 
 
 # ---------------------------------------------------------------- report --
 
+class HistoryRow(tuple):
+    """(timestamp, used_mib), with the GPU's figures as attributes:
+    pid, gpu_used_mib, gpu_total_mib, gpu_free_mib (None when unknown)."""
+
+    def __new__(cls, ts, used, pid=None, gpu_used=None, gpu_total=None):
+        row = tuple.__new__(cls, (ts, used))
+        row.pid, row.gpu_used_mib, row.gpu_total_mib = pid, gpu_used, gpu_total
+        row.gpu_free_mib = (gpu_total - gpu_used) if gpu_total is not None and gpu_used is not None else None
+        return row
+
+
+def _num_or_none(text):
+    try:
+        return float(text)
+    except (TypeError, ValueError):
+        return None
+
+
 def read_history(folder):
+    """{key: [(timestamp, used_mib), ...]} for every history file; each row
+    also carries .pid, .gpu_used_mib, .gpu_total_mib and .gpu_free_mib
+    (None when the file predates them)."""
+    import csv
     out = {}
     for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
         if not name.endswith(".csv"):
             continue
         rows = []
-        with open(os.path.join(folder, name), newline="", encoding="utf-8") as f:
+        with open(os.path.join(folder, name), newline="", encoding="utf-8-sig") as f:
             for row in csv.DictReader(f):
                 try:
-                    rows.append((float(row["timestamp"]), float(row["used_memory_mib"])))
+                    r = HistoryRow(float(row["timestamp"]), float(row["used_memory_mib"]),
+                                   _num_or_none(row.get("pid")), _num_or_none(row.get("gpu_used_mib")),
+                                   _num_or_none(row.get("gpu_total_mib")))
                 except (KeyError, TypeError, ValueError):
                     continue
+                rows.append(r)
         if rows:
             out[name[:-4]] = rows
     return out
@@ -512,6 +595,9 @@ def main(argv):
     cmd = argv[1] if len(argv) > 1 else ""
     try:
         if cmd == "replay" and len(argv) >= 3:
+            # a short-lived process building 10^5-10^6 small lists: the
+            # cycle collector would only cost time
+            gc.disable()
             gpu_total = float(env["LEAK_GPU_TOTAL_MIB"]) if env.get("LEAK_GPU_TOTAL_MIB") else None
             replay(argv[2], params_from(env), gpu_total)
             return 0
@@ -524,8 +610,9 @@ def main(argv):
             return 0
         if cmd == "slopes":
             # for gpuguard status: "PID SLOPE FIRING" per watched series
-            for data in load_state(env.get("GPUGUARD_STATE_DIR") or ".").values():
-                print("%s %.0f %d" % (data.get("pid"), (data.get("last") or {}).get("slope", 0.0), data.get("firing", False)))
+            for data in all_states(env.get("GPUGUARD_STATE_DIR") or ".").values():
+                print("%s %.0f %d" % (data.get("pid"), (data.get("last") or {}).get("slope", 0.0) or 0.0,
+                                      data.get("firing", False)))
             return 0
         if cmd == "loss" and len(argv) >= 3:
             print(json.dumps(loss_plateau(argv[2])))
@@ -533,7 +620,7 @@ def main(argv):
     except (OSError, ValueError) as e:
         print("gpu-leak-watch: %s" % e, file=sys.stderr)
         return 2
-    print("usage: gpuguard_leak.py replay FILE | check | report OUT.html | loss FILE", file=sys.stderr)
+    print("usage: gpuguard_leak.py replay FILE | check | report OUT.html | loss FILE | slopes", file=sys.stderr)
     return 2
 
 

@@ -111,11 +111,12 @@ def test_replay_prints_one_json_line_per_event(tmp_path):
     assert not (tmp_path / "s" / "events.jsonl").exists()       # a replay pages nobody
 
 
-def test_replay_of_clean_trace_prints_nothing(tmp_path):
+def test_replay_of_clean_trace_prints_no_event_and_a_summary(tmp_path):
     csv_path = tmp_path / "clean.csv"
     write_csv(csv_path, bench.base_trace(random.Random(4), 24, "mixed"))
     r = run(["--replay", str(csv_path)], env={"GPUGUARD_STATE_DIR": str(tmp_path / "s")})
     assert r.returncode == 0 and r.stdout == ""
+    assert r.stderr.startswith("gpu-leak-watch: replayed 1440 samples, 1 series, 24.0 h: 0 events; 4242: no leak")
 
 
 def test_replay_bad_input_is_one_line_exit_2(tmp_path):
@@ -204,7 +205,13 @@ def test_live_watch_follows_the_tree_and_alerts_with_context(box, tmp_path, sink
     prom = (tmp_path / "prom" / "gpuguard_leak.prom").read_text()
     assert 'gpuguard_process_leak{pid="%d",name="bash"} 1' % job.proc.pid in prom
     history = list((box.state / "history").glob("%d-*.csv" % job.proc.pid))
-    assert len(history) == 1 and history[0].read_text().startswith("timestamp,pid,used_memory_mib\n")
+    # the history records the GPU's used and total memory, so a replay of it
+    # knows the capacity
+    assert len(history) == 1 and history[0].read_text().startswith(leak.HISTORY_HEADER + "\n")
+    assert prom.count("gpuguard_process_leak_slope_mib_per_hour{") == 1
+    slope = float(prom.split('gpuguard_process_leak_slope_mib_per_hour{pid="%d",name="bash"} ' % job.proc.pid)[1].split()[0])
+    assert slope == pytest.approx(event["slope_mib_per_hour"], rel=0.5) and slope > 50
+    assert 'gpuguard_process_leak_severity{pid="%d",name="bash"} 3' % job.proc.pid in prom
 
 
 def test_steady_memory_does_not_alert(box, tmp_path):
@@ -273,15 +280,25 @@ def test_run_a_job_and_exit_with_its_status(box):
 
 def test_history_is_bounded(box, tmp_path):
     job = Job(tmp_path)
+    env = {"LEAK_HISTORY_MAX_ROWS": "100"}
     try:
         leak_scenario(box, job.child(), per_step=0)
-        watch_cycles(box, ["--pid", str(job.proc.pid)], 8, env={"LEAK_HISTORY_MAX_ROWS": "100"})
+        watch_cycles(box, ["--pid", str(job.proc.pid)], 1, env=env)
         path = next((box.state / "history").glob("*.csv"))
+        # the row count lives in the state (a cycle never re-reads the
+        # history); without a state it is counted once
+        path.write_text(leak.HISTORY_HEADER + "\n" + "1,2,3,,\n" * 98)
+        for state in box.state.glob("leak-state*.json"):
+            state.unlink()
+        watch_cycles(box, ["--pid", str(job.proc.pid)], 3, env=env)
         # rotation keeps one old file; no file grows past the bound
-        path.write_text("timestamp,pid,used_memory_mib\n" + "1,2,3\n" * 150)
-        watch_cycles(box, ["--pid", str(job.proc.pid)], 1, env={"LEAK_HISTORY_MAX_ROWS": "100"})
         assert len(path.read_text().splitlines()) == 2
-        assert len(open(str(path) + ".1").read().splitlines()) == 151
+        assert len(open(str(path) + ".1").read().splitlines()) == 101
+        # a file that grew behind the watcher's back is rotated by its size
+        path.write_text(leak.HISTORY_HEADER + "\n" + "1796206508,8111,3000,3500,143771\n" * 250)
+        watch_cycles(box, ["--pid", str(job.proc.pid)], 1, env=env)
+        assert len(path.read_text().splitlines()) == 2
+        assert len(open(str(path) + ".1").read().splitlines()) == 251
     finally:
         job.stop()
 
@@ -415,4 +432,3 @@ def test_warm_up_after_a_quick_restart_on_a_nearly_full_gpu_is_not_a_leak():
         return [ev for ev in (s.add(t, v, total - v) for t, v in flat + ramp) if ev]
 
     assert alerts() == []
-    assert [ev["state"] for ev in alerts(tail_ratio=0.0)][:1] == ["firing"]

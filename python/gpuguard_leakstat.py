@@ -1,0 +1,793 @@
+"""gpuguard's leak statistics: one Series per process (or process tree).
+
+Method (docs/LEAK.md has each phenomenon and the rule that handles it):
+
+Reduction. Samples become 1-minute "fine" floors (the minimum of each
+minute; bucket_s / 10 in general), and every 10 minutes a bucket floor: the
+minimum of the bucket's fine floors after dropping isolated dips (a fine
+floor under 85 % of both neighbours: torch.cuda.empty_cache() drops the
+process to its allocated floor for one sample). The minimum removes spikes,
+evaluation peaks and checkpoint saves that last less than a bucket.
+
+Segments. A series restarts (cut, then 30 minutes of warm-up skipped) on a
+new PID for the same key (the caller says so), a gap of more than 90 s
+followed by another level (256 MiB and 2 % away, the expected growth
+aside), a gap longer than 6 h, or a floor collapse below half the recent
+level that stays for an hour. Other gaps (the watcher away, the box busy)
+and single low floors do not cut.
+
+Level shifts. Inside a segment, jumps between buckets (>= 256 MiB and far
+outside the bucket-to-bucket noise) are level shifts: a one-time jump (new
+sequence-length bucket), the start or end of an evaluation phase, an RL
+rollout/train alternation. They are subtracted (minus the local trend), so
+the trend underneath stays visible and a shift is never read as growth.
+Persistent up-shifts of similar size at regular intervals (>= 3, still
+coming) are a step leak (the allocator leaking in blocks), rated size /
+interval.
+
+Slow tier. On the de-shifted floors, windows of 2, 3, 6, 12 and 24 h are
+tested: net growth >= 64 MiB spread over >= 4 rising buckets, no single jump
+carrying more than 40 %, one-sided Mann-Kendall Z >= 2.326, Theil-Sen slope
+>= the threshold (50 MiB/h), and the growth not decelerating: the window's
+slope must be at least 0.6 of the slope in the window before it (or, with
+no room before it, the last third at least 0.6 of the first third). A
+decelerating series is a cache filling toward a ceiling; it alerts only
+when the projected ceiling is above the GPU's capacity.
+
+Fast tier. With the GPU's free memory known, the fine floors decide: when
+the growth projects OOM within 6 h and has been observed for at least as
+long as the time left (a third of it when the growth is strictly linear:
+last half's rate >= 0.9 of the first half's), rising in most minutes, with
+no single jump carrying more than 40 %, it fires. Warm-ups decelerate and
+fail this; a leak of GB/h alerts minutes to an hour after it starts.
+
+Alerting. Two passing evaluations in a row fire (per tier); growth stopping
+for two evaluations, or a restart, resolves. The event carries the slope,
+since when, the projected hours to OOM, a confidence (0-1, from the
+Mann-Kendall Z and the evidence span), the trend ("steady", "accelerating",
+"decelerating/saturating", "steps") and a severity from the projection:
+critical under 6 h, warning under 7 days or when the capacity is unknown,
+info (a trend note, not a page) beyond.
+"""
+import math
+
+DEFAULTS = {
+    "bucket_s": 600.0,          # floor bucket length
+    "threshold": 50.0,          # MiB/h
+    "min_growth": 64.0,         # MiB of net growth in the window
+    "step_mib": 256.0,          # a jump this big between buckets may be a level shift
+    "step_noise": 4.0,          # ... when it is this many noise scales out
+    "skip_buckets": 3,          # warm-up skipped after a start or a cut
+    "windows": (12, 18, 36, 72, 144),
+    "z_min": 2.326,             # one-sided alpha = 0.01
+    "decel_ratio": 0.6,         # slope / slope before it under this: decelerating
+    "debounce": 2,
+    "max_jump_share": 0.4,      # one bucket's jump may carry at most this of the growth
+    "min_rises": 4,             # a leak raises the floor in at least this many buckets
+    "gap_cut_s": 6 * 3600.0,    # no sample for this long: a new segment
+    "gap_check_s": 90.0,        # after a shorter gap only a level change cuts
+    "collapse": 0.5,            # floor under this share of the recent level ...
+    "collapse_buckets": 6,      # ... for this many buckets: a restart
+    "stair_min": 3,             # persistent steps of a step leak
+    "fast_oom_h": 6.0,          # fast tier: OOM projected this close
+    "fast_min_s": 120.0,        # ... observed for at least this long
+    "fast_linear_share": 0.35,  # ... and this share of the time left when linear
+    "critical_h": 6.0,          # severity by projected hours to OOM
+    "note_h": 168.0,            # beyond this: a trend note
+}
+MAX_FINES = 120
+
+
+# ------------------------------------------------------------ statistics --
+
+def median(values):
+    s = sorted(values)
+    n = len(s)
+    if n == 0:
+        return 0.0
+    mid = n // 2
+    return float(s[mid]) if n % 2 else (s[mid - 1] + s[mid]) / 2.0
+
+
+def theil_sen(xs, ys):
+    """Median of pairwise slopes."""
+    slopes = []
+    n = len(xs)
+    for i in range(n):
+        xi, yi = xs[i], ys[i]
+        for j in range(i + 1, n):
+            dx = xs[j] - xi
+            if dx:
+                slopes.append((ys[j] - yi) / dx)
+    return median(slopes) if slopes else 0.0
+
+
+def mann_kendall_z(ys):
+    """One-sided Mann-Kendall Z with the tie correction."""
+    n = len(ys)
+    if n < 3:
+        return 0.0
+    s = 0
+    for k in range(n - 1):
+        yk = ys[k]
+        for j in range(k + 1, n):
+            d = ys[j] - yk
+            s += (d > 0) - (d < 0)
+    counts = {}
+    for y in ys:
+        counts[y] = counts.get(y, 0) + 1
+    ties = sum(t * (t - 1) * (2 * t + 5) for t in counts.values() if t > 1)
+    var = (n * (n - 1) * (2 * n + 5) - ties) / 18.0
+    if var <= 0:
+        return 0.0
+    if s > 0:
+        return (s - 1) / math.sqrt(var)
+    if s < 0:
+        return (s + 1) / math.sqrt(var)
+    return 0.0
+
+
+def reduce_points(xs, ys, most=36):
+    """At most `most` points: medians of consecutive groups (keeps the
+    O(n^2) statistics cheap on 24 h windows)."""
+    n = len(xs)
+    if n <= most:
+        return xs, ys
+    g = (n + most - 1) // most
+    rx, ry = [], []
+    for i in range(0, n, g):
+        rx.append(median(xs[i:i + g]))
+        ry.append(median(ys[i:i + g]))
+    return rx, ry
+
+
+def drop_dips(values, share=0.85):
+    """Values without isolated dips (lower than `share` of both neighbours)."""
+    n = len(values)
+    if n < 3:
+        return values
+    out = []
+    for i, v in enumerate(values):
+        left = values[i - 1] if i else values[i + 1]
+        right = values[i + 1] if i + 1 < n else values[i - 1]
+        if v < share * left and v < share * right:
+            continue
+        out.append(v)
+    return out or values
+
+
+def pack(flat):
+    """A flat list of (index, value) pairs as one string: "FIRST|" and then
+    index - FIRST and the value, comma-separated, whole numbers without a
+    decimal point. The state of 64 series then loads and saves in
+    milliseconds (a JSON list of pairs costs tens), with no extra module."""
+    if not flat:
+        return ""
+    first = int(flat[0])
+    out = []
+    for i in range(0, len(flat), 2):
+        v = flat[i + 1]
+        out.append("%d,%s" % (flat[i] - first, int(v) if v == int(v) else repr(v)))
+    return "%d|%s" % (first, ",".join(out))
+
+
+def unpack(text):
+    """pack()'s flat list back."""
+    if not text:
+        return []
+    first, _, rest = text.partition("|")
+    flat = list(map(float, rest.split(",")))
+    base = int(first)
+    flat[0::2] = [base + int(x) for x in flat[0::2]]
+    return flat
+
+
+def severity_for(oom_h, params):
+    if oom_h is None:
+        return "warning"
+    if oom_h < params["critical_h"]:
+        return "critical"
+    if oom_h < params["note_h"]:
+        return "warning"
+    return "info"
+
+
+# -------------------------------------------------------------- detector --
+
+class Series:
+    """One process (or process tree) incarnation: floors and alert state."""
+
+    FIELDS = ("fs", "dts", "pend", "prev_v", "fed_ts", "prev_fed", "bucket", "fine", "fine_min", "fine_cur",
+              "fines", "floors", "cut", "streak", "fstreak", "calm", "firing", "last")
+
+    def __init__(self, params, key, pid):
+        self.p = params
+        self.key = key
+        self.pid = pid
+        self.fs = None              # fine floor seconds, set from the first samples
+        self.dts = []
+        self.pend = None            # the sample held back: [ts, mib]
+        self.prev_v = None          # the last sample fed
+        self.fed_ts = None
+        self.prev_fed = None
+        self.bucket = None          # current bucket index
+        self.fine = None            # current fine index
+        self.fine_min = None
+        self.fine_cur = []          # fine floors of the current bucket
+        self.fines = []             # flat: fine_index, floor, ... (the last MAX_FINES)
+        self._floors = []           # [bucket_index, floor]
+        self._floors_packed = ""
+        self.cut = None             # bucket index where the segment starts
+        self.streak = 0
+        self.fstreak = 0
+        self.calm = 0
+        self.firing = False
+        self.last = {}
+
+    PACKED = ("fines", "floors")
+
+    @property
+    def floors(self):
+        """[bucket_index, floor] pairs, unpacked from the state on first use
+        (most cycles never need them)."""
+        if self._floors is None:
+            flat = unpack(self._floors_packed)
+            self._floors = [[int(flat[i]), flat[i + 1]] for i in range(0, len(flat) - 1, 2)]
+        return self._floors
+
+    @floors.setter
+    def floors(self, value):
+        self._floors = value
+
+    def to_json(self):
+        """A JSON-ready dict; the floor lists packed (see pack())."""
+        d = {name: getattr(self, name) for name in self.FIELDS if name not in self.PACKED}
+        d["fines"] = pack(self.fines)
+        if self._floors is None:
+            d["floors"] = self._floors_packed
+        else:
+            d["floors"] = pack([x for pair in self._floors for x in pair])
+        d.update(key=self.key, pid=self.pid)
+        return d
+
+    @classmethod
+    def from_json(cls, params, data):
+        s = cls(params, data["key"], data["pid"])
+        for name in cls.FIELDS:
+            if name in data and name not in cls.PACKED:
+                setattr(s, name, data[name])
+        fines = data.get("fines")
+        s.fines = unpack(fines) if isinstance(fines, str) else []
+        floors = data.get("floors")
+        if isinstance(floors, str):
+            s._floors, s._floors_packed = None, floors
+        return s
+
+    # ------------------------------------------------------------ input --
+    def fine_s(self):
+        """The fine floor length: a tenth of a bucket, shorter (down to ten
+        samples) when samples come faster, fixed after the first samples."""
+        if self.fs is None:
+            return self.p["bucket_s"] / 10.0
+        return self.fs
+
+    def restart(self, ts):
+        """A new incarnation under the same key (new PID): a new segment."""
+        self.cut = int(ts // self.p["bucket_s"])
+        self.fines = []
+        self.fstreak = 0
+
+    def add(self, ts, mib, free_mib=None):
+        """Adds a sample; returns an event dict when the alert state changes.
+        A sample is held back one step: one under 85 % of both neighbours is
+        an empty_cache() dip and never reaches the floors."""
+        last = self.last
+        last["ts"], last["used"], last["free"] = ts, mib, free_mib
+        pend, prev = self.pend, self.prev_v
+        self.pend = [ts, mib]
+        if pend is None:
+            return None
+        pts, pv = pend
+        if prev is not None and pv < 0.85 * prev and pv < 0.85 * mib:
+            return None
+        self.prev_v = pv
+        return self.feed(pts, pv)
+
+    def add_many(self, tss, vals, frees=None):
+        """add() over columns (a replay): the same result, with the common
+        case (a sample inside the current fine floor) kept in local
+        variables. Returns the events."""
+        events = []
+        last = self.last
+        n = len(tss)
+        i = 0
+        while i < n and (self.fs is None or self.pend is None or self.fine is None):
+            ev = self.add(tss[i], vals[i], frees[i] if frees is not None else None)
+            if ev:
+                events.append(ev)
+            i += 1
+        if i >= n:
+            return events
+        fs = self.fs
+        pts, pv = self.pend
+        prev = self.prev_v
+        fine, fmin = self.fine, self.fine_min
+        fed_ts, prev_fed = self.fed_ts, self.prev_fed
+        while i < n:
+            ts, mib = tss[i], vals[i]
+            # the held-back sample (pts, pv) is decided now
+            if prev is not None and pv < 0.85 * prev and pv < 0.85 * mib:
+                pts, pv = ts, mib
+                i += 1
+                continue
+            if int(pts // fs) == fine:
+                if pv < fmin:
+                    fmin = pv
+                fed_ts = pts
+                prev = prev_fed = pv
+                pts, pv = ts, mib
+                i += 1
+                continue
+            # a new fine floor: the full path
+            self.fine_min, self.fed_ts, self.prev_fed = fmin, fed_ts, prev_fed
+            self.prev_v = pv
+            last["ts"], last["used"], last["free"] = ts, mib, frees[i] if frees is not None else None
+            ev = self.feed(pts, pv)
+            if ev:
+                events.append(ev)
+            fs, fine, fmin = self.fs, self.fine, self.fine_min
+            fed_ts, prev_fed = self.fed_ts, self.prev_fed
+            prev = pv
+            pts, pv = ts, mib
+            i += 1
+        self.pend = [pts, pv]
+        self.prev_v = prev
+        self.fine, self.fine_min, self.fed_ts, self.prev_fed = fine, fmin, fed_ts, prev_fed
+        last["ts"], last["used"], last["free"] = tss[-1], vals[-1], frees[-1] if frees is not None else None
+        return events
+
+    def feed(self, ts, mib):
+        p = self.p
+        prev_ts = self.fed_ts
+        self.fed_ts = ts
+        if self.fs is None:
+            if prev_ts is not None and ts > prev_ts:
+                self.dts.append(ts - prev_ts)
+            if len(self.dts) >= 4 or (prev_ts is not None and ts - prev_ts >= p["bucket_s"] / 10.0):
+                dt = median(self.dts) if self.dts else p["bucket_s"]
+                self.fs = min(p["bucket_s"] / 10.0, max(p["bucket_s"] / 60.0, 10.0 * dt))
+                self.fine = None if self.fine is None else int(prev_ts // self.fs)
+        f = int(ts // self.fine_s())
+        if f == self.fine:
+            if mib < self.fine_min:
+                self.fine_min = mib
+            self.prev_fed = mib
+            return None
+        restarted = False
+        if prev_ts is not None and ts - prev_ts > p["gap_check_s"] and self.prev_fed is not None:
+            # a gap and a different level after it: the process restarted
+            # (a watcher that was away finds the level where it was)
+            grown = max(0.0, self.last.get("slope") or 0.0) * (ts - prev_ts) / 3600.0
+            restarted = abs(mib - self.prev_fed - grown) > max(p["step_mib"], 0.02 * self.prev_fed)
+        self.prev_fed = mib
+        if prev_ts is not None and (ts - prev_ts > p["gap_cut_s"] or restarted):
+            self.close_fine()
+            self.close_bucket()
+            self.cut = int(ts // p["bucket_s"])
+            self.fines = []
+            self.fine, self.fine_min, self.bucket = f, mib, int(ts // p["bucket_s"])
+            return None
+        ev = self.close_fine() if self.fine is not None else None
+        self.fine, self.fine_min = f, mib
+        b = int(ts // p["bucket_s"])
+        if self.bucket is None:
+            self.bucket = b
+            if self.cut is None:
+                self.cut = b
+        elif b != self.bucket:
+            ev = self.close_bucket() or ev
+            self.bucket = b
+        return ev
+
+    def close_fine(self):
+        if self.fine is None:
+            return None
+        v = self.fine_min
+        self.fine_cur.append(v)
+        self.fines += (self.fine, v)
+        if len(self.fines) > 2 * MAX_FINES:
+            del self.fines[:2]
+        return self.evaluate_fast()
+
+    def close_bucket(self):
+        if not self.fine_cur:
+            return None
+        floor = min(drop_dips(self.fine_cur))
+        self.fine_cur = []
+        self.floors.append([self.bucket, floor])
+        keep = max(self.p["windows"]) + 24 + self.p["skip_buckets"]
+        if len(self.floors) > keep:
+            del self.floors[:len(self.floors) - keep]
+        return self.evaluate()
+
+    # --------------------------------------------------------- segments --
+    def segment(self):
+        """The floors of the current segment: after the last cut (or floor
+        collapse that stays) and its warm-up."""
+        p = self.p
+        fl = self.floors
+        start = 0
+        cut = self.cut if self.cut is not None else -1
+        for j in range(len(fl)):
+            if fl[j][0] >= cut:
+                start = j
+                break
+        else:
+            return []
+        # a collapse under half the recent level that stays: a restart
+        # (earlier positions were checked by earlier evaluations)
+        k = p["collapse_buckets"]
+        n = len(fl)
+        j = max(start + 1, n - k - 2)
+        while j + k <= n:
+            ref = median([v for _, v in fl[max(start, j - 6):j]])
+            if fl[j][1] < p["collapse"] * ref and all(fl[i][1] < p["collapse"] * ref for i in range(j, j + k)):
+                start = j
+                self.cut = fl[j][0]
+                j += k
+                continue
+            j += 1
+        seg = fl[start:]
+        skip = p["skip_buckets"]
+        if seg and seg[0][0] == self.cut:
+            seg = seg[skip:]
+        return seg
+
+    def level_shifts(self, ys):
+        """De-shifted floors and the persistent up-shifts [(index, size)]."""
+        p = self.p
+        n = len(ys)
+        d = [ys[i] - ys[i - 1] for i in range(1, n)]
+        if not d:
+            return ys, []
+        med = median(d)
+        mad = median([abs(x - med) for x in d]) * 1.4826
+        limit = max(p["step_mib"], p["step_noise"] * (mad + 10.0))
+        # a jump stands out from the diffs around it (a cache filling fast
+        # has large diffs everywhere: none of them is a jump)
+        m = len(d)
+        jumps = []
+        for i, x in enumerate(d):
+            if -limit < x - med < limit and abs(x) < limit:
+                jumps.append(False)         # small: no jump whatever surrounds it
+                continue
+            around = sorted(d[max(0, i - 3):i] + d[i + 1:i + 4])
+            local = around[len(around) // 2] if around else med
+            jumps.append(abs(x - local) >= limit)
+        small = [x for x, j in zip(d, jumps) if not j]
+        trend = sum(small) / len(small) if small else 0.0
+        out = [ys[0]]
+        offset = 0.0
+        ups = []
+        self.njumps = sum(jumps[-36:])
+        for i, x in enumerate(d):
+            if jumps[i]:
+                near = [d[k] for k in range(max(0, i - 6), min(m, i + 7)) if not jumps[k]]
+                local = sum(near) / len(near) if len(near) >= 3 else trend
+                offset += x - local
+                if x > 0:
+                    ups.append((i + 1, x - local))
+            out.append(ys[i + 1] - offset)
+        # persistent: the level stays up (the minimum of what follows, up to
+        # 6 buckets, is above everything in the hour before by most of the
+        # jump; the end of a lower phase only returns to an earlier level)
+        keep = []
+        for i, size in ups:
+            after = ys[i:i + 6]
+            before = ys[max(0, i - 6):i]
+            if len(after) >= 2 and before and min(after) - max(before) >= 0.5 * size:
+                keep.append((i, size))
+        return out, keep
+
+    def staircase(self, xs, steps):
+        """Rate (MiB/h) when the persistent steps are a step leak."""
+        p = self.p
+        if len(steps) < p["stair_min"]:
+            return None
+        steps = steps[-6:]
+        sizes = [s for _, s in steps]
+        times = [xs[i] for i, _ in steps]
+        gaps = [b - a for a, b in zip(times, times[1:])]
+        ms, mg = median(sizes), median(gaps)
+        # a leak's blocks are all alike and come at a steady pace; new
+        # record lengths (a healthy staircase) come ever more rarely
+        if mg <= 0 or min(sizes) < 0.75 * ms or max(sizes) > 1.25 * ms:
+            return None
+        if min(gaps) < 0.65 * mg or max(gaps) > 1.35 * mg:
+            return None
+        if len(gaps) >= 2 and all(b > a for a, b in zip(gaps, gaps[1:])) and gaps[-1] > 1.2 * gaps[0]:
+            return None
+        if xs[-1] - times[-1] > 1.5 * mg:
+            return None                 # the steps stopped coming
+        return ms / mg
+
+    # --------------------------------------------------------- verdicts --
+    def window_verdict(self, xs, ys, before):
+        """(leaking, slope, z, trend) of one window; `before` are the de-shifted
+        floors (x, y) just before it."""
+        p = self.p
+        growth = median(ys[-3:]) - median(ys[:3])
+        if growth < p["min_growth"]:
+            return False, 0.0, 0.0, "flat"
+        jumps = [b - a for a, b in zip(ys, ys[1:])]
+        if max(jumps) > p["max_jump_share"] * growth or sum(1 for d in jumps if d > 0) < p["min_rises"]:
+            return False, 0.0, 0.0, "jumpy"
+        rx, ry = reduce_points(xs, ys)
+        beta = theil_sen(rx, ry)
+        if beta < p["threshold"]:
+            return False, beta, 0.0, "slow"
+        z = mann_kendall_z(ry)
+        if z < p["z_min"]:
+            return False, beta, z, "noisy"
+        if self.decelerating(before[0] + xs, before[1] + ys, beta):
+            return False, beta, z, "decelerating/saturating"
+        prev = 0.0
+        if len(before[0]) >= max(6, len(xs) // 2):
+            prev = theil_sen(*reduce_points(*before))
+        return True, beta, z, "accelerating" if prev > 0 and beta > 1.5 * prev else "steady"
+
+    def decelerating(self, xs, ys, beta):
+        """True when the growth keeps slowing: the rates of up to 6 chunks
+        (the window and the one before it) fall, and the last is under
+        decel_ratio of the fastest before it (a cache filling to a ceiling)."""
+        n = len(xs)
+        k = 6 if n >= 24 else 3
+        size = n // k
+        if size < 2:
+            return False
+        rates = []
+        for c in range(k):
+            a = n - (k - c) * size
+            cx, cy = reduce_points(xs[a:a + size], ys[a:a + size], 12)
+            rates.append(theil_sen(cx, cy))
+        top = max(rates[:-1])
+        if rates[0] > 0 and rates[-1] < 0.8 * rates[0] and all(b < 0.95 * a for a, b in zip(rates, rates[1:])):
+            return True                 # every chunk slower than the one before
+        if top <= 0 or rates[-1] >= self.p["decel_ratio"] * top:
+            return False
+        # from the fastest chunk on, the rate keeps falling (flat hours
+        # before a growth's onset do not count either way)
+        after = rates[rates.index(top):]
+        slack = 0.1 * top
+        return all(b <= a + slack for a, b in zip(after, after[1:]))
+
+    def windows_verdict(self, xs, ys):
+        """(leaking, slope, z, trend, span_h) over the time windows."""
+        p = self.p
+        bh = p["bucket_s"] / 3600.0
+        leaking, slope, z, trend, span = False, 0.0, 0.0, "flat", 0.0
+        if not xs:
+            return leaking, slope, z, trend, span
+        end = xs[-1]
+        n = len(xs)
+        for w in p["windows"]:
+            lo = end - (w - 0.5) * bh
+            i = n
+            while i > 0 and xs[i - 1] > lo:
+                i -= 1
+            if n - i < max(6, 0.6 * w) or xs[0] > lo + bh:
+                break
+            j = i
+            while j > 0 and xs[j - 1] > lo - w * bh:
+                j -= 1
+            ok, beta, zz, tr = self.window_verdict(xs[i:], ys[i:], (xs[j:i], ys[j:i]))
+            if ok:
+                return True, beta, zz, tr, end - xs[i]
+            if beta > slope or span == 0:
+                slope, z, trend, span = beta, zz, tr, end - xs[i]
+        return leaking, slope, z, trend, span
+
+    def phase_split(self, ys):
+        """The level between two alternating phases (RL rollout/train), or
+        None: the largest gap between sorted floors, with both sides >= 25 %
+        of the points and the gap wide against each side's spread."""
+        n = len(ys)
+        if n < 12:
+            return None
+        s = sorted(ys)
+        lo_i = n // 4
+        best, at = 0.0, None
+        for i in range(lo_i, n - lo_i):
+            g = s[i] - s[i - 1]
+            if g > best:
+                best, at = g, i
+        if at is None or best < self.p["step_mib"]:
+            return None
+        low, high = s[:at], s[at:]
+        spread = max(low[int(0.9 * (len(low) - 1))] - low[int(0.1 * (len(low) - 1))],
+                     high[int(0.9 * (len(high) - 1))] - high[int(0.1 * (len(high) - 1))])
+        if best < 2 * spread:
+            return None
+        return (s[at - 1] + s[at]) / 2.0
+
+    def evaluate(self):
+        """The slow tier, once per bucket."""
+        p = self.p
+        seg = self.segment()
+        xs = [b * p["bucket_s"] / 3600.0 for b, _ in seg]
+        raw = [float(v) for _, v in seg]
+        self.njumps = 0
+        leaking, slope, z, trend, span = False, 0.0, 0.0, "flat", 0.0
+        if not raw or max(raw) - min(raw) < p["min_growth"]:
+            ys, ups, rate, split = raw, [], None, None      # flat: nothing to test
+        else:
+            ys, ups = self.level_shifts(raw)
+            rate = self.staircase(xs, ups) if ups else None
+            split = self.phase_split(raw[-36:]) if self.njumps >= 6 else None
+        if not raw or max(raw) - min(raw) < p["min_growth"]:
+            pass
+        elif rate is not None and rate >= p["threshold"]:
+            leaking, slope, trend = True, rate, "steps"
+            span = xs[-1] - xs[ups[-min(len(ups), 6)][0]]
+        elif split is not None:
+            # alternating phases: each phase against itself, the busier one decides
+            high = [(x, y) for x, y in zip(xs, raw) if y >= split]
+            low = [(x, y) for x, y in zip(xs, raw) if y < split]
+            recent = xs[-1] - 6.0
+            main = max((high, low), key=lambda ph: sum(1 for x, _ in ph if x > recent))
+            leaking, slope, z, trend, span = self.windows_verdict([x for x, _ in main], [y for _, y in main])
+            trend = trend if trend != "steady" else "steady (phase-aware)"
+        else:
+            leaking, slope, z, trend, span = self.windows_verdict(xs, ys)
+        self.last["slope"] = slope
+        self.last["trend"] = trend
+        self.last["window_s"] = span * 3600.0 + p["bucket_s"]
+        if leaking:
+            self.last["since"] = (xs[-1] - span) * 3600.0
+            self.last["z"] = z
+        if self.firing:
+            return self.maybe_resolve(leaking, seg)
+        self.streak = self.streak + 1 if leaking else 0
+        if self.streak >= p["debounce"]:
+            return self.fire("slow")
+        return None
+
+    def evaluate_fast(self):
+        """The fast tier, once per fine floor, when the free memory is known."""
+        p = self.p
+        free = self.last.get("free")
+        fines = self.fines
+        if free is None or len(fines) < 10 or self.firing:
+            self.fstreak = 0
+            return None
+        fs = self.fine_s()
+        cut_f = int((self.cut or 0) * p["bucket_s"] // fs)
+        # cheap gate: the last few minutes' rate against the free memory
+        a, b = fines[-10:-8], fines[-2:]
+        if a[0] < cut_f:
+            self.fstreak = 0
+            return None
+        rate = (b[1] - a[1]) / ((b[0] - a[0]) * fs / 3600.0)
+        if rate < max(p["threshold"], 1.0) or free / rate > p["fast_oom_h"]:
+            self.fstreak = 0
+            return None
+        ok = self.fast_verdict(free, cut_f)
+        if ok is None:
+            self.fstreak = 0
+            return None
+        self.fstreak += 1
+        beta, since, z = ok
+        # under an hour left there is no time for a second look
+        if self.fstreak >= p["debounce"] or free / beta < 1.0:
+            self.last.update(slope=beta, trend="steady", since=since, z=z,
+                             window_s=self.last["ts"] - since)
+            return self.fire("fast")
+        return None
+
+    def fast_verdict(self, free, cut_f):
+        """(slope, since_ts, z) when the fine floors show growth that will
+        fill the GPU within fast_oom_h and has been seen for long enough:
+        as long as the time it leaves (a third of it when the rise is
+        smooth and linear). The evidence is the last stretch of that length:
+        a warm-up, which decelerates, never passes (its time left is at
+        least its time constant, over which its rate falls by half)."""
+        p = self.p
+        fs = self.fine_s()
+        fl = self.fines
+        pts = [(fl[i], fl[i + 1]) for i in range(0, len(fl), 2) if fl[i] >= cut_f]
+        vals = drop_dips([v for _, v in pts])
+        if len(vals) != len(pts):
+            keep = set(vals)
+            pts = [(f, v) for f, v in pts if v in keep]
+        if len(pts) < 5:
+            return None
+        end = pts[-1][0]
+        xs = [(f - end) * fs / 3600.0 for f, _ in pts]
+        ys = [float(v) for _, v in pts]
+        span_h = -xs[0]
+        beta = theil_sen(*reduce_points(xs, ys, 24))
+        if beta <= 0 or free / beta > p["fast_oom_h"]:
+            return None
+        for share in (p["fast_linear_share"], 1.0):
+            need = max(p["fast_min_s"] / 3600.0, share * free / beta)
+            if span_h < need:
+                continue
+            i = 0
+            while xs[i] < -need - 1e-9:
+                i += 1
+            wx, wy = xs[i:], ys[i:]
+            if len(wx) < 5:
+                wx, wy = xs[-5:], ys[-5:]
+            rx, ry = reduce_points(wx, wy, 24)
+            wbeta = theil_sen(rx, ry)
+            if wbeta <= 0 or free / wbeta > p["fast_oom_h"] or need < 0.9 * share * free / wbeta:
+                continue
+            growth = wy[-1] - wy[0]
+            d = [bb - aa for aa, bb in zip(wy, wy[1:])]
+            if growth < p["min_growth"] or max(d) > p["max_jump_share"] * growth \
+                    or sum(1 for x in d if x > 0) < 0.6 * len(d):
+                continue
+            if share < 1.0:
+                # smooth and linear: rising in most fine floors, no jump over
+                # a quarter, the rate of each third within -15/+50 % of the first
+                k = len(rx) // 3
+                if len(wx) < 20 or k < 2 or sum(1 for x in d if x > 0) < 0.8 * len(d) or max(d) > 0.25 * growth:
+                    continue
+                r1, r2, r3 = theil_sen(rx[:k], ry[:k]), theil_sen(rx[k:-k], ry[k:-k]), theil_sen(rx[-k:], ry[-k:])
+                if r1 <= 0 or min(r2, r3) < 0.85 * r1 or max(r2, r3) > 1.5 * r1:
+                    continue
+            else:
+                half = len(rx) // 2
+                b1 = theil_sen(rx[:half + 1], ry[:half + 1])
+                b2 = theil_sen(rx[half:], ry[half:])
+                if b1 <= 0 or b2 < 0.8 * b1:
+                    continue                # decelerating: a warm-up
+            return wbeta, self.last["ts"] + wx[0] * 3600.0, mann_kendall_z(ry)
+        return None
+
+    def maybe_resolve(self, leaking, seg):
+        p = self.p
+        restarted = self.cut is not None and seg == [] and len(self.floors) > 1
+        recent = self.floors[-min(len(self.floors), 12):]
+        rx = [b * p["bucket_s"] / 3600.0 for b, _ in recent]
+        ry, _ = self.level_shifts([float(v) for _, v in recent])
+        stopped = not leaking and len(recent) >= 6 and theil_sen(rx, ry) < 0.25 * p["threshold"] and \
+            median(ry[-3:]) - median(ry[:3]) < p["min_growth"]
+        self.calm = self.calm + 1 if (stopped or restarted) else 0
+        if self.calm >= p["debounce"] or restarted:
+            self.firing, self.streak, self.calm = False, 0, 0
+            self.last["slope"] = theil_sen(rx, ry) if len(rx) > 1 else 0.0
+            return self.event("resolved")
+        return None
+
+    def fire(self, tier):
+        self.firing, self.calm, self.streak, self.fstreak = True, 0, 0, 0
+        self.last["tier"] = tier
+        return self.event("firing")
+
+    def verdict(self):
+        """(slope, firing, severity, oom_h) for status lines and metrics."""
+        slope = self.last.get("slope", 0.0) or 0.0
+        free = self.last.get("free")
+        oom = round(free / slope, 1) if free is not None and slope > 0 else None
+        return slope, self.firing, (severity_for(oom, self.p) if self.firing else "none"), oom
+
+    def event(self, state):
+        slope = round(self.last.get("slope", 0.0) or 0.0, 1)
+        free = self.last.get("free")
+        oom = round(free / slope, 1) if free is not None and slope > 0 else None
+        ev = {"ts": int(self.last["ts"]), "event": "gpu_memory_leak", "state": state, "pid": self.pid,
+              "slope_mib_per_hour": slope, "used_memory_mib": self.last["used"],
+              "free_memory_mib": free, "projected_oom_hours": oom,
+              "window_seconds": int(self.last.get("window_s", 0))}
+        if state == "firing":
+            z = self.last.get("z") or 0.0
+            span_h = self.last.get("window_s", 0) / 3600.0
+            conf = min(0.99, 0.5 + 0.1 * max(0.0, z - 2.0) + 0.05 * min(span_h, 6.0))
+            if self.last.get("tier") == "fast" or self.last.get("trend") == "steps":
+                conf = min(0.99, max(conf, 0.8))
+            since = self.last.get("since")
+            ev.update({"severity": severity_for(oom, self.p), "trend": self.last.get("trend", "steady"),
+                       "since_ts": int(since) if since is not None else None,
+                       "confidence": round(conf, 2), "tier": self.last.get("tier", "slow")})
+        return ev

@@ -1,0 +1,234 @@
+"""gpu-leak-watch's detector v2 on the ten phenomena of issue 12 (replayed
+from bench/leakcorpus.py, a few seeds per kind), the replay CLI on the
+watcher's own history and on 1-second H200-style traces, and the live
+protocol (tab-separated, ranks of a data-parallel tree, instance state)."""
+import io
+import json
+import subprocess
+import sys
+
+import pytest
+
+import gpuguard_leak as leak
+from conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "bench"))
+import leakcorpus as corpus  # noqa: E402
+
+H200 = 143771
+
+
+def firing(trace):
+    events = leak.replay_rows(trace["rows"], leak.params_from({}), gpu_total=trace["total"])
+    return [e for e in events if e["state"] == "firing"]
+
+
+# ------------------------------------------------------- the phenomena --
+
+@pytest.mark.parametrize("kind", corpus.HEALTHY)
+def test_healthy_shapes_stay_quiet(kind):
+    """empty_cache dips, eval phases, checkpoints, one-time jumps, cache
+    fills, gaps, restarts, RL phases, 8 ranks, warm-ups under capacity,
+    noise, 1-second loops: no alert."""
+    for seed in (0, 1):
+        trace = corpus.make_trace(kind, seed)
+        assert firing(trace) == [], (kind, seed)
+
+
+@pytest.mark.parametrize("kind", [k for k in corpus.LEAKING if k != "l_noisy"])
+def test_leaks_are_caught_after_they_start_and_before_oom(kind):
+    for seed in (0, 1):
+        trace = corpus.make_trace(kind, seed)
+        fired = firing(trace)
+        assert fired, (kind, seed)
+        first = fired[0]
+        assert first["ts"] >= trace["t0"], (kind, seed)
+        if trace["oom"] is not None:
+            assert first["ts"] < trace["oom"], (kind, seed)
+        if trace["pid"] is not None:
+            # a data-parallel tree: the leaking rank is the one named
+            assert first["pid"] == trace["pid"], (kind, seed)
+        if trace["rate"] >= 50 and kind not in ("l_step", "l_rl"):
+            assert first["ts"] - trace["t0"] <= 4 * 3600, (kind, seed)
+
+
+def test_recorded_88_minute_fill_alerts_30_minutes_before_oom():
+    for seed in range(4):
+        trace = corpus.make_trace("l_fill88", seed)
+        first = firing(trace)[0]
+        assert trace["oom"] - first["ts"] >= 30 * 60
+        assert first["severity"] == "critical" and first["tier"] == "fast"
+
+
+def test_cache_fill_is_called_saturating_not_a_leak():
+    rows = [(1796206508 + i * 60.0, 1, 20000 + int(12000 * (1 - 2.718 ** (-i / 90.0))) // 20 * 20)
+            for i in range(12 * 60)]
+    leak.replay_rows(rows, leak.params_from({}), gpu_total=H200)
+    series = leak.replay_rows.series[1]
+    assert not series.firing
+    # while it still grew, the verdict said why it is no leak
+    rows = rows[:150]
+    assert leak.replay_rows(rows, leak.params_from({}), gpu_total=H200) == []
+
+
+def test_alert_payload_says_rate_since_projection_confidence_and_severity():
+    trace = corpus.make_trace("l_linear", 0)
+    first = firing(trace)[0]
+    assert first["slope_mib_per_hour"] == pytest.approx(trace["rate"], rel=0.5)
+    assert trace["t0"] - 3 * 3600 <= first["since_ts"] <= first["ts"]
+    assert first["projected_oom_hours"] == pytest.approx(first["free_memory_mib"] / first["slope_mib_per_hour"],
+                                                         rel=0.01)
+    assert 0.5 <= first["confidence"] <= 0.99
+    assert first["trend"] in ("steady", "accelerating")
+    # 100+ GB free at a few hundred MiB/h: days away, a trend note
+    assert first["severity"] == ("info" if first["projected_oom_hours"] >= 168 else "warning")
+
+
+@pytest.mark.parametrize("oom_h,severity", [(2.0, "critical"), (30.0, "warning"), (951.0, "info"), (None, "warning")])
+def test_severity_follows_the_projection(oom_h, severity):
+    assert leak.Series.__module__ == "gpuguard_leakstat"
+    from gpuguard_leakstat import severity_for
+    assert severity_for(oom_h, leak.params_from({})) == severity
+
+
+# ------------------------------------------------------------ the CLI --
+
+def run(args, env=None):
+    import os
+    full = dict(os.environ, GPUGUARD_CONFIG="/dev/null")
+    full.update(env or {})
+    return subprocess.run([str(ROOT / "bin/gpu-leak-watch")] + args, env=full, text=True,
+                          capture_output=True, timeout=120)
+
+
+def write_rows(path, rows, header="timestamp,pid,used_memory_mib", bom=False):
+    text = header + "\n" + "".join(",".join(str(int(x)) if isinstance(x, float) and x.is_integer() else str(x)
+                                            for x in r) + "\n" for r in rows)
+    path.write_bytes(("\ufeff" if bom else "").encode() + text.encode())
+
+
+def test_one_second_fast_leak_alerts_before_oom_and_loop_stays_quiet(tmp_path):
+    """The integrator's H200 recordings: 1-second samples of 5-10 minutes,
+    replayed with the GPU total only."""
+    for kind, expect in (("l_fast1s", True), ("h_fast1s", False)):
+        trace = corpus.make_trace(kind, 2)
+        path = tmp_path / (kind + ".csv")
+        write_rows(path, trace["rows"])
+        r = run(["--replay", str(path), "--gpu-total-mib", str(H200)], env={"GPUGUARD_STATE_DIR": str(tmp_path)})
+        assert r.returncode == 0, r.stderr
+        events = [json.loads(line) for line in r.stdout.splitlines()]
+        if expect:
+            assert events and events[0]["state"] == "firing" and events[0]["ts"] < trace["oom"]
+            assert events[0]["severity"] == "critical"
+        else:
+            assert events == []
+        assert len(r.stderr.splitlines()) == 1 and "replayed %d samples" % len(trace["rows"]) in r.stderr
+
+
+def test_replay_of_the_watchers_own_history_knows_the_capacity(tmp_path):
+    """The history carries the GPU's used and total memory: no
+    --gpu-total-mib needed, and the fast tier is in play."""
+    trace = corpus.make_trace("l_fill88", 1)
+    rows = [(t, pid, v, v + 3000, int(trace["total"]) + 3000) for t, pid, v in trace["rows"]]
+    path = tmp_path / "1234-5678.csv"
+    write_rows(path, rows, header=leak.HISTORY_HEADER, bom=True)
+    r = run(["--replay", str(path)], env={"GPUGUARD_STATE_DIR": str(tmp_path)})
+    assert r.returncode == 0, r.stderr
+    events = [json.loads(line) for line in r.stdout.splitlines()]
+    assert events[0]["state"] == "firing" and events[0]["ts"] <= trace["oom"] - 30 * 60
+    assert "1 series" in r.stderr and "leak" in r.stderr
+
+
+@pytest.mark.parametrize("text,where", [
+    ("timestamp,pid,used_memory_mib\n1,2,3\n4,5\n", ":3: not a number"),
+    ("timestamp,pid,used_memory_mib\n1,2,3\n2,2,-4\n", ":3: not a number"),
+    ("timestamp,pid,used_memory_mib\n100,2,3\n5,2,3\n", ":3: timestamp 5 goes back in time"),
+    ("", "empty file"),
+])
+def test_malformed_replay_file_is_exit_2_with_the_line(tmp_path, text, where):
+    bad = tmp_path / "bad.csv"
+    bad.write_text(text)
+    r = run(["--replay", str(bad)], env={"GPUGUARD_STATE_DIR": str(tmp_path)})
+    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1
+    assert where in r.stderr and r.stdout == ""
+
+
+# ----------------------------------------------------------- the live --
+
+def check(tmp_path, lines, env=None, rules=None):
+    out = io.StringIO()
+    full = {"GPUGUARD_STATE_DIR": str(tmp_path), "GPUGUARD_HOST": "h"}
+    if rules:
+        (tmp_path / "rules").write_text(rules)
+        full["LEAK_RULES"] = str(tmp_path / "rules")
+    full.update(env or {})
+    leak.check(full, io.StringIO("".join(lines)), out)
+    return out.getvalue().splitlines()
+
+
+def tree_line(ts, used, name="python3", cmd="python3 train.py", members="11,12", free=40000, total=H200):
+    return "\t".join(["T", "10-99", str(ts), "10", str(used), str(free), str(total), "5", "300", members,
+                      name, cmd]) + "\n"
+
+
+def member_line(ts, pid, used, rank):
+    return "\t".join(["M", "10-99/%d-1" % pid, "10-99", str(ts), str(pid), str(used), "40000", str(H200),
+                      rank]) + "\n"
+
+
+def test_names_and_command_lines_with_spaces_survive_the_protocol(tmp_path):
+    out = check(tmp_path, [tree_line(1796206508, 5000, name="my trainer", cmd="python3 my script.py --x 1",
+                                     members="11")])
+    (status,) = out
+    fields = status.split("\t")
+    assert fields[0] == "status" and fields[1] == "10" and fields[-1] == "my trainer"
+    assert (tmp_path / "leak-state.json").exists()
+
+
+def test_state_file_is_named_after_the_instance(tmp_path):
+    check(tmp_path, [tree_line(1796206508, 5000, members="11")], env={"LEAK_INSTANCE": "job-4242"})
+    assert (tmp_path / "leak-state-job-4242.json").exists() and not (tmp_path / "leak-state.json").exists()
+    r = subprocess.run([sys.executable, str(ROOT / "python/gpuguard_leak.py"), "slopes"], text=True,
+                       capture_output=True, env={"GPUGUARD_STATE_DIR": str(tmp_path)})
+    assert r.stdout.split() == ["10", "0", "0"]
+
+
+def test_data_parallel_tree_names_the_leaking_rank(tmp_path):
+    """8 ranks: the tree's sum hides one rank's 300 MiB/h among the others'
+    empty_cache dips; each rank is analysed, and the alert names rank 5."""
+    t0 = 1796206508
+    events = []
+    for i in range(10 * 60):
+        ts = t0 + 60 * i
+        lines = []
+        total = 0
+        for r in range(8):
+            used = 30000 + (300 * max(0, i - 120) // 60 // 20 * 20 if r == 5 else 0)
+            if (i + r) % 7 == 0:
+                used = int(used * 0.6)          # empty_cache dip
+            total += used
+            lines.append(member_line(ts, 11 + r, used, str(r)))
+        lines.insert(0, tree_line(ts, total, members=",".join(str(11 + r) for r in range(8))))
+        events += [line for line in check(tmp_path, lines) if line.startswith("event\t")]
+    assert events, "no alert"
+    kind, state, pid, payload = events[0].split("\t", 3)
+    ev = json.loads(payload)
+    assert state == "firing" and pid == "10" and ev["pid"] == 10
+    assert ev["leaking_pid"] == 16 and ev["rank"] == "5"
+    assert ev["ts"] >= t0 + 120 * 60
+
+
+def test_rules_exempt_servers_and_set_thresholds(tmp_path):
+    rules = leak.load_rules(str(ROOT / "etc/leak-rules.conf"))
+    assert leak.rule_for(rules, "python3 -m vllm.entrypoints.openai.api_server --model x") == "ignore"
+    assert leak.rule_for(rules, "python -m sglang.launch_server") == "ignore"
+    assert leak.rule_for(rules, "swift sft --model qwen2-72b") == {"threshold": 120.0}
+    (tmp_path / "r").write_text("train\\.py threshold=80 fast_oom_h=2\nbad threshold=x\n")
+    with pytest.raises(ValueError, match="r:2: threshold must be a number"):
+        leak.load_rules(str(tmp_path / "r"))
+    (tmp_path / "r").write_text("train\\.py threshold=80 fast_oom_h=2\n")
+    assert leak.rule_for(leak.load_rules(str(tmp_path / "r")), "python3 train.py") == {"threshold": 80.0,
+                                                                                       "fast_oom_h": 2.0}
+    out = check(tmp_path, [tree_line(1796206508, 5000, cmd="python3 -m vllm.entrypoints.api_server")],
+                rules="(?i)vllm ignore\n")
+    assert out[0].split("\t")[5] == "none"
