@@ -15,8 +15,9 @@ KIND:
              "KV cache", then 30 s of training with the cache freed
   kvcache    healthy, a serving cache filling and decelerating toward a
              20 GiB ceiling (time constant 60 s), then holding
-  fill       a fast leak from 0.6 GB: 0.6 GiB more every second until the
-             GPU is out of memory (the recorded 88-minute fill, compressed)
+  fill       a fast leak from 0.6 GB: FILL_MIB_PER_S (default 614) MiB more
+             every second until the GPU is out of memory (the recorded
+             88-minute fill, compressed)
 """
 import math
 import os
@@ -115,11 +116,12 @@ def kvcache(seconds):
 
 
 def fill(seconds):
+    step = int(os.environ.get("FILL_MIB_PER_S", "614"))
     blocks = [hold(600)]
     end = time.time() + seconds
     while time.time() < end:
         try:
-            blocks.append(hold(614))
+            blocks.append(hold(step))
         except torch.OutOfMemoryError:
             print("OOM after", len(blocks), "blocks", flush=True)
             sys.exit(3)
