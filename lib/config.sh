@@ -37,6 +37,12 @@ config_define() {
     [LEAK_THRESHOLD_MIB_H]=50
     [LEAK_HISTORY_MAX_ROWS]=20000
     [LEAK_RULES]=''
+    # faults: disk bounds (gg_retention)
+    [RETENTION_DAYS]=7
+    [RETENTION_INTERVAL]=300
+    [HISTORY_MAX_FILES]=1500
+    [HISTORY_MAX_MB]=30
+    [EVENTS_MAX_MB]=5
   )
   declare -gA GG_CONFIG_KIND=(
     [THRESHOLD]='int:0:100'
@@ -68,6 +74,12 @@ config_define() {
     [LEAK_THRESHOLD_MIB_H]='num'
     [LEAK_HISTORY_MAX_ROWS]='int:100:'
     [LEAK_RULES]='str'
+    # faults: disk bounds (gg_retention)
+    [RETENTION_DAYS]='int:1:3650'
+    [RETENTION_INTERVAL]='int:10:86400'
+    [HISTORY_MAX_FILES]='int:10:'
+    [HISTORY_MAX_MB]='int:1:'
+    [EVENTS_MAX_MB]='int:1:'
   )
 }
 
