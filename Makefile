@@ -21,3 +21,7 @@ install:
 
 uninstall:
 	./install.sh --prefix "$(PREFIX)" --uninstall
+
+# faults: the long fault-injection run (~770 nvidia-smi fault cycles, 1000 cycles with ~390 kills); the table ends the output
+test-faults:
+	GG_FAULTS_LONG=1 GG_FAULTS_REPORT=$${GG_FAULTS_REPORT:-/tmp/gpuguard-faults.md} $(PYTHON) -m pytest -q tests/faults

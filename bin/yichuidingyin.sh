@@ -62,7 +62,7 @@ main() {
   idle_init
   idle_state_load
   if ((once)); then
-    idle_cycle "$(gg_now)"
+    idle_cycle "$(gg_now)" || gg_log error "cycle failed (exit $?)"
     gg_retention_maybe || true
     return 0
   fi

@@ -17,7 +17,7 @@ events_emit() {
   local event=$1 dir=$GPUGUARD_STATE_DIR
   {
     flock 9
-    printf '%s\n' "$event" >>"$dir/events.jsonl"
+    gg_append "$dir/events.jsonl" "$event"$'\n' || true
   } 9>>"$dir/events.lock"
   if events_targets_configured; then
     local name

@@ -5,9 +5,16 @@ list would read as "released"), GPU 1 held and busy."""
 import time
 
 import pytest
-
 from conftest import app, uuid_for
-from faultlib import LONG, base_env, events_of, kill_recorded_children, record, run_once, scenario_file
+from faultlib import (
+    LONG,
+    base_env,
+    events_of,
+    kill_recorded_children,
+    record,
+    run_once,
+    scenario_file,
+)
 
 T0 = 1_800_000_000
 # MAX_IDLE_CYCLES and SMI_FAIL_ALERT_CYCLES: 3 in the long run, 2 in CI
@@ -121,7 +128,7 @@ def figures(run):
 
 
 def test_no_crash_and_no_false_alert(smi_run):
-    fa, fr, ne, nd, em = figures(smi_run)
+    fa, fr, ne, _, em = figures(smi_run)
     kinds = len({(w, k) for (w, k, _), _ in smi_run["segs"]})
     record("smi", "%d kinds, %d cycles: %d crashes, %d false idle alerts, %d false resolved, "
            "%d persistent failure kinds without exactly one monitor_degraded, %d harmless kinds with one"
