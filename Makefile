@@ -21,7 +21,7 @@ $(WITH_VENV) "$(VENV)/bin/python" -m pytest -q -rsx $(1) $(ARGS); rc=$$?; \
 if [ $$rc -eq 5 ]; then echo "make: pytest collected no test (exit 5)" >&2; fi; exit $$rc
 endef
 
-.PHONY: test test-fast lint venv demo bench bench-full install uninstall clean
+.PHONY: test test-fast test-faults lint venv demo bench bench-full install uninstall clean
 
 test: venv
 	@$(call pytest,tests)
@@ -59,3 +59,8 @@ uninstall:
 
 clean:
 	rm -rf .venv .pytest_cache .ruff_cache bench/out
+
+# The long fault-injection run (~770 nvidia-smi fault cycles, 1000 cycles
+# with ~390 kills); the table ends the output.
+test-faults: venv
+	@GG_FAULTS_LONG=1 GG_FAULTS_REPORT=$${GG_FAULTS_REPORT:-/tmp/gpuguard-faults.md} $(call pytest,tests/faults)

@@ -17,8 +17,10 @@
 #   IDLE_RULES  GPU_HOUR_PRICE=0  GPU_PRICE_CURRENCY=¥  NVIDIA_SMI=nvidia-smi  SMI_TIMEOUT=10
 #   SMI_FAIL_ALERT_CYCLES=5  NOTIFY_URL  NOTIFY_TYPE  NOTIFY_SECRET
 #   ALERTMANAGER_URL  GPUGUARD_STATE_DIR  GPUGUARD_LOG  GPUGUARD_TEXTFILE_DIR
+# Signals: SIGHUP re-reads the configuration (a bad file keeps the one in
+# force); SIGTERM/SIGINT stop after the current cycle, with one log line.
 # Exit status: 0 done or stopped by SIGTERM/SIGINT, 1 another instance runs,
-# 2 bad option or configuration.
+# 2 bad option, configuration or state folder.
 
 GPUGUARD_ROOT=${GPUGUARD_ROOT:-$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/.." && pwd)}
 # shellcheck source=../lib/common.sh
@@ -61,26 +63,69 @@ main() {
   config_load || return
   gg_state_dir_init || return
   gg_lock "$GPUGUARD_STATE_DIR/yichuidingyin.lock" || return 1
+  config_warn_secrets_unreadable
   idle_init
   idle_rules_load || return
   idle_state_load
   if ((once)); then
-    idle_cycle "$(gg_now)"
+    idle_cycle "$(gg_now)" || gg_log error "cycle failed (exit $?)"
+    gg_retention_maybe || true
     return 0
   fi
-  WATCHDOG_STOP=0
-  trap 'WATCHDOG_STOP=1; [[ -n ${WATCHDOG_SLEEP_PID:-} ]] && kill "$WATCHDOG_SLEEP_PID" 2>/dev/null' TERM INT
+  WATCHDOG_STOP='' WATCHDOG_RELOAD=0 WATCHDOG_SLEEP_PID=''
+  trap 'watchdog_wake TERM' TERM
+  trap 'watchdog_wake INT' INT
+  trap 'watchdog_wake HUP' HUP
   gg_log info "watching GPUs every ${CHECK_INTERVAL}s (threshold ${THRESHOLD}%, ${MAX_IDLE_CYCLES} cycles, state in $GPUGUARD_STATE_DIR)"
-  while ((!WATCHDOG_STOP)); do
-    idle_cycle "$(gg_now)"
-    ((WATCHDOG_STOP)) && break
+  while [[ -z $WATCHDOG_STOP ]]; do
+    if ((WATCHDOG_RELOAD)); then
+      WATCHDOG_RELOAD=0
+      watchdog_reload
+    fi
+    # a failing cycle (disk full, a bug) is logged and the watch goes on:
+    # in this `||` context nothing inside stops the daemon
+    idle_cycle "$(gg_now)" || gg_log error "cycle failed (exit $?); watching on"
+    gg_retention_maybe || true
+    [[ -n $WATCHDOG_STOP ]] && break
+    ((WATCHDOG_RELOAD)) && continue
     sleep "$CHECK_INTERVAL" &
     WATCHDOG_SLEEP_PID=$!
     wait "$WATCHDOG_SLEEP_PID" || true
     WATCHDOG_SLEEP_PID=''
   done
   idle_state_save || true
-  gg_log info "stopped; state saved in $GPUGUARD_STATE_DIR/idle.state"
+  gg_log info "stopped; state saved in $GPUGUARD_STATE_DIR/idle.state (SIG$WATCHDOG_STOP)"
+}
+
+# Signal handler: TERM and INT stop after the current step, HUP asks for a
+# reload; either ends the sleep between cycles at once.
+watchdog_wake() {
+  if [[ $1 == HUP ]]; then
+    WATCHDOG_RELOAD=1
+  else
+    WATCHDOG_STOP=$1
+  fi
+  [[ -n ${WATCHDOG_SLEEP_PID:-} ]] && kill "$WATCHDOG_SLEEP_PID" 2>/dev/null
+  return 0
+}
+
+# Re-reads the configuration (SIGHUP). A bad new file leaves the one in
+# force untouched and is reported in one line; the state folder cannot
+# change while the daemon holds its lock there.
+watchdog_reload() {
+  local err state_dir=$GPUGUARD_STATE_DIR
+  # a dry run in a subshell first, for the error line
+  if ! err=$(config_load 2>&1 >/dev/null); then
+    err=${err%$'\n'}
+    gg_log error "SIGHUP: configuration not reloaded, keeping the one in force: ${err##*$'\n'}"
+    return 0
+  fi
+  config_load || return 0
+  if [[ $GPUGUARD_STATE_DIR != "$state_dir" ]]; then
+    gg_log warn "SIGHUP: GPUGUARD_STATE_DIR changes only on restart; still using $state_dir"
+    GPUGUARD_STATE_DIR=$state_dir
+  fi
+  gg_log info "SIGHUP: configuration reloaded from ${GG_CONFIG_FILE:-defaults and environment} (threshold ${THRESHOLD}%, every ${CHECK_INTERVAL}s, ${MAX_IDLE_CYCLES} cycles)"
 }
 
 if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then

@@ -22,7 +22,7 @@ gg_log() {
   printf -v line '%(%Y-%m-%d %H:%M:%S)T %-5s %s: %s' -1 "${level^^}" \
     "${GG_PROG:-gpuguard}" "$*"
   if [[ -n "${GPUGUARD_LOG:-}" ]]; then
-    printf '%s\n' "$line" >>"$GPUGUARD_LOG" 2>/dev/null || printf '%s\n' "$line" >&2
+    gg_append "$GPUGUARD_LOG" "$line"$'\n' 2>/dev/null || printf '%s\n' "$line" >&2
   else
     printf '%s\n' "$line" >&2
   fi
@@ -155,32 +155,163 @@ gg_python() {
   )
 }
 
-# Creates the state folder (mode 700) and its outbox; prints a clear error and
-# returns 2 when it cannot.
+# Creates the state folder (mode 700) and its outbox and history folders, or
+# checks them when they exist: each must be a real folder (not a symlink)
+# owned by us, since everything in it is trusted (state, outbox, locks).
+# Prints a one-line error and returns 2 when it cannot, or when the folder
+# belongs to someone else.
 # Globals:
 #   GPUGUARD_STATE_DIR
 gg_state_dir_init() {
-  local dir=$GPUGUARD_STATE_DIR
-  if ! mkdir -p -- "$dir" 2>/dev/null || [[ ! -w $dir ]]; then
-    gg_usage_error "state folder $dir is not writable (set GPUGUARD_STATE_DIR)"
-    return
+  local dir=$GPUGUARD_STATE_DIR sub owner
+  if [[ ! -e $dir && ! -L $dir ]]; then
+    mkdir -p -- "$(dirname -- "$dir")" 2>/dev/null || true
+    mkdir -m 700 -- "$dir" 2>/dev/null || true
   fi
+  for sub in "$dir" "$dir/outbox" "$dir/history"; do
+    [[ $sub == "$dir" || -e $sub || -L $sub ]] || mkdir -m 700 -- "$sub" 2>/dev/null || true
+    if [[ -L $sub ]]; then
+      gg_usage_error "refusing state folder $sub: it is a symlink (set GPUGUARD_STATE_DIR to a folder of your own)"
+      return
+    fi
+    if [[ ! -d $sub || ! -w $sub ]]; then
+      gg_usage_error "state folder $sub is not writable (set GPUGUARD_STATE_DIR)"
+      return
+    fi
+    owner=$(stat -c %u -- "$sub" 2>/dev/null) || owner=''
+    if [[ $owner != "$EUID" ]]; then
+      gg_usage_error "refusing state folder $sub: owned by uid ${owner:-?}, not by us (uid $EUID)"
+      return
+    fi
+  done
   chmod 700 -- "$dir" 2>/dev/null || true
-  mkdir -p -- "$dir/outbox" "$dir/history"
 }
 
-# Writes a string to a file atomically: a temporary file in the same folder,
-# then rename, so a reader or a crash never sees half a file. One fork (mv):
-# state and textfiles are written every cycle.
+# Writes a string to a file atomically and durably: a new temporary file in
+# the same folder (random name, created exclusively, so a planted file or
+# symlink there is never opened), fsync, then rename over the destination.
+# A reader or a crash sees the old file or the new one, never half of one; a
+# failed write (disk full) leaves the old file and removes the temporary.
+# The first failure is logged once; the next success says so.
 # Arguments:
 #   $1 destination path, $2 content
+# Returns:
+#   0 written; 1 not written (the old file is intact)
 gg_write_atomic() {
-  local dest=$1 tmp="$1.tmp.$$"
-  if printf '%s' "$2" >"$tmp" && mv -f -- "$tmp" "$dest"; then
+  local dest=$1 dir base tmp='' name try had_noclobber=0
+  dir=$(dirname -- "$dest") base=${dest##*/}
+  [[ $- == *C* ]] && had_noclobber=1
+  set -C
+  for try in 1 2 3 4 5; do
+    name="$dir/.$base.$RANDOM$RANDOM$try.tmp"
+    # a name already there (collision, or planted) is never opened
+    [[ -e $name || -L $name ]] && continue
+    if { printf '%s' "$2" >"$name"; } 2>/dev/null; then
+      tmp=$name
+    else
+      # a real error (disk full): remove what was created
+      rm -f -- "$name"
+    fi
+    break
+  done
+  ((had_noclobber)) || set +C
+  if [[ -n $tmp ]] && sync -- "$tmp" 2>/dev/null && mv -f -- "$tmp" "$dest" 2>/dev/null; then
+    if ((${GG_WRITE_FAILING:-0})); then
+      GG_WRITE_FAILING=0
+      gg_log info "writing to $dir works again"
+    fi
     return 0
   fi
-  rm -f -- "$tmp"
+  [[ -n $tmp ]] && rm -f -- "$tmp"
+  if ((! ${GG_WRITE_FAILING:-0})); then
+    GG_WRITE_FAILING=1
+    gg_log error "cannot write $dest (disk full?): the previous version is kept; retrying every cycle (logged once)"
+  fi
   return 1
+}
+
+# Appends text to a file, never through a symlink: a link planted at a log
+# or journal path (events.jsonl, the log file) is refused, not followed.
+# Arguments:
+#   $1 file, $2 text (include the newline)
+# Returns:
+#   1 when the path is a symlink or the write fails
+gg_append() {
+  if [[ -L $1 ]]; then
+    printf '%s: refusing to append to %s: it is a symlink\n' "${GG_PROG:-gpuguard}" "$1" >&2
+    return 1
+  fi
+  printf '%s' "$2" >>"$1"
+}
+
+# Renames FILE to FILE.1 (replacing the older one) when it is larger than
+# MiB; with a lock file, under that lock, so an appender never writes into
+# the file being moved.
+# Arguments:
+#   $1 file, $2 limit in MiB, $3 lock file (optional)
+gg_rotate_by_size() {
+  local file=$1 limit=$2 lock=${3:-} size fd
+  [[ -f $file && ! -L $file ]] || return 0
+  size=$(stat -c %s -- "$file" 2>/dev/null) || return 0
+  ((size > limit * 1048576)) || return 0
+  if [[ -n $lock ]]; then
+    exec {fd}>>"$lock" || return 0
+    flock "$fd"
+    mv -f -- "$file" "$file.1"
+    exec {fd}>&-
+  else
+    mv -f -- "$file" "$file.1"
+  fi
+  gg_log info "rotated $file (over $limit MiB) to $file.1"
+}
+
+# Bounds the state folder's disk use in one pass: events.jsonl and the log
+# rotated by size (one old copy each), rejected outbox files (*.bad) removed
+# after RETENTION_DAYS, stray temporary files after an hour, history files
+# (one per leak series) removed after RETENTION_DAYS and then, oldest first,
+# until at most HISTORY_MAX_FILES files and HISTORY_MAX_MB remain.
+# Ages count from gg_now (GPUGUARD_NOW pins it), so replays age files too.
+# Globals:
+#   GPUGUARD_STATE_DIR, GPUGUARD_LOG, RETENTION_DAYS, HISTORY_MAX_FILES,
+#   HISTORY_MAX_MB, EVENTS_MAX_MB
+gg_retention() {
+  local dir=$GPUGUARD_STATE_DIR now cutoff stamp size path files=0 bytes=0 removed=0
+  local max_files=${HISTORY_MAX_FILES:-1500} max_bytes=$((${HISTORY_MAX_MB:-30} * 1048576))
+  local -a doomed=()
+  now=$(gg_now)
+  cutoff=$((now - ${RETENTION_DAYS:-7} * 86400))
+  gg_rotate_by_size "$dir/events.jsonl" "${EVENTS_MAX_MB:-5}" "$dir/events.lock"
+  [[ -n ${GPUGUARD_LOG:-} ]] && gg_rotate_by_size "$GPUGUARD_LOG" "${EVENTS_MAX_MB:-5}"
+  find "$dir" "$dir/outbox" "$dir/history" -maxdepth 1 -type f \
+    \( \( -name '*.tmp' -o -name '*.tmp.*' -o -name '*.tmp[0-9]*' \) ! -newermt "@$((now - 3600))" \
+    -o -path "$dir/outbox/*.bad" ! -newermt "@$cutoff" \) -delete 2>/dev/null || true
+  # newest first: keep while under both caps and younger than the cutoff
+  while read -r -d '' stamp size path; do
+    files=$((files + 1))
+    bytes=$((bytes + size))
+    if ((${stamp%.*} < cutoff || files > max_files || bytes > max_bytes)); then
+      doomed+=("$path")
+    fi
+  done < <(find "$dir/history" -maxdepth 1 -type f -printf '%T@ %s %p\0' 2>/dev/null | sort -z -rn)
+  if ((${#doomed[@]})); then
+    printf '%s\0' "${doomed[@]}" | xargs -0 rm -f --
+    removed=${#doomed[@]}
+    gg_log info "retention: removed $removed history files (kept $((files - removed)), caps ${max_files} files, ${HISTORY_MAX_MB:-30} MiB, ${RETENTION_DAYS:-7} days)"
+  fi
+  gg_write_atomic "$dir/.retention-last" "$now"$'\n' || true
+}
+
+# Runs gg_retention when RETENTION_INTERVAL seconds have passed since the
+# last pass in this state folder (by any command: the time is kept in a
+# file), so the daemon, cron --once runs and the leak watcher share one
+# schedule. Cheap otherwise: one read, no fork.
+gg_retention_maybe() {
+  local now last=0
+  now=${GPUGUARD_NOW:-$EPOCHSECONDS}
+  { read -r last <"$GPUGUARD_STATE_DIR/.retention-last"; } 2>/dev/null || last=0
+  [[ $last =~ ^[0-9]{1,12}$ ]] || last=0
+  ((now - last >= ${RETENTION_INTERVAL:-300} || now < last)) || return 0
+  gg_retention
 }
 
 # Prints "DISK SCHEDULER" for each real block device (loop, ram and zram
@@ -261,7 +392,7 @@ gg_lock() {
     gg_log error "another instance holds $lockfile${holder:+ (pid $holder)}"
     return 1
   fi
-  printf '%s\n' "$$" >"$lockfile.pid"
+  gg_write_atomic "$lockfile.pid" "$$"$'\n' || true
 }
 
 # True when the kernel groups tasks by session (autogroup): nice then only

@@ -47,6 +47,12 @@ config_define() {
     [IDLE_RULES]=''
     [GPU_HOUR_PRICE]=0
     [GPU_PRICE_CURRENCY]='¥'
+    # faults: disk bounds (gg_retention)
+    [RETENTION_DAYS]=7
+    [RETENTION_INTERVAL]=300
+    [HISTORY_MAX_FILES]=1500
+    [HISTORY_MAX_MB]=30
+    [EVENTS_MAX_MB]=5
   )
   declare -gA GG_CONFIG_KIND=(
     [THRESHOLD]='int:0:100'
@@ -88,6 +94,12 @@ config_define() {
     [IDLE_RULES]='str'
     [GPU_HOUR_PRICE]='num'
     [GPU_PRICE_CURRENCY]='str'
+    # faults: disk bounds (gg_retention)
+    [RETENTION_DAYS]='int:1:3650'
+    [RETENTION_INTERVAL]='int:10:86400'
+    [HISTORY_MAX_FILES]='int:10:'
+    [HISTORY_MAX_MB]='int:1:'
+    [EVENTS_MAX_MB]='int:1:'
   )
 }
 

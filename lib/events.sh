@@ -43,9 +43,10 @@ events_emit() {
   else
     events_warn_no_target
   fi
-  if ! { flock 9 && printf '%s\n' "$event" >>"$dir/events.jsonl"; } 9>>"$dir/events.lock" 2>/dev/null; then
-    gg_log error "could not append to $dir/events.jsonl (disk full?)"
-  fi
+  {
+    flock 9
+    gg_append "$dir/events.jsonl" "$event"$'\n' || true
+  } 9>>"$dir/events.lock"
 }
 
 # Writes the events kept in memory (EVENTS_PENDING) to the outbox, oldest

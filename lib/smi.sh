@@ -14,10 +14,10 @@ SMI_APP_FIELDS=pid,process_name,used_memory,gpu_uuid
 
 # Ranges of the values read, for gg_number_into (the one numeric check):
 # anything outside becomes '' (unknown), never a number that could alert.
-# 16 TiB of GPU memory, 5 kW of board power, PIDs up to the kernel's 2^22.
+# 16 TiB of GPU memory, 5 kW of board power, PIDs within pid_t (int32).
 SMI_MAX_MIB=16777216
 SMI_MAX_WATTS=5000
-SMI_MAX_PID=4194304
+SMI_MAX_PID=2147483647
 
 # Placeholders nvidia-smi prints for a value it does not have. Any other
 # bracketed text in a GPU's line ([GPU requires reset], [Unknown Error],
@@ -59,8 +59,9 @@ smi_run() {
     IFS= read -r -d '' -t "$((left / 1000000)).$(printf '%06d' $((left % 1000000)))" -u "$fd" chunk
     rc=$?
     output+=$chunk
-    ((rc == 0)) && continue
-    ((rc > 128)) && timed_out=1
+    # 0: a NUL, read on; above 128: the deadline or a signal (SIGHUP to
+    # the daemon), which the deadline check above tells apart
+    ((rc == 0 || rc > 128)) && continue
     break
   done
   exec {fd}<&-
@@ -71,8 +72,13 @@ smi_run() {
     printf '%s' "$output"
     return 124
   fi
-  rc=0
-  wait "$pid" || rc=$?
+  while :; do
+    rc=0
+    wait "$pid" || rc=$?
+    # a trapped signal interrupts wait (status > 128) while timeout runs on
+    ((rc > 128)) && kill -0 "$pid" 2>/dev/null && continue
+    break
+  done
   printf '%s' "$output"
   return "$rc"
 }

@@ -1,0 +1,154 @@
+"""kill -9 of the watchdog at random points, with a flaky receiver, and
+two flushes at once (issue 14). Delivery guarantees are the alerts branch's
+(contract 4: enqueue durably, save, then flush under one lock) and the
+idle branch's (state saved before the send): on the faults branch alone
+these figures are measured and reported, and the checks are xfail."""
+import json
+import os
+import random
+import signal
+import subprocess
+import threading
+import time
+from collections import Counter
+
+import flaky_receiver
+import pytest
+from conftest import ROOT, app, uuid_for
+from faultlib import LONG, base_env, events_of, record, scenario_file
+
+T0 = 1_800_000_000
+GPU0 = uuid_for(0)
+IDLE_RUN, BUSY_RUN = 5, 3          # cycles per phase: GPU 0 idle, then busy
+
+
+def step(busy):
+    return {"gpus": [{"utilization.gpu": 100 if busy else 0, "memory.used": 2576, "power.draw": 76.6},
+                     {"utilization.gpu": 100, "memory.used": 12000, "power.draw": 690.0}],
+            "apps": [app(1410, gpu=0), app(1411, gpu=1, mem=11000)]}
+
+
+def phase_of(i):
+    n, k = divmod(i, IDLE_RUN + BUSY_RUN)
+    return n, k >= IDLE_RUN
+
+
+def key_of(e):
+    i = (int(e.get("ts", 0)) - T0) // 60
+    return (phase_of(i)[0], e.get("state"))
+
+
+@pytest.fixture(scope="module")
+def kill_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("kill9")
+    cycles, kill_p = (1000, 0.39) if LONG else (60, 0.4)
+    tail = IDLE_RUN + BUSY_RUN          # a last busy stretch without kills
+    steps = [step(phase_of(i)[1]) for i in range(cycles)] + [step(True)] * (tail + 6)
+    scenario = tmp / "s.json"
+    scenario_file(scenario, steps)
+    server, rx, url = flaky_receiver.serve(mix={"ok": 7, "late": 1, "500": 1, "reset": 1}, late_s=1.5)
+    env = base_env(tmp, scenario, NOTIFY_URL=url + "/generic", NOTIFY_TYPE="generic", NOTIFY_TIMEOUT=1,
+                   NOTIFY_RETRIES=0, GPUGUARD_LOG=tmp / "log", MAX_IDLE_CYCLES=3)
+    rng = random.Random(1000)
+    kills, completed_idle = 0, Counter()
+    step_file = tmp / "smi-step"
+    for i in range(cycles + tail + 6):
+        step_file.write_text(str(i))          # the double answers for cycle i
+        e = dict(env, GPUGUARD_NOW=str(T0 + 60 * i))
+        if i >= cycles:
+            rx.mix = {"ok": 1}                # the receiver recovers: catch up
+        proc = subprocess.Popen([str(ROOT / "bin/yichuidingyin.sh"), "--once"], env=e,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        killed = False
+        if i < cycles and rng.random() < kill_p:
+            try:
+                proc.wait(timeout=rng.uniform(0.0, 0.9))
+            except subprocess.TimeoutExpired:
+                proc.send_signal(signal.SIGKILL)
+                killed = True
+                kills += 1
+        proc.wait()
+        n, busy = phase_of(i)
+        if not killed and not busy and i < cycles:
+            completed_idle[n] += 1
+    # catch up: the receiver works again; a user waits a while (back-off)
+    end, i = time.time() + (120 if LONG else 30), cycles + tail + 6
+    while time.time() < end and list((tmp / "state" / "outbox").glob("*.json")):
+        step_file.write_text(str(len(steps) - 1))
+        subprocess.run([str(ROOT / "bin/yichuidingyin.sh"), "--once"], env=dict(env, GPUGUARD_NOW=str(T0 + 60 * i)),
+                       capture_output=True, timeout=60)
+        i += 1
+        time.sleep(1)
+    time.sleep(2)                             # late answers and orphaned helpers finish
+    server.shutdown()
+    queued = set()
+    for path in (tmp / "state" / "outbox").glob("*.json"):
+        try:
+            e = json.loads(path.read_text())
+        except ValueError:
+            continue
+        if e.get("event") == "gpu_idle" and e.get("uuid") == GPU0:
+            queued.add(key_of(e))
+    shown = [key_of(e) for e in rx.shown() if e.get("event") == "gpu_idle" and e.get("uuid") == GPU0]
+    emitted = {key_of(e) for e in events_of(tmp / "state") if e.get("event") == "gpu_idle" and e.get("uuid") == GPU0}
+    expected = emitted | {(n, "firing") for n, c in completed_idle.items() if c >= 3}
+    counts = Counter(shown)
+    firing_phases = {n for n, s in counts if s == "firing"}
+    return {
+        "cycles": cycles, "kills": kills,
+        "duplicates": sum(c - 1 for c in counts.values() if c > 1),
+        "missed": sorted(k for k in expected if k not in counts and k not in queued),
+        "queued": len(queued),
+        "never_resolved": sorted(n for n in firing_phases if (n, "resolved") not in counts),
+        "requests": len(rx.requests),
+    }
+
+
+@pytest.mark.xfail(strict=False, reason="alerts branch (exactly-once delivery: outbox before send, one flush "
+                   "lock, send marked after) and idle branch (state saved before the flush)")
+def test_kill9_at_random_points_loses_nothing_and_resolves_everything(kill_run):
+    r = kill_run
+    record("kill", "%d cycles, %d kills (flaky receiver: 70%% ok, 10%% late, 10%% 500, 10%% reset): "
+           "%d missed, %d never resolved, %d duplicates, %d still queued after catch-up"
+           % (r["cycles"], r["kills"], len(r["missed"]), len(r["never_resolved"]), r["duplicates"], r["queued"]),
+           not r["missed"] and not r["never_resolved"] and r["duplicates"] <= r["kills"])
+    assert r["missed"] == []
+    assert r["never_resolved"] == []
+    assert r["duplicates"] <= r["kills"]
+
+
+@pytest.mark.xfail(strict=False, reason="alerts branch: one flush lock per state folder (contract 4)")
+def test_three_flushes_at_once_deliver_each_event_once(tmp_path):
+    """The daemon's flush, a cron run's and a manual one race over 40
+    waiting events: each reaches the receiver once."""
+    server, rx, url = flaky_receiver.serve(mix={"ok": 1})
+    state = tmp_path / "state"
+    (state / "outbox").mkdir(parents=True)
+    os.chmod(state, 0o700)
+    for n in range(40):
+        e = {"ts": T0 + n, "host": "h", "event": "gpu_idle", "state": "firing", "reason": "utilization",
+             "gpu": n % 8, "uuid": uuid_for(n % 8), "utilization": 0, "threshold": 10, "seq": n}
+        (state / "outbox" / ("%d-%d-%06d.json" % (T0 * 10**6 + n, 1, n))).write_text(json.dumps(e) + "\n")
+    env = dict(os.environ, GPUGUARD_STATE_DIR=str(state), NOTIFY_URL=url + "/generic", NOTIFY_TYPE="generic",
+               NOTIFY_TIMEOUT="2", NOTIFY_RETRIES="0", GPUGUARD_LOG=str(tmp_path / "log"))
+    for k in ("ALERTMANAGER_URL", "NOTIFY_SECRET"):
+        env.pop(k, None)
+    cmd = ["python3", "-S", str(ROOT / "python/gpuguard_alert.py"), "flush"]
+    barrier = threading.Barrier(3)
+
+    def one():
+        barrier.wait()
+        subprocess.run(cmd, env=env, capture_output=True, timeout=60)
+
+    threads = [threading.Thread(target=one) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    server.shutdown()
+    got = Counter(e.get("seq") for e in rx.shown())
+    twice = sum(1 for c in got.values() if c > 1)
+    record("flush", "3 flushes at once over 40 events: %d delivered, %d delivered more than once"
+           % (len(got), twice), twice == 0 and len(got) == 40)
+    assert len(got) == 40
+    assert twice == 0
