@@ -11,7 +11,7 @@ leak_init() {
   declare -ga LEAK_ROOT_PIDS=() LEAK_PIDS=()
   declare -gA LEAK_CPU_PREV=() LEAK_STATUS=() LEAK_CMDLINES=() LEAK_RANKS=()
   declare -g LEAK_MATCH='' LEAK_ALL=0 LEAK_FAILS=0 LEAK_ACTION=notify LEAK_GRACE=30
-  # option values for the Python helper, exported by leak_export_options
+  # option values for the Python helper, set by leak_apply_options
   declare -gA LEAK_OPT_ENV=()
   declare -g LEAK_INSTANCE='' LEAK_JOB_PID='' LEAK_JOB_SIGNALLED=0 LEAK_LAST_SIGNAL=''
   declare -g LEAK_PENDING_SIGNAL='' LEAK_LOCK_FILE='' LEAK_WATCH_DONE=0 LEAK_JOB_OWN_GROUP=1
@@ -238,7 +238,7 @@ leak_act() {
 }
 
 # Applies one option that takes a value. Values meant for the Python helper
-# wait in LEAK_OPT_ENV until leak_export_options: a wrapped job is started
+# wait in LEAK_OPT_ENV until leak_apply_options: a wrapped job is started
 # first and must see the user's environment, not the watcher's settings.
 leak_option() {
   case $1 in
@@ -270,11 +270,12 @@ leak_option() {
 
 # Exports the option values collected by leak_option, before config_load so
 # that they override the config file as the environment does.
-leak_export_options() {
+leak_apply_options() {
   local name
+  # shell variables, not exports: config_load takes a set variable as the
+  # environment's value, and gg_python passes on only what a helper needs
   for name in "${!LEAK_OPT_ENV[@]}"; do
-    # shellcheck disable=SC2163 # exporting the variable whose name is $name
-    export "$name=${LEAK_OPT_ENV[$name]}"
+    printf -v "$name" '%s' "${LEAK_OPT_ENV[$name]}"
   done
 }
 
@@ -378,7 +379,7 @@ leak_job_check() {
 }
 
 # Notes which configuration and option variables the user's environment
-# has, before config_load and leak_export_options set and export them, so
+# has, before config_load and leak_apply_options set them, so
 # that the job gets the user's environment back (no watcher settings, no
 # secrets read from a file).
 leak_env_snapshot() {
@@ -573,7 +574,7 @@ leak_job_main() {
   # waits (a job killed by a signal while the shell runs something else
   # gets bash's "Killed" notice printed)
   leak_env_snapshot
-  leak_export_options
+  leak_apply_options
   if config_load; then
     leak_job_watch_check
   else
