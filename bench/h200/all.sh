@@ -18,14 +18,14 @@ main() {
   WORK=$work
   mkdir -p "$work"/{spin,faults,fill,leakcmd,lowprio}
   export PYTHONUNBUFFERED=1
-  OUT=$work/faults DURATION=${FAULTS_S:-400} GG_NO_WORKLOAD=1 \
-    timeout 460 bash "$here/faults.sh" >"$work/faults/run.log" 2>&1 &
+  OUT=$work/faults DURATION=${FAULTS_S:-380} GG_NO_WORKLOAD=1 \
+    timeout 440 bash "$here/faults.sh" >"$work/faults/run.log" 2>&1 &
   local faults=$!
-  step spin 240 env OUT="$work/spin" bash "$here/spin.sh"
+  step spin 220 env OUT="$work/spin" bash "$here/spin.sh"
   OUT=$work/lowprio timeout 260 bash "$here/lowprio_io.sh" "$work/lowprio" >"$work/lowprio/run.log" 2>&1 &
   local lowprio=$!
   step fill 100 bash "$here/fill_live.sh" "$work/fill"
-  step leakcmd 180 env OUT="$work/leakcmd" bash "$here/leakcmd.sh"
+  step leakcmd 150 env OUT="$work/leakcmd" bash "$here/leakcmd.sh"
   wait "$lowprio"
   printf 'lowprio exit %s\n' "$?"
   wait "$faults"
