@@ -88,7 +88,7 @@ main() {
     gg_retention_maybe || true
     [[ -n $WATCHDOG_STOP ]] && break
     ((WATCHDOG_RELOAD)) && continue
-    sleep "$CHECK_INTERVAL" &
+    sleep "$CHECK_INTERVAL" {GG_LOCK_FD}>&- &
     WATCHDOG_SLEEP_PID=$!
     wait "$WATCHDOG_SLEEP_PID" || true
     WATCHDOG_SLEEP_PID=''

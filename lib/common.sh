@@ -151,7 +151,8 @@ gg_python() {
       # shellcheck disable=SC2163 # exporting the variable named by $name
       export "$name"
     done
-    exec python3 -S "$GPUGUARD_ROOT/python/$script" "$@"
+    local lock_fd=${GG_LOCK_FD:-1023}
+    exec python3 -S "$GPUGUARD_ROOT/python/$script" "$@" {lock_fd}>&-
   )
 }
 
@@ -393,6 +394,11 @@ gg_lock() {
     return 1
   fi
   gg_write_atomic "$lockfile.pid" "$$"$'\n' || true
+  # Every child inherits the descriptor, and flock holds while any holder of
+  # it lives: a killed daemon's hung nvidia-smi or sleep would keep the lock
+  # and refuse the restart. Children that may outlive us close it
+  # ({GG_LOCK_FD}>&-; 1023, never open, where no lock is held).
+  declare -g GG_LOCK_FD=$fd
 }
 
 # True when the kernel groups tasks by session (autogroup): nice then only

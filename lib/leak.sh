@@ -419,7 +419,8 @@ leak_job_start() {
       fi
     done
     ((${#reset[@]} == 0)) || trap - "${reset[@]}"
-    exec "${session[@]}" "$@"
+    local lock_fd=${GG_LOCK_FD:-1023}
+    exec "${session[@]}" "$@" {lock_fd}>&-
   ) <&0 &
   LEAK_JOB_PID=$!
   LEAK_PIDS+=("$LEAK_JOB_PID")
@@ -534,7 +535,7 @@ leak_job_watch() {
   while ((! stop)) && leak_job_running; do
     leak_cycle "$(gg_now)"
     ((stop)) && break
-    sleep "$LEAK_INTERVAL" &
+    sleep "$LEAK_INTERVAL" {GG_LOCK_FD}>&- &
     sleeper=$!
     wait "$sleeper" || true
   done

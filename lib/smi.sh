@@ -46,7 +46,8 @@ smi_run() {
   local limit=${SMI_TIMEOUT:-10} fd pid chunk output='' rc=0 now left timed_out=0 deadline
   deadline=${EPOCHREALTIME/[.,]/}
   deadline=$((deadline + (limit + 1) * 1000000))
-  exec {fd}< <(exec timeout -k 1 "$limit" "${cmd[@]}" "$@" 2>&1)
+  local lock_fd=${GG_LOCK_FD:-1023}
+  exec {fd}< <(exec timeout -k 1 "$limit" "${cmd[@]}" "$@" 2>&1 {lock_fd}>&-)
   pid=$!
   while :; do
     now=${EPOCHREALTIME/[.,]/}
