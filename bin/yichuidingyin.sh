@@ -17,6 +17,10 @@
 #   IDLE_RULES  GPU_HOUR_PRICE=0  GPU_PRICE_CURRENCY=¥  NVIDIA_SMI=nvidia-smi  SMI_TIMEOUT=10
 #   SMI_FAIL_ALERT_CYCLES=5  NOTIFY_URL  NOTIFY_TYPE  NOTIFY_SECRET
 #   ALERTMANAGER_URL  GPUGUARD_STATE_DIR  GPUGUARD_LOG  GPUGUARD_TEXTFILE_DIR
+#   RETENTION_DAYS=7  RETENTION_INTERVAL=300  HISTORY_MAX_FILES=1500
+#   HISTORY_MAX_MB=30  EVENTS_MAX_MB=5 (disk bounds of the state folder)
+# Webhook URLs and secrets belong in secrets.conf (mode 600) beside the
+# config file; the environment still overrides both.
 # Signals: SIGHUP re-reads the configuration (a bad file keeps the one in
 # force); SIGTERM/SIGINT stop after the current cycle, with one log line.
 # Exit status: 0 done or stopped by SIGTERM/SIGINT, 1 another instance runs,

@@ -150,13 +150,13 @@ def test_sighup_reloads_and_sigterm_stops_with_one_line(tmp_path):
     proc = subprocess.Popen([str(ROOT / "bin/yichuidingyin.sh")], env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        assert wait_until(lambda: log.exists() and "watching GPUs" in log.read_text())
+        assert wait_until(lambda: log.exists() and "watching GPUs" in log.read_text(), 60)
         conf.write_text("THRESHOLD=25\n")
         proc.send_signal(signal.SIGHUP)
-        assert wait_until(lambda: "configuration reloaded" in log.read_text())
+        assert wait_until(lambda: "configuration reloaded" in log.read_text(), 60), log.read_text()[-3000:]
         conf.write_text("THRESHOLD=1.8e19\n")
         proc.send_signal(signal.SIGHUP)
-        assert wait_until(lambda: "not reloaded" in log.read_text())
+        assert wait_until(lambda: "not reloaded" in log.read_text(), 60), log.read_text()[-3000:]
         time.sleep(1.5)
         alive = proc.poll() is None
     finally:

@@ -41,7 +41,7 @@ def key_of(e):
 @pytest.fixture(scope="module")
 def kill_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("kill9")
-    cycles, kill_p = (1000, 0.39) if LONG else (60, 0.4)
+    cycles, kill_p = (1000, 0.45) if LONG else (60, 0.45)
     tail = IDLE_RUN + BUSY_RUN          # a last busy stretch without kills
     steps = [step(phase_of(i)[1]) for i in range(cycles)] + [step(True)] * (tail + 6)
     scenario = tmp / "s.json"
@@ -50,7 +50,7 @@ def kill_run(tmp_path_factory):
     env = base_env(tmp, scenario, NOTIFY_URL=url + "/generic", NOTIFY_TYPE="generic", NOTIFY_TIMEOUT=1,
                    NOTIFY_RETRIES=0, GPUGUARD_LOG=tmp / "log", MAX_IDLE_CYCLES=3)
     rng = random.Random(1000)
-    kills, completed_idle = 0, Counter()
+    kills, completed_idle, durations = 0, Counter(), []
     step_file = tmp / "smi-step"
     for i in range(cycles + tail + 6):
         step_file.write_text(str(i))          # the double answers for cycle i
@@ -60,14 +60,20 @@ def kill_run(tmp_path_factory):
         proc = subprocess.Popen([str(ROOT / "bin/yichuidingyin.sh"), "--once"], env=e,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         killed = False
+        started = time.time()
         if i < cycles and rng.random() < kill_p:
+            # a random point within a typical cycle, so most tries land
+            typical = sorted(durations)[len(durations) // 2] if durations else 0.5
             try:
-                proc.wait(timeout=rng.uniform(0.0, 0.9))
+                proc.wait(timeout=rng.uniform(0.0, 0.95 * typical))
             except subprocess.TimeoutExpired:
                 proc.send_signal(signal.SIGKILL)
                 killed = True
                 kills += 1
         proc.wait()
+        if not killed:
+            durations.append(time.time() - started)
+            durations = durations[-50:]
         n, busy = phase_of(i)
         if not killed and not busy and i < cycles:
             completed_idle[n] += 1
