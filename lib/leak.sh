@@ -268,7 +268,7 @@ leak_option() {
   return 0
 }
 
-# Exports the option values collected by leak_option, before config_load so
+# Sets the option values collected by leak_option, before config_load so
 # that they override the config file as the environment does.
 leak_apply_options() {
   local name
@@ -525,7 +525,7 @@ leak_job_watch() {
     LEAK_WATCH_DONE=1
     return 0
   fi
-  export LEAK_THRESHOLD_MIB_H LEAK_RULES LEAK_HISTORY_MAX_ROWS LEAK_INSTANCE
+  config_warn_secrets_unreadable
   leak_probe_system
   if ((stop)) || ! leak_job_running; then
     LEAK_WATCH_DONE=1
@@ -534,6 +534,7 @@ leak_job_watch() {
   gg_log info "watching job PID $LEAK_JOB_PID ($LEAK_INSTANCE) every ${LEAK_INTERVAL}s, threshold ${LEAK_THRESHOLD_MIB_H} MiB/h"
   while ((! stop)) && leak_job_running; do
     leak_cycle "$(gg_now)"
+    gg_retention_maybe || true
     ((stop)) && break
     sleep "$LEAK_INTERVAL" {GG_LOCK_FD}>&- &
     sleeper=$!
@@ -629,12 +630,13 @@ leak_watch_loop() {
   while ((! stop)); do
     now=$(gg_now)
     leak_cycle "$now"
+    gg_retention_maybe || true
     leak_match_notice "$now"
     if leak_all_targets_gone; then
       gg_log info "every watched process has ended; stopping"
       return 0
     fi
-    sleep "$LEAK_INTERVAL" &
+    sleep "$LEAK_INTERVAL" {GG_LOCK_FD}>&- &
     sleeper=$!
     wait "$sleeper" || true
   done
