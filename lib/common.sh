@@ -1,7 +1,12 @@
 # shellcheck shell=bash
 # Shared plumbing for every gpuguard command: logging, errors, --help text
 # taken from a command's header, JSON string escaping and the state folder.
-# Sourcing this file defines functions and nothing else.
+# Sourcing this file defines functions and one constant, nothing else.
+
+# The configuration keys that hold secrets (webhook URLs carry tokens): they
+# live in secrets.conf and reach no child but the alert helper.
+# shellcheck disable=SC2034 # read by config.sh, install.sh and leak.sh
+GG_SECRET_KEYS='NOTIFY_URL|NOTIFY_SECRET|ALERTMANAGER_URL'
 
 # Prints a log line: "2026-12-02 10:15:00 WARN yichuidingyin: message".
 # Globals:

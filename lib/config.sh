@@ -289,7 +289,7 @@ config_warn_secret_file() {
   local mode file
   for file in "${GG_CONFIG_FILE:-}" "${GG_SECRETS_FILE:-}"; do
     [[ -n $file && -f $file ]] || continue
-    grep -Eq '^[[:space:]]*(export[[:space:]]+)?(NOTIFY_SECRET|NOTIFY_URL|ALERTMANAGER_URL)=.' \
+    grep -Eq "^[[:space:]]*(export[[:space:]]+)?($GG_SECRET_KEYS)=." \
       "$file" 2>/dev/null || continue
     mode=$(stat -c '%a' -- "$file" 2>/dev/null) || continue
     if (((8#$mode & 8#044) != 0)); then

@@ -13,7 +13,6 @@ INSTALL_COMMANDS=(yichuidingyin.sh gpu-leak-watch lowprio-run gpuguard)
 # The parts of the source tree that are installed.
 INSTALL_PARTS=(bin lib python etc VERSION)
 # Keys that belong in secrets.conf, never in the shared config.
-INSTALL_SECRET_KEYS='NOTIFY_URL|NOTIFY_SECRET|ALERTMANAGER_URL'
 
 # Parses the options into INSTALL_* globals.
 install_parse() {
@@ -299,7 +298,7 @@ install_remove_stale() {
 
 # True when a config file sets any secret key to a value.
 install_has_secrets() {
-  grep -Eq "^[[:space:]]*(export[[:space:]]+)?($INSTALL_SECRET_KEYS)=[^[:space:]]" "$1" 2>/dev/null
+  grep -Eq "^[[:space:]]*(export[[:space:]]+)?($GG_SECRET_KEYS)=[^[:space:]]" "$1" 2>/dev/null
 }
 
 # Places the shared config (0644: every user's commands read it) and the

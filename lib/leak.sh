@@ -412,7 +412,8 @@ leak_job_start() {
   (
     local name
     for name in "${LEAK_ENV_NAMES[@]}"; do
-      if [[ -n ${LEAK_USER_ENV[$name]+set} ]]; then
+      # secrets never reach the job, even ones the user exported
+      if [[ -n ${LEAK_USER_ENV[$name]+set} && ! $name =~ ^($GG_SECRET_KEYS)$ ]]; then
         export "$name=${LEAK_USER_ENV[$name]}"
       else
         unset "$name"

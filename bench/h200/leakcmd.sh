@@ -78,7 +78,7 @@ history_peak() {
   local f peak=0 used
   for f in "$GPUGUARD_STATE_DIR/history/$1"-*.csv; do
     [[ -f $f ]] || continue
-    while IFS=, read -r _ _ used; do
+    while IFS=, read -r _ _ used _; do
       if [[ $used =~ ^[0-9]+$ ]] && ((used > peak)); then
         peak=$used
       fi

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Summary: on a real H200: which GPU patterns the watchdog calls stuck (spinning), idle or busy
-# Usage: OUT=DIR bench/h200/spin.sh   (or: bench/h200/spin.sh DIR)
+# Usage: OUT=DIR [SPIN_PATTERNS="sleep:gpu_stuck matmul:none ..."] bench/h200/spin.sh   (or: bench/h200/spin.sh DIR)
 #
 # Runs the idle watchdog (bin/yichuidingyin.sh, defaults, CHECK_INTERVAL=2)
 # against the real nvidia-smi while bench/h200/spin_workload.py runs, one
@@ -45,19 +45,19 @@ main() {
     "$SPIN_ROOT/bin/yichuidingyin.sh" 2>"$out/spin_watchdog.log" &
   local dog=$!
   sleep 3
-  spin_phase "$w" "$out" sleep gpu_stuck "$SPIN_SECONDS"
-  spin_phase "$w" "$out" matmul none "$BUSY_SECONDS"
-  if python3 -c 'import triton' 2>/dev/null; then
-    spin_phase "$w" "$out" "poll 132" gpu_stuck "$SPIN_SECONDS"
-    spin_phase "$w" "$out" memcpy none "$BUSY_SECONDS"
-    spin_phase "$w" "$out" "poll 32" gpu_stuck "$SPIN_SECONDS"
-  else
-    echo "no triton: the flag-polling patterns are skipped" >>"$out/spin_workload.log"
-    spin_phase "$w" "$out" memcpy none "$BUSY_SECONDS"
-  fi
-  spin_phase "$w" "$out" starved gpu_idle "$BUSY_SECONDS"
-  spin_phase "$w" "$out" launch none "$BUSY_SECONDS"
-  spin_phase "$w" "$out" graph none "$BUSY_SECONDS"
+  local pattern mode expected
+  for pattern in ${SPIN_PATTERNS:-sleep:gpu_stuck matmul:none poll-132:gpu_stuck memcpy:none poll-32:gpu_stuck starved:gpu_idle launch:none graph:none}; do
+    mode=${pattern%%:*} expected=${pattern#*:}
+    if [[ $mode == poll-* ]] && ! python3 -c 'import triton' 2>/dev/null; then
+      echo "no triton: $mode is skipped" >>"$out/spin_workload.log"
+      continue
+    fi
+    if [[ $expected == gpu_stuck ]]; then
+      spin_phase "$w" "$out" "${mode/-/ }" "$expected" "$SPIN_SECONDS"
+    else
+      spin_phase "$w" "$out" "${mode/-/ }" "$expected" "$BUSY_SECONDS"
+    fi
+  done
   if ((ngpus >= 2)); then
     spin_nccl "$w" "$out"
   else
