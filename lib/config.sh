@@ -278,6 +278,7 @@ config_load() {
     fi
   fi
   [[ -n $GPUGUARD_HOST ]] || GPUGUARD_HOST=${HOSTNAME:-$(uname -n)}
+  config_default_rules
   export GPUGUARD_STATE_DIR GPUGUARD_HOST
   config_warn_secret_file
 }
@@ -296,6 +297,25 @@ config_warn_secret_file() {
       gg_log warn "$file holds webhook credentials and is readable by others (mode $mode): chmod 600 it"
     fi
   done
+}
+
+# Rule files: empty means the shipped ones (etc/idle-rules.conf exempts
+# inference servers, whose batch-1 CUDA-graph decoding reads like a spin on
+# an H200: 99 % at 131 W; etc/leak-rules.conf exempts their KV caches);
+# "none" means no rules.
+config_default_rules() {
+  local key
+  for key in IDLE_RULES LEAK_RULES; do
+    case ${!key} in
+      none) printf -v "$key" '' ;;
+      '')
+        local shipped=${key%_RULES}
+        shipped=${GPUGUARD_ROOT:-/nonexistent}/etc/${shipped,,}-rules.conf
+        [[ -r $shipped ]] && printf -v "$key" '%s' "$shipped"
+        ;;
+    esac
+  done
+  return 0
 }
 
 # For commands that deliver alerts: warns once when secrets.conf exists but

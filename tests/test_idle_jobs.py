@@ -188,6 +188,19 @@ def test_exempt_job_never_alerts_others_still_do(gbox, jobs, tmp_path):
     assert [(e["gpu"], e["state"]) for e in gbox.events()] == [(1, "firing")]
 
 
+def test_shipped_rules_spare_a_decoding_server_by_default(gbox, jobs):
+    """With IDLE_RULES unset the shipped etc/idle-rules.conf is in force: a
+    vLLM server replaying CUDA graphs of tiny kernels (on an H200: 99 % at
+    131 W, what a spin looks like) is not called stuck; IDLE_RULES=none
+    takes the rules away and the same GPU is."""
+    server = jobs(1, ["-m", "vllm.entrypoints.openai.api_server", "--model", "qwen"], cwd="srv")
+    decode = {"gpus": [idle_gpu(util=99, power=131, mem=60000)], "apps": [app(server.pids[0], mem=59000)]}
+    run_cycles(gbox, [decode] * 6, 6)
+    assert gbox.events() == []
+    run_cycles(gbox, [decode] * 6, 6, env={"IDLE_RULES": "none"}, start=5000)
+    assert [(e["event"], e["state"]) for e in gbox.events()] == [("gpu_stuck", "firing")]
+
+
 def test_rule_by_user_changes_cycles_and_names_itself(gbox, jobs, tmp_path):
     job = jobs(1, ["notebook.py"])
     rules = write_rules(tmp_path, "cmd:nomatch exempt\nuser:%s   MAX_IDLE_CYCLES=5 THRESHOLD=20\n" % getpass.getuser())
