@@ -816,13 +816,13 @@ TRENDS = {"steady": "trend_steady", "accelerating": "trend_accelerating", "steps
           "steady (phase-aware)": "trend_phase", "decelerating": "trend_decelerating"}
 
 
-def oom_clock(event, hours):
+def oom_clock(event, seconds):
     """The wall-clock time of a projected OOM: "14:05", with the date when
     it is not today."""
     base = number(event.get("ts"))
     base = time.time() if base is None else base
     try:
-        at = time.localtime(base + hours * 3600)
+        at = time.localtime(base + seconds)
         same_day = time.localtime(base)[:3] == at[:3]
         return time.strftime("%H:%M" if same_day else "%Y-%m-%d %H:%M", at)
     except (OverflowError, OSError, ValueError):
@@ -844,7 +844,8 @@ def leak_render(e, lang):
         return msg(lang, "what_leak_resolved", pid=pid), [
             msg(lang, "leak_resolved", used=gib(e.get("used_memory_mib"), lang), slope=slope_text)]
     oom = number(e.get("projected_oom_hours"))
-    oom_text = duration(oom * 3600, lang) if oom is not None and oom >= 0 else unknown
+    oom_s = round(oom * 3600) if oom is not None and oom >= 0 else None
+    oom_text = duration(oom_s, lang) if oom_s is not None else unknown
     lines = [msg(lang, "leak_values", slope=slope_text, window=duration(e.get("window_seconds"), lang),
                  used=gib(e.get("used_memory_mib"), lang), free=gib(e.get("free_memory_mib"), lang))]
     since = number(e.get("since_ts"))
@@ -856,7 +857,7 @@ def leak_render(e, lang):
     if trend_note:
         lines.append(msg(lang, "leak_trend_note", oom=oom_text))
     else:
-        clock = oom_clock(e, oom) if oom is not None and oom >= 0 else None
+        clock = oom_clock(e, oom_s) if oom_s is not None else None
         lines.append(msg(lang, "leak_oom_at", oom=oom_text, clock=clock) if clock
                      else msg(lang, "leak_oom", oom=oom_text))
     trend = e.get("trend")
@@ -912,7 +913,9 @@ def render_digest(events, lang, env=None):
         summary.append(msg(lang, "summary_resolved", n=states.count("resolved")))
     title = msg(lang, "title_digest", tag=tag, host=host, n=len(groups), summary=", ".join(summary) or len(groups))
     out = []
-    mixed = len(set(states)) > 1
+    # sections say their state when they differ (firing and resolved, or
+    # a critical alert beside a plain one or a trend note)
+    mixed = len({section_tag(g, lang) for g, _, _ in sections}) > 1
     for g, what, lines in sections:
         head = lines[0] if lines else what
         if mixed:
