@@ -587,7 +587,7 @@ def test_leak_alertmanager_severity_follows_the_event_and_old_events_still_rende
 
 def rule_block(name):
     rules = (ROOT / "etc/prometheus/gpuguard.rules.yml").read_text()
-    m = re.search(r"- alert: %s\n(.*?)(?=\n\s*- alert:|\Z)" % name, rules, re.DOTALL)
+    m = re.search(r"- alert: " + re.escape(name) + r"\n(.*?)(?=\n\s*- alert:|\Z)", rules, re.DOTALL)
     assert m, name
     return m.group(1)
 
@@ -605,3 +605,45 @@ def test_shipped_rules_carry_the_labels_gpuguard_sends_alertmanager(kind):
     assert set(labels) - {"alertname", "instance", "job", "severity"} == {"gpu", "uuid"}
     expr = block.split("expr:", 1)[1].split("for:", 1)[0]
     assert "on (instance, gpu, uuid)" in expr or re.fullmatch(r"\s*gpuguard_gpu_fault == 1\s*", expr)
+
+
+def test_watchdog_stuck_gpu_reaches_each_target_once_and_previews(box, sink):
+    """As a user meets it: a spinning GPU (100 % at 124.8 W of 700 W, the
+    H200 spin figures) through the nvidia-smi double and the watchdog, one
+    post per target; then `gpuguard notify --preview` of the recorded
+    event."""
+    spin = {"gpus": [idle_gpu(util=100, power=124.8, mem=12000)], "apps": [app(4242, mem=11800)]}
+    box.write_scenario([spin] * 7)
+    env = {"NOTIFY_URL": all_targets(sink.url), "ALERTMANAGER_URL": sink.url, "NOTIFY_RETRIES": "0",
+           "GPU_HOUR_PRICE": "30"}
+    for t in range(7):
+        box.once(now=1796206508 + 60 * t, env=env)
+    assert [(e["event"], e["state"]) for e in box.events()] == [("gpu_stuck", "firing")]
+    posts = by_provider(sink)
+    assert {k: len(v) for k, v in posts.items()} == {
+        "dingtalk": 1, "feishu": 1, "wecom": 1, "slack": 1, "generic": 1, "api": 1}
+    assert "GPU 0 (NVIDIA H200) stuck: 100 % busy at 125 W (18 % of 700 W) for 5 cycles" in \
+        text_of("slack", posts["slack"][0])
+    assert "GPU 0 (NVIDIA H200) 卡住：利用率 100 %，功耗仅 125 W（上限 700 W 的 18 %）" in \
+        text_of("wecom", posts["wecom"][0])
+    assert posts["api"][0][0]["labels"]["alertname"] == "GpuStuckSpinning"
+    r = gpuguard(["notify", "--preview", str(box.state / "events.jsonl")], {"GPUGUARD_STATE_DIR": str(box.state)})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("py-spy dump --native --pid 4242") == 5
+    assert '"alertname": "GpuStuckSpinning"' in r.stdout and "event gpu_stuck" not in r.stdout
+
+
+def test_watchdog_device_fault_previews_as_critical(box):
+    ok = {"gpus": [idle_gpu(mem=600)], "apps": [app(1410, mem=580)]}
+    reset = {"gpus": [{k: "[GPU requires reset]" for k in ("utilization.gpu", "memory.used", "memory.total",
+                                                            "power.draw", "power.limit")}], "apps": []}
+    box.write_scenario([ok] + [reset] * 4)
+    for t in range(5):
+        box.once(now=1796206508 + 60 * t, env={"SMI_FAIL_ALERT_CYCLES": "3"})
+    assert [(e["event"], e["state"]) for e in box.events()] == [("gpu_degraded", "firing")]
+    r = gpuguard(["notify", "--preview"], {"GPUGUARD_STATE_DIR": str(box.state)})
+    assert r.returncode == 0, r.stderr
+    # slack, generic and the Alertmanager summary; the three Chinese platforms
+    assert r.stdout.count("[gpuguard CRITICAL]") == 3 and r.stdout.count("[gpuguard 严重]") == 3
+    assert "nvidia-smi -q -i 0" in r.stdout and "GPU requires reset" in r.stdout
+    assert '"alertname": "GpuDegraded"' in r.stdout and '"severity": "critical"' in r.stdout
