@@ -1076,6 +1076,28 @@ def alertmanager_labels(event):
     return labels
 
 
+# The (alertname, severity) a leak may have fired under: a resolved leak
+# event without a severity (the detector does not repeat it on resolving)
+# resolves each, since Alertmanager knows an alert by all of its labels;
+# one that never fired is kept as resolved and notifies no one.
+LEAK_RESOLVE_AS = (("GpuMemoryLeak", "critical"), ("GpuMemoryLeak", "warning"),
+                   ("GpuMemoryLeakTrend", "info"), ("GpuMemoryLeakDetected", "warning"))
+
+
+def alertmanager_alerts(event, lang="en", now=None):
+    """The Alertmanager alerts for one event: one, or for a resolved leak
+    of unknown severity one per name and severity it may have fired as."""
+    alert = alertmanager_alert(event, lang, now)
+    if event.get("event") != "gpu_memory_leak" or state_class(event) != "resolved" or \
+            event.get("severity") in SEVERITY_RANK:
+        return [alert]
+    out = []
+    for name, sev in LEAK_RESOLVE_AS:
+        labels = dict(alert["labels"], alertname=name, severity=sev)
+        out.append(dict(alert, labels=labels))
+    return out
+
+
 def alertmanager_alert(event, lang="en", now=None):
     now = time.time() if now is None else now
     title, lines = render(event, lang)
@@ -1405,7 +1427,7 @@ def deliver_target(target, tstate, items, env, now):
         events = [e for _, e in batch]
         if target.provider == "alertmanager":
             url = target.url + "/api/v2/alerts"
-            body = [alertmanager_alert(e, target.lang, now=time.time()) for e in events]
+            body = [a for e in events for a in alertmanager_alerts(e, target.lang, now=time.time())]
         else:
             url, body = chat_body(target, events, target.lang, now, env)
         names = list_names(os.path.dirname(batch[0][0]))
@@ -1684,7 +1706,7 @@ def preview(source, env=None):
         print("===== {} ({}){} =====".format(provider, target.lang, "" if provider in configured else " [not configured]"))
         if provider == "alertmanager":
             # one POST of alerts: labels, times and summary a line each
-            for a in (alertmanager_alert(e, target.lang) for e in events):
+            for a in (a for e in events for a in alertmanager_alerts(e, target.lang)):
                 print(json.dumps({"labels": a["labels"], "startsAt": a["startsAt"], "endsAt": a["endsAt"],
                                   "summary": a["annotations"]["summary"]}, ensure_ascii=False))
             print()

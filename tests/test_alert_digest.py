@@ -378,8 +378,8 @@ def degraded(gpu=3, state="firing", **kw):
     return e
 
 
-# 2026-12-03 10:45:00 UTC
-LEAK_TS = 1796294700
+# 2026-12-02 10:45:00 UTC
+LEAK_TS = 1796208300
 
 
 def leak(**kw):
@@ -502,9 +502,12 @@ def test_a_digest_mixing_idle_stuck_degraded_leak_and_resolved_is_one_post_per_t
                  "GPU 0-1 (NVIDIA H200) 已空闲 12 分钟", "GPU 4-5 (NVIDIA H200) 卡住", "GPU 2-3 已恢复繁忙"):
         assert part in zh, part
     assert zh.count("@13800000000") == 1
-    names = sorted(a["labels"]["alertname"] for a in posts["api"][0])
-    assert names == sorted(["GpuIdleHeld"] * 4 + ["GpuStuckSpinning"] * 2 + ["GpuDegraded", "GpuMemoryLeak",
-                                                                             "GpuMemoryLeakDetected"])
+    firing = sorted(a["labels"]["alertname"] for a in posts["api"][0] if a["endsAt"] > alert.iso(time.time() + 600))
+    assert firing == sorted(["GpuIdleHeld"] * 2 + ["GpuStuckSpinning"] * 2 + ["GpuDegraded", "GpuMemoryLeak"])
+    resolved = sorted((a["labels"]["alertname"], a["labels"]["severity"]) for a in posts["api"][0]
+                      if a["endsAt"] <= alert.iso(time.time() + 600))
+    # the resolved leak without a severity resolves each name it may have fired as
+    assert resolved == sorted([("GpuIdleHeld", "warning")] * 2 + list(alert.LEAK_RESOLVE_AS))
     assert len(posts["generic"][0]["events"]) == len(events)
 
 
@@ -513,20 +516,20 @@ def test_leak_verdict_fields_render_rate_since_oom_clock_confidence_and_rank(utc
     assert title == "[gpuguard CRITICAL] node7: PID 51000 python3: GPU memory leak suspected"
     text = "\n".join(lines)
     assert "Growing +2400 MiB/h (window 2 h 0 min), now 128.0 GiB, GPU free 7.8 GiB" in text
-    assert "Growing since 2026-12-03 08:45 (2 h 0 min ago)" in text
+    assert "Growing since 2026-12-02 08:45 (2 h 0 min ago)" in text
     assert "Projected OOM in 3 h 20 min (about 14:05)" in text
     assert "Verdict: accelerating, confidence 87 %" in text
     assert "Leaking: rank 3, PID 51003 (of the process tree of PID 51000)" in text
     title, lines = alert.render(leak(), "zh")
     text = "\n".join(lines)
     assert title == "[gpuguard 严重] node7：PID 51000 python3 疑似显存泄漏"
-    assert "自 2026-12-03 08:45 起增长（已 2 小时 0 分）" in text
+    assert "自 2026-12-02 08:45 起增长（已 2 小时 0 分）" in text
     assert "预计 3 小时 20 分 后 OOM（约 14:05）" in text
     assert "判定：加速增长，置信度 87 %" in text and "泄漏者：rank 3，PID 51003（属于 PID 51000 的进程树）" in text
     # a projection past midnight carries the date; a rank unknown names the PID
     text = "\n".join(alert.render(leak(severity="warning", projected_oom_hours=30.0, rank=None,
                                        trend="steady (phase-aware)"), "en")[1])
-    assert "Projected OOM in 30 h 0 min (about 2026-12-04 16:45)" in text
+    assert "Projected OOM in 30 h 0 min (about 2026-12-03 16:45)" in text
     assert "Verdict: steady growth across phases" in text
     assert "Leaking: PID 51003 (of the process tree of PID 51000)" in text
     assert alert.render(leak(severity="warning"), "en")[0].startswith("[gpuguard ALERT]")
@@ -647,3 +650,51 @@ def test_watchdog_device_fault_previews_as_critical(box):
     assert r.stdout.count("[gpuguard CRITICAL]") == 3 and r.stdout.count("[gpuguard 严重]") == 3
     assert "nvidia-smi -q -i 0" in r.stdout and "GPU requires reset" in r.stdout
     assert '"alertname": "GpuDegraded"' in r.stdout and '"severity": "critical"' in r.stdout
+
+
+def test_a_leak_resolved_without_severity_ends_the_critical_alert_in_a_real_alertmanager(env, tmp_path):
+    """The detector does not repeat the severity when a leak resolves;
+    Alertmanager knows an alert by all its labels: the resolve must still
+    end the critical GpuMemoryLeak it fired as, and page no one else."""
+    import shutil
+
+    from conftest import free_port, require, wait_for
+    from test_prometheus import am_alerts, get
+    binary = shutil.which("prometheus-alertmanager")
+    require(binary is not None, "Debian package prometheus-alertmanager not installed")
+    server, hooks = webhook_sink.serve(quiet=True)
+    port = free_port()
+    (tmp_path / "am.yml").write_text(json.dumps({
+        "route": {"receiver": "hook", "group_by": ["..."], "group_wait": "1s", "group_interval": "1s",
+                  "repeat_interval": "1h"},
+        "receivers": [{"name": "hook", "webhook_configs": [
+            {"url": f"http://127.0.0.1:{server.server_address[1]}/hook", "send_resolved": True}]}]}))
+    am = subprocess.Popen([binary, f"--config.file={tmp_path / 'am.yml'}", f"--storage.path={tmp_path / 'am'}",
+                           f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    am_url = f"http://127.0.0.1:{port}"
+    try:
+        assert wait_for(lambda: get(am_url + "/-/ready") is not None, timeout=30)
+        env = dict(env, ALERTMANAGER_URL=am_url)
+        firing = leak(ts=int(time.time()))
+        queue(env, [firing])
+        assert alert.flush(env) == 0
+        (active,) = am_alerts(port)
+        assert active["labels"] == {"alertname": "GpuMemoryLeak", "instance": "node7", "job": "gpuguard",
+                                    "severity": "critical", "pid": "51000", "name": "python3"}
+        assert wait_for(lambda: len(hooks.requests) == 1, timeout=30)
+        resolved = {k: v for k, v in firing.items() if k not in ("severity", "trend", "since_ts", "confidence",
+                                                                  "tier", "leaking_pid", "rank")}
+        queue(env, [dict(resolved, state="resolved", ts=int(time.time()))])
+        assert alert.flush(env) == 0
+        assert wait_for(lambda: am_alerts(port) == [], timeout=30)
+        assert wait_for(lambda: len(hooks.requests) == 2, timeout=30)
+        time.sleep(2)
+        # one firing and one resolved notification; the other names never fired
+        statuses = [(r["body"]["status"], [a["labels"]["alertname"] for a in r["body"]["alerts"]])
+                    for r in hooks.requests]
+        assert statuses == [("firing", ["GpuMemoryLeak"]), ("resolved", ["GpuMemoryLeak"])]
+    finally:
+        am.terminate()
+        am.wait(timeout=10)
+        server.shutdown()
