@@ -843,7 +843,12 @@ def leak_render(e, lang):
     if state_class(e) == "resolved":
         return msg(lang, "what_leak_resolved", pid=pid), [
             msg(lang, "leak_resolved", used=gib(e.get("used_memory_mib"), lang), slope=slope_text)]
+    # the detector's projection is free / slope rounded to 0.1 h: recomputed
+    # when both are known, so a fast leak reads "in 1 min 21 s", not "in 0 s"
     oom = number(e.get("projected_oom_hours"))
+    free = number(e.get("free_memory_mib"))
+    if free is not None and free >= 0 and slope is not None and slope > 0:
+        oom = free / slope
     oom_s = round(oom * 3600) if oom is not None and oom >= 0 else None
     oom_text = duration(oom_s, lang) if oom_s is not None else unknown
     lines = [msg(lang, "leak_values", slope=slope_text, window=duration(e.get("window_seconds"), lang),

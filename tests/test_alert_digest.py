@@ -527,7 +527,7 @@ def test_leak_verdict_fields_render_rate_since_oom_clock_confidence_and_rank(utc
     assert "预计 3 小时 20 分 后 OOM（约 14:05）" in text
     assert "判定：加速增长，置信度 87 %" in text and "泄漏者：rank 3，PID 51003（属于 PID 51000 的进程树）" in text
     # a projection past midnight carries the date; a rank unknown names the PID
-    text = "\n".join(alert.render(leak(severity="warning", projected_oom_hours=30.0, rank=None,
+    text = "\n".join(alert.render(leak(severity="warning", free_memory_mib=None, projected_oom_hours=30.0, rank=None,
                                        trend="steady (phase-aware)"), "en")[1])
     assert "Projected OOM in 30 h 0 min (about 2026-12-03 16:45)" in text
     assert "Verdict: steady growth across phases" in text
@@ -536,7 +536,8 @@ def test_leak_verdict_fields_render_rate_since_oom_clock_confidence_and_rank(utc
 
 
 def test_leak_beyond_the_warning_horizon_is_a_trend_note_not_a_page(env, sink):
-    note = leak(severity="info", slope_mib_per_hour=60.0, projected_oom_hours=300.0, confidence=0.62,
+    note = leak(severity="info", slope_mib_per_hour=60.0, free_memory_mib=18000, projected_oom_hours=300.0,
+                confidence=0.62,
                 trend="steady", leaking_pid=None, rank=None)
     env = dict(env, NOTIFY_URL=all_targets(sink.url), ALERTMANAGER_URL=sink.url, NOTIFY_MENTION="13800000000")
     queue(env, [note])
