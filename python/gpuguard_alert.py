@@ -38,6 +38,7 @@ import hashlib
 import hmac
 import http.client
 import json
+import math
 import os
 import random
 import re
@@ -584,10 +585,8 @@ def money(amount, currency, lang):
 def idle_group_lines(events, lang, env, digest):
     """The lines for GPUs of one job going idle (firing/reminder)."""
     gpus = ranges([e.get("gpu") for e in events])
-    names = sorted({str(e["gpu_name"]) for e in events if e.get("gpu_name")})
-    model = " ({})".format(defuse(", ".join(names))) if names else ""
     idle_s = max((as_int(e.get("idle_seconds")) or 0) for e in events)
-    lines = [msg(lang, "idle_head", gpus=gpus, model=model, idle=duration(idle_s, lang),
+    lines = [msg(lang, "idle_head", gpus=gpus, model=gpu_model(events), idle=duration(idle_s, lang),
                  job=job_label(events, lang))]
     reasons = {str(e.get("reason")) for e in events}
     if reasons & {"spin", "spinning", "stuck"}:
@@ -596,32 +595,123 @@ def idle_group_lines(events, lang, env, digest):
         lines.append(msg(lang, "idle_power"))
     lines += job_lines(events, lang)
     unknown = msg(lang, "unknown")
-    used = [e.get("memory_used_mib") for e in events]
-    if all(isinstance(u, (int, float)) for u in used) and len(set(used)) == 1 and len(used) > 1:
-        memory = msg(lang, "mem_each", n=len(used), each=gib(used[0], lang))
-    elif any(isinstance(u, (int, float)) for u in used):
-        memory = gib(sum(u for u in used if isinstance(u, (int, float))), lang)
-    else:
-        memory = unknown
+    memory = memory_held(events, lang)
     threshold = span([e.get("threshold") for e in events]) or unknown
     lines.append(msg(lang, "idle_values", util=span([e.get("utilization") for e in events], "%") or unknown,
                      threshold=threshold, power=span([e.get("power_draw_w") for e in events], " W") or unknown,
                      memory=memory))
-    uuids = [str(e["uuid"]) for e in events if e.get("uuid")]
-    if uuids:
-        shown = uuids if len(uuids) <= 2 else [u[:12] + "…" for u in uuids]
-        lines.append(msg(lang, "idle_uuids", uuids=defuse(", ".join(shown))))
+    lines += uuid_lines(events, lang)
+    lines += cost_lines(events, lang, env)
+    lines.append(msg(lang, "idle_hint", pid=first_pid(events)))
+    return lines
+
+
+def cost_lines(events, lang, env):
+    """What the idle (or stuck) time of a group has cost so far, when a
+    GPU-hour price is set; the event's currency (GPU_PRICE_CURRENCY) is
+    used when the price itself names none."""
     price = parse_price(next((e.get("gpu_hour_price") for e in events if e.get("gpu_hour_price")), None)
                         or env.get("GPU_HOUR_PRICE"))
-    if price:
-        gpu_hours = sum((as_int(e.get("idle_seconds")) or 0) for e in events) / 3600.0
-        lines.append(msg(lang, "idle_cost", cost=money(gpu_hours * price[0], price[1], lang),
-                         gpu_hours=f"{gpu_hours:.1f}", price=money(price[0], price[1], lang)))
+    if not price:
+        return []
+    currency = price[1] or next((defuse(e["currency"])[:8] for e in events
+                                 if isinstance(e.get("currency"), str) and e["currency"]), "")
+    gpu_hours = sum((as_int(e.get("idle_seconds")) or 0) for e in events) / 3600.0
+    return [msg(lang, "idle_cost", cost=money(gpu_hours * price[0], currency, lang),
+                gpu_hours=f"{gpu_hours:.1f}", price=money(price[0], currency, lang))]
+
+
+def first_pid(events):
+    """A PID of the group's job for the hints ("PID" when none is known)."""
     pids = [p.get("pid") for e in events for p in procs_of(e)] + \
         [j.get("pid") for e in events for j in jobs_of(e)]
-    pid = next((p for p in pids if as_int(p) is not None), "PID")
-    lines.append(msg(lang, "idle_hint", pid=pid))
+    return next((p for p in pids if as_int(p) is not None), "PID")
+
+
+def gpu_model(events):
+    names = sorted({str(e["gpu_name"]) for e in events if e.get("gpu_name")})
+    return " ({})".format(defuse(", ".join(names))) if names else ""
+
+
+def uuid_lines(events, lang):
+    uuids = [str(e["uuid"]) for e in events if e.get("uuid")]
+    if not uuids:
+        return []
+    shown = uuids if len(uuids) <= 2 else [u[:12] + "…" for u in uuids]
+    return [msg(lang, "idle_uuids", uuids=defuse(", ".join(shown)))]
+
+
+def memory_held(events, lang):
+    used = [e.get("memory_used_mib") for e in events]
+    if all(isinstance(u, (int, float)) for u in used) and len(set(used)) == 1 and len(used) > 1:
+        return msg(lang, "mem_each", n=len(used), each=gib(used[0], lang))
+    if any(isinstance(u, (int, float)) for u in used):
+        return gib(sum(u for u in used if isinstance(u, (int, float))), lang)
+    return msg(lang, "unknown")
+
+
+def number(value):
+    """A finite number from an event field, else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return value if math.isfinite(value) else None
+
+
+def stuck_group_lines(events, lang, env):
+    """The lines for GPUs of one job stuck spinning (firing/reminder):
+    busy at the idle floor's power, for how long, who, the cost, a hint."""
+    unknown = msg(lang, "unknown")
+    pcts = []
+    for e in events:
+        power, limit = number(e.get("power_draw_w")), number(e.get("power_limit_w"))
+        if power is not None and limit:
+            pcts.append(round(power * 100.0 / limit))
+    cycles = span([e.get("spin_cycles") for e in events]) or span([e.get("idle_cycles") for e in events])
+    lines = [msg(lang, "stuck_head", gpus=ranges([e.get("gpu") for e in events]), model=gpu_model(events),
+                 util=span([e.get("utilization") for e in events], " %") or unknown,
+                 power=span([e.get("power_draw_w") for e in events], " W") or unknown,
+                 pct=span(pcts, " %") or unknown,
+                 limit=span([e.get("power_limit_w") for e in events], " W") or unknown,
+                 cycles=cycles or unknown),
+             msg(lang, "stuck_held", job=job_label(events, lang),
+                 idle=duration(max((as_int(e.get("idle_seconds")) or 0) for e in events), lang))]
+    lines += job_lines(events, lang)
+    lines.append(msg(lang, "stuck_values", memory=memory_held(events, lang),
+                     threshold=span([e.get("idle_power_pct") for e in events]) or unknown))
+    lines += uuid_lines(events, lang)
+    lines += cost_lines(events, lang, env)
+    lines.append(msg(lang, "stuck_hint", pid=first_pid(events)))
     return lines
+
+
+def stuck_resolved_lines(events, lang):
+    reason = str(events[0].get("reason") or "")
+    key = {"busy": "stuck_busy", "released": "stuck_released"}.get(reason, "stuck_resolved_other")
+    return [msg(lang, key, gpus=ranges([e.get("gpu") for e in events]),
+                idle=duration(max((as_int(e.get("idle_seconds")) or 0) for e in events), lang),
+                job=job_label(events, lang), reason=defuse(reason),
+                power=span([e.get("power_draw_w") for e in events], " W") or msg(lang, "unknown"))]
+
+
+def degraded_lines(events, lang):
+    """A GPU whose line nvidia-smi prints as a device fault: which GPU
+    (index, model, UUID), which fault, what to check."""
+    gpus = ranges([e.get("gpu") for e in events])
+    cycles = span([e.get("faulted_cycles") for e in events]) or msg(lang, "unknown")
+    if state_class(events[0]) == "resolved":
+        key = "degraded_gone" if events[0].get("reason") == "gone" else "degraded_resolved"
+        return [msg(lang, key, gpus=gpus, model=gpu_model(events), cycles=cycles)] + uuid_lines(events, lang)
+    index = next((str(as_int(e.get("gpu"))) for e in events if as_int(e.get("gpu")) is not None), "N")
+    lines = [msg(lang, "degraded_head", gpus=gpus, model=gpu_model(events), fault=fault_text(events, lang),
+                 cycles=cycles)]
+    lines += uuid_lines(events, lang)
+    lines.append(msg(lang, "degraded_hint", index=index if len(events) == 1 else gpus))
+    return lines
+
+
+def fault_text(events, lang):
+    faults = sorted({str(e["fault"]) for e in events if e.get("fault")})
+    return defuse(", ".join(faults))[:120] if faults else msg(lang, "unknown")
 
 
 def idle_resolved_lines(events, lang):
@@ -645,8 +735,11 @@ def group_events(events):
     groups = {}
     for e in events:
         kind = e.get("event")
-        if kind == "gpu_idle":
+        if kind in ("gpu_idle", "gpu_stuck"):
             extra = job_key(e) + ((str(e.get("reason")),) if state_class(e) == "resolved" else ())
+        elif kind == "gpu_degraded":
+            # faulted GPUs together, per fault (one line: "GPU 2,5: GPU requires reset")
+            extra = (str(e.get("fault")) if state_class(e) == "firing" else str(e.get("reason")),)
         elif kind == "gpu_memory_leak":
             extra = (str(e.get("pid")),)
         elif kind == "monitor_degraded":
@@ -663,8 +756,27 @@ def group_events(events):
         for e in evs:
             seen[(e.get("uuid"), e.get("gpu"), e.get("pid"))] = e
         out.append(list(seen.values()))
-    firing = [g for g in out if state_class(g[0]) == "firing"]
+    # critical first (a faulted GPU, a leak hours from OOM), trend notes last
+    firing = sorted((g for g in out if state_class(g[0]) == "firing"),
+                    key=lambda g: -SEVERITY_RANK.get(severity(g[0]), 1))
     return firing + [g for g in out if state_class(g[0]) != "firing"]
+
+
+SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
+
+
+def severity(event):
+    """critical, warning or info: the event's own (the leak detector's
+    severity by projected time to OOM; gpu_degraded), else the kind's."""
+    value = event.get("severity")
+    if value in SEVERITY_RANK:
+        return value
+    return SEVERITY.get(event.get("event"), "warning")
+
+
+def is_page(event):
+    """A firing event that pages (an @mention): a trend note does not."""
+    return state_class(event) in ("firing", "test") and severity(event) != "info"
 
 
 def group_render(group, lang, env, digest=False):
@@ -672,30 +784,23 @@ def group_render(group, lang, env, digest=False):
     e = group[0]
     kind = e.get("event")
     state = state_class(e)
-    unknown = msg(lang, "unknown")
     if kind == "gpu_idle":
         gpus = ranges([x.get("gpu") for x in group])
         if state == "resolved":
             return msg(lang, "what_idle_resolved", gpus=gpus), idle_resolved_lines(group, lang)
         return msg(lang, "what_idle", gpus=gpus), idle_group_lines(group, lang, env, digest)
-    if kind == "gpu_memory_leak":
-        pid = defuse(e.get("pid"))
-        name = defuse(os.path.basename(str(e.get("name") or "")))
-        slope = e.get("slope_mib_per_hour")
-        slope_text = f"{slope:+.0f}" if isinstance(slope, (int, float)) else unknown
+    if kind == "gpu_stuck":
+        gpus = ranges([x.get("gpu") for x in group])
         if state == "resolved":
-            return msg(lang, "what_leak_resolved", pid=pid), [
-                msg(lang, "leak_resolved", used=gib(e.get("used_memory_mib"), lang), slope=slope_text)]
-        oom = e.get("projected_oom_hours")
-        oom_text = duration(oom * 3600, lang) if isinstance(oom, (int, float)) else unknown
-        lines = [msg(lang, "leak_values", slope=slope_text, window=duration(e.get("window_seconds"), lang),
-                     used=gib(e.get("used_memory_mib"), lang), free=gib(e.get("free_memory_mib"), lang)),
-                 msg(lang, "leak_oom", oom=oom_text)]
-        lines += job_lines([e], lang)
-        if e.get("loss_plateau") is not None:
-            lines.append(msg(lang, "leak_plateau" if e["loss_plateau"] else "leak_falling"))
-        lines.append(msg(lang, "leak_hint"))
-        return msg(lang, "what_leak", pid=pid, name=name), lines
+            return msg(lang, "what_stuck_resolved", gpus=gpus), stuck_resolved_lines(group, lang)
+        return msg(lang, "what_stuck", gpus=gpus), stuck_group_lines(group, lang, env)
+    if kind == "gpu_degraded":
+        gpus = ranges([x.get("gpu") for x in group])
+        if state == "resolved":
+            return msg(lang, "what_degraded_resolved", gpus=gpus), degraded_lines(group, lang)
+        return msg(lang, "what_degraded", gpus=gpus, fault=fault_text(group, lang)), degraded_lines(group, lang)
+    if kind == "gpu_memory_leak":
+        return leak_render(e, lang)
     if kind == "monitor_degraded":
         if state == "resolved":
             return msg(lang, "what_monitor_resolved"), [msg(lang, "monitor_resolved", failures=e.get("failures"))]
@@ -705,6 +810,79 @@ def group_render(group, lang, env, digest=False):
     if kind == "test":
         return msg(lang, "what_test"), [msg(lang, "test_body")]
     return msg(lang, "what_other", kind=defuse(kind)), [defuse(json.dumps(e, ensure_ascii=False))[:500]]
+
+
+TRENDS = {"steady": "trend_steady", "accelerating": "trend_accelerating", "steps": "trend_steps",
+          "steady (phase-aware)": "trend_phase", "decelerating": "trend_decelerating"}
+
+
+def oom_clock(event, seconds):
+    """The wall-clock time of a projected OOM: "14:05", with the date when
+    it is not today."""
+    base = number(event.get("ts"))
+    base = time.time() if base is None else base
+    try:
+        at = time.localtime(base + seconds)
+        same_day = time.localtime(base)[:3] == at[:3]
+        return time.strftime("%H:%M" if same_day else "%Y-%m-%d %H:%M", at)
+    except (OverflowError, OSError, ValueError):
+        return None
+
+
+def leak_render(e, lang):
+    """(what, lines) for one gpu_memory_leak event: the rate, since when,
+    the projected OOM as a duration and a clock time, the detector's
+    verdict and confidence, the leaking rank of a tree, who. The
+    detector's fields are optional: older events have only the slope,
+    window and projection."""
+    unknown = msg(lang, "unknown")
+    pid = defuse(e.get("pid"))
+    name = defuse(os.path.basename(str(e.get("name") or "")))
+    slope = number(e.get("slope_mib_per_hour"))
+    slope_text = f"{slope:+.0f}" if slope is not None else unknown
+    if state_class(e) == "resolved":
+        return msg(lang, "what_leak_resolved", pid=pid), [
+            msg(lang, "leak_resolved", used=gib(e.get("used_memory_mib"), lang), slope=slope_text)]
+    # the detector's projection is free / slope rounded to 0.1 h: recomputed
+    # when both are known, so a fast leak reads "in 1 min 21 s", not "in 0 s"
+    oom = number(e.get("projected_oom_hours"))
+    free = number(e.get("free_memory_mib"))
+    if free is not None and free >= 0 and slope is not None and slope > 0:
+        oom = free / slope
+    oom_s = round(oom * 3600) if oom is not None and oom >= 0 else None
+    oom_text = duration(oom_s, lang) if oom_s is not None else unknown
+    lines = [msg(lang, "leak_values", slope=slope_text, window=duration(e.get("window_seconds"), lang),
+                 used=gib(e.get("used_memory_mib"), lang), free=gib(e.get("free_memory_mib"), lang))]
+    since = number(e.get("since_ts"))
+    if since is not None and when(since):
+        ts = number(e.get("ts"))
+        lines.append(msg(lang, "leak_since", since=when(since),
+                         ago=duration((ts if ts is not None else time.time()) - since, lang)))
+    trend_note = severity(e) == "info"
+    if trend_note:
+        lines.append(msg(lang, "leak_trend_note", oom=oom_text))
+    else:
+        clock = oom_clock(e, oom_s) if oom_s is not None else None
+        lines.append(msg(lang, "leak_oom_at", oom=oom_text, clock=clock) if clock
+                     else msg(lang, "leak_oom", oom=oom_text))
+    trend = e.get("trend")
+    confidence = number(e.get("confidence"))
+    if trend or confidence is not None:
+        trend_text = msg(lang, TRENDS[trend]) if trend in TRENDS else (defuse(trend)[:40] if trend else unknown)
+        lines.append(msg(lang, "leak_verdict", trend=trend_text,
+                         confidence=f"{confidence * 100:.0f} %" if confidence is not None else unknown))
+    leaking = e.get("leaking_pid")
+    if as_int(leaking) is not None and str(leaking) != str(e.get("pid")):
+        rank = e.get("rank")
+        if rank is not None and str(rank) != "":
+            lines.append(msg(lang, "leak_rank", rank=defuse(rank)[:16], pid=as_int(leaking), root=pid))
+        else:
+            lines.append(msg(lang, "leak_member", pid=as_int(leaking), root=pid))
+    lines += job_lines([e], lang)
+    if e.get("loss_plateau") is not None:
+        lines.append(msg(lang, "leak_plateau" if e["loss_plateau"] else "leak_falling"))
+    lines.append(msg(lang, "leak_hint"))
+    return msg(lang, "what_leak_trend" if trend_note else "what_leak", pid=pid, name=name), lines
 
 
 def render_digest(events, lang, env=None):
@@ -723,6 +901,12 @@ def render_digest(events, lang, env=None):
     tag = msg(lang, "tag_" + lead) if lead in ("firing", "resolved", "test") else lead
     if all(e.get("state") == "reminder" for g in groups for e in g):
         tag = msg(lang, "tag_reminder")
+    firing = [e for g in groups for e in g if state_class(e) == "firing"]
+    if any(severity(e) == "critical" for e in firing):
+        tag = msg(lang, "tag_critical")
+    elif firing and all(severity(e) == "info" for e in firing):
+        # only trend notes: not an alert
+        tag = msg(lang, "tag_note")
     if len(groups) == 1:
         title = msg(lang, "title_one", tag=tag, host=host, what=sections[0][1])
         lines = sections[0][2]
@@ -734,16 +918,26 @@ def render_digest(events, lang, env=None):
         summary.append(msg(lang, "summary_resolved", n=states.count("resolved")))
     title = msg(lang, "title_digest", tag=tag, host=host, n=len(groups), summary=", ".join(summary) or len(groups))
     out = []
-    mixed = len(set(states)) > 1
+    # sections say their state when they differ (firing and resolved, or
+    # a critical alert beside a plain one or a trend note)
+    mixed = len({section_tag(g, lang) for g, _, _ in sections}) > 1
     for g, what, lines in sections:
         head = lines[0] if lines else what
         if mixed:
-            head = "[{}] {}".format(msg(lang, "tag_" + state_class(g[0])) if state_class(g[0]) in
-                                ("firing", "resolved", "test") else state_class(g[0]), head)
+            head = f"[{section_tag(g, lang)}] {head}"
         out.append((head, lines[1:]))
     if len(groups) > DIGEST_MAX_GROUPS:
         out.append((msg(lang, "digest_more", n=len(groups) - DIGEST_MAX_GROUPS), []))
     return title, out
+
+
+def section_tag(group, lang):
+    """The tag of one section of a mixed digest: a firing critical event
+    says CRITICAL, a trend note NOTE."""
+    state = state_class(group[0])
+    if state == "firing" and severity(group[0]) in ("critical", "info"):
+        return msg(lang, "tag_critical" if severity(group[0]) == "critical" else "tag_note")
+    return msg(lang, "tag_" + state) if state in ("firing", "resolved", "test") else defuse(state)
 
 
 def render(event, lang):
@@ -822,8 +1016,7 @@ def chat_body(target, events, lang=None, now=None, env=None):
     lang = lang or target.lang
     now = time.time() if now is None else now
     title, sections = render_digest(events, lang, env)
-    firing = any(state_class(e) in ("firing", "test") for e in events)
-    who = mentions(env) if firing else []
+    who = mentions(env) if any(is_page(e) for e in events) else []
     limit = PROVIDER_TEXT_BYTES[target.provider]
     url = target.url
     text = truncate_bytes(chat_text(target.provider, title, sections, who), limit, lang)
@@ -859,16 +1052,26 @@ def iso(ts):
 # The alert names and labels of etc/prometheus/gpuguard.rules.yml, so that a
 # silence or an inhibition written for one holds for the other: instance is
 # the host name (the rules strip the scrape port), job is "gpuguard".
-ALERTNAMES = {"gpu_idle": "GpuIdleHeld", "gpu_memory_leak": "GpuMemoryLeakDetected",
+ALERTNAMES = {"gpu_idle": "GpuIdleHeld", "gpu_stuck": "GpuStuckSpinning", "gpu_degraded": "GpuDegraded",
+              "gpu_memory_leak": "GpuMemoryLeakDetected",
               "monitor_degraded": "GpuguardMonitorDown", "test": "GpuguardTest"}
-SEVERITY = {"monitor_degraded": "critical"}
-LABEL_KEYS = {"gpu_idle": ("gpu", "uuid"), "gpu_memory_leak": ("pid", "name")}
+# A leak event from the detector (it carries a severity by projected time
+# to OOM) is the rules' GpuMemoryLeak (warning/critical) or, beyond the
+# warning horizon, GpuMemoryLeakTrend (info: a trend note); an older event
+# without one keeps GpuMemoryLeakDetected.
+LEAK_ALERTNAMES = {"critical": "GpuMemoryLeak", "warning": "GpuMemoryLeak", "info": "GpuMemoryLeakTrend"}
+SEVERITY = {"monitor_degraded": "critical", "gpu_degraded": "critical"}
+LABEL_KEYS = {"gpu_idle": ("gpu", "uuid"), "gpu_stuck": ("gpu", "uuid"), "gpu_degraded": ("gpu", "uuid"),
+              "gpu_memory_leak": ("pid", "name")}
 
 
 def alertmanager_labels(event):
     kind = event.get("event")
-    labels = {"alertname": ALERTNAMES.get(kind, "Gpuguard"), "instance": str(event.get("host", "")),
-              "job": "gpuguard", "severity": SEVERITY.get(kind, "warning")}
+    name = ALERTNAMES.get(kind, "Gpuguard")
+    if kind == "gpu_memory_leak" and event.get("severity") in LEAK_ALERTNAMES:
+        name = LEAK_ALERTNAMES[event["severity"]]
+    labels = {"alertname": name, "instance": str(event.get("host", "")),
+              "job": "gpuguard", "severity": severity(event)}
     for key in LABEL_KEYS.get(kind, ("gpu", "uuid", "pid")):
         value = event.get(key)
         if key == "name" and value is not None:
@@ -878,17 +1081,40 @@ def alertmanager_labels(event):
     return labels
 
 
+# The (alertname, severity) a leak may have fired under: a resolved leak
+# event without a severity (the detector does not repeat it on resolving)
+# resolves each, since Alertmanager knows an alert by all of its labels;
+# one that never fired is kept as resolved and notifies no one.
+LEAK_RESOLVE_AS = (("GpuMemoryLeak", "critical"), ("GpuMemoryLeak", "warning"),
+                   ("GpuMemoryLeakTrend", "info"), ("GpuMemoryLeakDetected", "warning"))
+
+
+def alertmanager_alerts(event, lang="en", now=None):
+    """The Alertmanager alerts for one event: one, or for a resolved leak
+    of unknown severity one per name and severity it may have fired as."""
+    alert = alertmanager_alert(event, lang, now)
+    if event.get("event") != "gpu_memory_leak" or state_class(event) != "resolved" or \
+            event.get("severity") in SEVERITY_RANK:
+        return [alert]
+    out = []
+    for name, sev in LEAK_RESOLVE_AS:
+        labels = dict(alert["labels"], alertname=name, severity=sev)
+        out.append(dict(alert, labels=labels))
+    return out
+
+
 def alertmanager_alert(event, lang="en", now=None):
     now = time.time() if now is None else now
     title, lines = render(event, lang)
     annotations = {"summary": title, "description": "\n".join(lines)}
-    for key in ("utilization", "idle_seconds", "slope_mib_per_hour", "projected_oom_hours",
-                "used_memory_mib", "error", "reason"):
+    for key in ("utilization", "power_draw_w", "power_limit_w", "spin_cycles", "idle_seconds", "fault",
+                "slope_mib_per_hour", "since_ts", "projected_oom_hours", "confidence", "trend", "leaking_pid",
+                "rank", "used_memory_mib", "error", "reason"):
         if event.get(key) is not None:
             annotations[key] = str(event[key])
     ts = as_int(event.get("ts")) or now
     idle_s = as_int(event.get("idle_seconds")) or 0
-    since = as_int(event.get("since")) or (ts - idle_s if event.get("event") == "gpu_idle" else ts)
+    since = as_int(event.get("since")) or (ts - idle_s if event.get("event") in ("gpu_idle", "gpu_stuck") else ts)
     alert = {"labels": alertmanager_labels(event), "annotations": annotations, "startsAt": iso(since)}
     if event.get("state") in ("resolved", "test"):
         alert["endsAt"] = iso(max(now, since))
@@ -1206,7 +1432,7 @@ def deliver_target(target, tstate, items, env, now):
         events = [e for _, e in batch]
         if target.provider == "alertmanager":
             url = target.url + "/api/v2/alerts"
-            body = [alertmanager_alert(e, target.lang, now=time.time()) for e in events]
+            body = [a for e in events for a in alertmanager_alerts(e, target.lang, now=time.time())]
         else:
             url, body = chat_body(target, events, target.lang, now, env)
         names = list_names(os.path.dirname(batch[0][0]))
@@ -1485,7 +1711,7 @@ def preview(source, env=None):
         print("===== {} ({}){} =====".format(provider, target.lang, "" if provider in configured else " [not configured]"))
         if provider == "alertmanager":
             # one POST of alerts: labels, times and summary a line each
-            for a in (alertmanager_alert(e, target.lang) for e in events):
+            for a in (a for e in events for a in alertmanager_alerts(e, target.lang)):
                 print(json.dumps({"labels": a["labels"], "startsAt": a["startsAt"], "endsAt": a["endsAt"],
                                   "summary": a["annotations"]["summary"]}, ensure_ascii=False))
             print()

@@ -351,3 +351,351 @@ def test_ranks_of_one_job_without_slurm_are_one_line():
     title, sections = alert.render_digest(events, "en", {})
     assert len(sections) == 1 and "GPU 0-7 idle but occupied" in title
     assert "held by python -m torch.distributed.launch train.py --local_rank=0" in sections[0][0]
+
+
+# ------------------------------------- stuck, degraded, leak verdicts ----
+
+def stuck8(state="firing", job=JOB, **kw):
+    """8 GPUs of one job spinning, as lib/idle.sh's idle_emit writes them."""
+    out = []
+    for e in idle8(state, job):
+        e.update(event="gpu_stuck", reason="spinning", utilization=100, power_draw_w=124.0, power_limit_w=700.0,
+                 idle_power_pct=22, spin_cycles=5, idle_cycles=5, idle_seconds=240, since=1796206268)
+        if state == "resolved":
+            e.update(reason="busy", power_draw_w=690.0, spin_cycles=8, idle_seconds=480)
+        e.update(kw)
+        out.append(e)
+    return out
+
+
+def degraded(gpu=3, state="firing", **kw):
+    e = {"id": f"1796206508-GPU-{gpu}-gpu_degraded-{state}", "ts": 1796206508, "host": "node7",
+         "event": "gpu_degraded", "state": state, "reason": "fault" if state == "firing" else "recovered",
+         "severity": "critical", "gpu": gpu, "uuid": "GPU-%08x-3a23-ca8c-52da-f8eedc850d97" % (0x21b026da + gpu),
+         "gpu_name": "NVIDIA H200", "fault": "GPU requires reset" if state == "firing" else None,
+         "faulted_cycles": 3}
+    e.update(kw)
+    return e
+
+
+# 2026-12-02 10:45:00 UTC
+LEAK_TS = 1796208300
+
+
+def leak(**kw):
+    """A gpu_memory_leak event as the detector branch writes it
+    (gpuguard_leakstat.Series.event + gpuguard_leak.check)."""
+    e = {"ts": LEAK_TS, "event": "gpu_memory_leak", "state": "firing", "pid": 51000, "host": "node7",
+         "name": "/usr/bin/python3", "slope_mib_per_hour": 2400.0, "used_memory_mib": 131072,
+         "free_memory_mib": 8000, "projected_oom_hours": 3.3333, "window_seconds": 7200,
+         "severity": "critical", "trend": "accelerating", "since_ts": LEAK_TS - 7200, "confidence": 0.87,
+         "tier": "fast", "threshold_mib_per_hour": 50.0, "leaking_pid": 51003, "rank": "3"}
+    e.update(kw)
+    return e
+
+
+@pytest.fixture
+def utc(monkeypatch):
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+def test_stuck_gpus_of_one_job_are_one_post_per_target_with_job_cost_and_hint(env, sink):
+    env = dict(env, NOTIFY_URL=all_targets(sink.url), ALERTMANAGER_URL=sink.url,
+               NOTIFY_MENTION="13800000000", GPU_HOUR_PRICE="30")
+    queue(env, stuck8())
+    assert alert.flush(env) == 0
+    posts = by_provider(sink)
+    assert {k: len(v) for k, v in posts.items()} == {
+        "dingtalk": 1, "feishu": 1, "wecom": 1, "slack": 1, "generic": 1, "api": 1}
+    for provider in ("dingtalk", "feishu", "wecom"):
+        text = text_of(provider, posts[provider][0])
+        assert "GPU 0-7 (NVIDIA H200) 卡住：利用率 100 %，功耗仅 124 W（上限 700 W 的 18 %），已持续 5 个周期" in text
+        assert "占用者：Slurm 作业 4242，已卡住 4 分钟" in text and "用户 alice" in text
+        assert "py-spy dump --native --pid 23690" in text and "NCCL_DEBUG=INFO" in text and "其他 rank" in text
+        assert "空转已花费约 ¥ 16.00" in text and "占用显存 8 × 70.1 GiB" in text
+        assert "event gpu_stuck" not in text and "事件" not in text
+    for provider in ("slack", "generic"):
+        text = text_of(provider, posts[provider][0])
+        assert ("GPU 0-7 (NVIDIA H200) stuck: 100 % busy at 124 W (18 % of 700 W) for 5 cycles"
+                " — a hung collective or spin-wait?") in text, provider
+        assert "Held by Slurm job 4242, stuck for 4 min" in text and "user alice" in text
+        assert "py-spy dump --native --pid 23690" in text and "check the other ranks" in text
+        assert "idle so far costs ≈ 16.00 (0.5 GPU-h at 30.00/GPU-h)" in text
+        assert "sk-live" not in text
+    assert text_of("dingtalk", posts["dingtalk"][0]).count("@13800000000") == 1
+    alerts = posts["api"][0]
+    assert len(alerts) == 8
+    for a in alerts:
+        assert a["labels"]["alertname"] == "GpuStuckSpinning"
+        assert set(a["labels"]) == {"alertname", "instance", "job", "severity", "gpu", "uuid"}
+        assert (a["labels"]["job"], a["labels"]["instance"], a["labels"]["severity"]) == (
+            "gpuguard", "node7", "warning")
+        assert a["startsAt"] == alert.iso(1796206268)
+
+
+def test_stuck_resolving_is_one_post_without_mention(env, sink):
+    env = dict(env, NOTIFY_URL=all_targets(sink.url), NOTIFY_MENTION="13800000000")
+    queue(env, stuck8("resolved"))
+    assert alert.flush(env) == 0
+    posts = by_provider(sink)
+    assert all(len(v) == 1 for v in posts.values()) and len(posts) == 5
+    assert "GPU 0-7 working again (power 690 W) after 8 min stuck; job Slurm job 4242" in \
+        text_of("slack", posts["slack"][0])
+    assert "GPU 0-7 已恢复工作（功耗 690 W），此前卡住 8 分钟" in text_of("feishu", posts["feishu"][0])
+    assert posts["dingtalk"][0]["at"]["atMobiles"] == []
+
+
+def test_degraded_gpu_is_critical_and_names_gpu_model_uuid_fault_and_what_to_check(env, sink):
+    env = dict(env, NOTIFY_URL=all_targets(sink.url), ALERTMANAGER_URL=sink.url)
+    queue(env, [degraded(3)])
+    assert alert.flush(env) == 0
+    posts = by_provider(sink)
+    uuid = "GPU-21b026dd-3a23-ca8c-52da-f8eedc850d97"
+    for provider in ("dingtalk", "feishu", "wecom"):
+        text = text_of(provider, posts[provider][0])
+        assert "[gpuguard 严重] node7：GPU 3 故障：GPU requires reset" in text
+        assert "GPU 3 (NVIDIA H200)：nvidia-smi 连续 3 个周期报告“GPU requires reset”" in text
+        assert uuid in text and "nvidia-smi -q -i 3" in text and "xid" in text and "需要该卡空闲" in text
+    for provider in ("slack", "generic"):
+        text = text_of(provider, posts[provider][0])
+        assert "[gpuguard CRITICAL] node7: GPU 3 faulted: GPU requires reset" in text
+        assert "GPU 3 (NVIDIA H200): nvidia-smi prints “GPU requires reset” for 3 cycles" in text
+        assert uuid in text and "nvidia-smi -q -i 3" in text and "grep -i xid" in text
+        assert "a reset (nvidia-smi -r -i 3) needs the GPU idle" in text
+    (a,) = posts["api"][0]
+    assert a["labels"] == {"alertname": "GpuDegraded", "instance": "node7", "job": "gpuguard",
+                           "severity": "critical", "gpu": "3", "uuid": uuid}
+    assert a["annotations"]["fault"] == "GPU requires reset"
+    title, lines = alert.render(degraded(3, "resolved"), "en")
+    assert title == "[gpuguard RESOLVED] node7: GPU 3 reads normally again"
+    assert lines[0] == "GPU 3 (NVIDIA H200) reads normally again after 3 faulted cycles"
+    assert alert.alertmanager_labels(degraded(3, "resolved"))["severity"] == "critical"
+
+
+def test_a_digest_mixing_idle_stuck_degraded_leak_and_resolved_is_one_post_per_target(env, sink):
+    other = dict(JOB, slurm_job="5151", user="bob", cmdline="torchrun --nproc 2 rl.py", pid=30000,
+                 pids=[30000, 30001])
+    events = (idle8()[:2] + stuck8(job=other)[4:6] + [degraded(7), leak()]
+              + idle8("resolved")[2:4] + [dict(leak(state="resolved"), severity=None)])
+    env = dict(env, NOTIFY_URL=all_targets(sink.url), ALERTMANAGER_URL=sink.url, NOTIFY_MENTION="13800000000")
+    queue(env, events)
+    assert alert.flush(env) == 0
+    posts = by_provider(sink)
+    assert {k: len(v) for k, v in posts.items()} == {
+        "dingtalk": 1, "feishu": 1, "wecom": 1, "slack": 1, "generic": 1, "api": 1}
+    en = text_of("slack", posts["slack"][0])
+    assert en.startswith("*[gpuguard CRITICAL] node7: 6 alerts (4 firing, 2 resolved)*")
+    # critical first, then the rest, resolved last
+    order = [en.index(s) for s in ("[CRITICAL] GPU 7 (NVIDIA H200): nvidia-smi prints",
+                                   "[CRITICAL] Growing +2400 MiB/h",
+                                   "[ALERT] GPU 0-1 (NVIDIA H200) idle 12 min, held by Slurm job 4242",
+                                   "[ALERT] GPU 4-5 (NVIDIA H200) stuck: 100 % busy at 124 W",
+                                   "[RESOLVED] GPU 2-3 busy again",
+                                   "[RESOLVED] Now 128.0 GiB")]
+    assert order == sorted(order)
+    zh = text_of("dingtalk", posts["dingtalk"][0])
+    for part in ("GPU 7 (NVIDIA H200)：nvidia-smi 连续 3 个周期报告", "增长 +2400 MiB/h",
+                 "GPU 0-1 (NVIDIA H200) 已空闲 12 分钟", "GPU 4-5 (NVIDIA H200) 卡住", "GPU 2-3 已恢复繁忙"):
+        assert part in zh, part
+    assert zh.count("@13800000000") == 1
+    firing = sorted(a["labels"]["alertname"] for a in posts["api"][0] if a["endsAt"] > alert.iso(time.time() + 600))
+    assert firing == sorted(["GpuIdleHeld"] * 2 + ["GpuStuckSpinning"] * 2 + ["GpuDegraded", "GpuMemoryLeak"])
+    resolved = sorted((a["labels"]["alertname"], a["labels"]["severity"]) for a in posts["api"][0]
+                      if a["endsAt"] <= alert.iso(time.time() + 600))
+    # the resolved leak without a severity resolves each name it may have fired as
+    assert resolved == sorted([("GpuIdleHeld", "warning")] * 2 + list(alert.LEAK_RESOLVE_AS))
+    assert len(posts["generic"][0]["events"]) == len(events)
+
+
+def test_leak_verdict_fields_render_rate_since_oom_clock_confidence_and_rank(utc):
+    title, lines = alert.render(leak(), "en")
+    assert title == "[gpuguard CRITICAL] node7: PID 51000 python3: GPU memory leak suspected"
+    text = "\n".join(lines)
+    assert "Growing +2400 MiB/h (window 2 h 0 min), now 128.0 GiB, GPU free 7.8 GiB" in text
+    assert "Growing since 2026-12-02 08:45 (2 h 0 min ago)" in text
+    assert "Projected OOM in 3 h 20 min (about 14:05)" in text
+    assert "Verdict: accelerating, confidence 87 %" in text
+    assert "Leaking: rank 3, PID 51003 (of the process tree of PID 51000)" in text
+    title, lines = alert.render(leak(), "zh")
+    text = "\n".join(lines)
+    assert title == "[gpuguard 严重] node7：PID 51000 python3 疑似显存泄漏"
+    assert "自 2026-12-02 08:45 起增长（已 2 小时 0 分）" in text
+    assert "预计 3 小时 20 分 后 OOM（约 14:05）" in text
+    assert "判定：加速增长，置信度 87 %" in text and "泄漏者：rank 3，PID 51003（属于 PID 51000 的进程树）" in text
+    # a projection past midnight carries the date; a rank unknown names the PID
+    text = "\n".join(alert.render(leak(severity="warning", free_memory_mib=None, projected_oom_hours=30.0, rank=None,
+                                       trend="steady (phase-aware)"), "en")[1])
+    assert "Projected OOM in 30 h 0 min (about 2026-12-03 16:45)" in text
+    assert "Verdict: steady growth across phases" in text
+    assert "Leaking: PID 51003 (of the process tree of PID 51000)" in text
+    assert alert.render(leak(severity="warning"), "en")[0].startswith("[gpuguard ALERT]")
+
+
+def test_leak_beyond_the_warning_horizon_is_a_trend_note_not_a_page(env, sink):
+    note = leak(severity="info", slope_mib_per_hour=60.0, free_memory_mib=18000, projected_oom_hours=300.0,
+                confidence=0.62,
+                trend="steady", leaking_pid=None, rank=None)
+    env = dict(env, NOTIFY_URL=all_targets(sink.url), ALERTMANAGER_URL=sink.url, NOTIFY_MENTION="13800000000")
+    queue(env, [note])
+    assert alert.flush(env) == 0
+    posts = by_provider(sink)
+    en = text_of("slack", posts["slack"][0])
+    assert "[gpuguard NOTE] node7: PID 51000 python3: GPU memory grows slowly (trend note, not urgent)" in en
+    assert "OOM 12 d" not in en and "OOM 300 h 0 min away at this rate: a trend note for a ticket, not a page" in en
+    assert "Projected OOM" not in en and "Leaking:" not in en
+    zh = text_of("dingtalk", posts["dingtalk"][0])
+    assert "[gpuguard 提示]" in zh and "显存缓慢增长（趋势提示，不紧急）" in zh and "记个工单即可" in zh
+    # no @mention anywhere: it is not a page
+    assert posts["dingtalk"][0]["at"]["atMobiles"] == [] and "@13800000000" not in zh
+    assert "<@13800000000>" not in en and "<at" not in text_of("feishu", posts["feishu"][0])
+    (a,) = posts["api"][0]
+    assert a["labels"] == {"alertname": "GpuMemoryLeakTrend", "instance": "node7", "job": "gpuguard",
+                           "severity": "info", "pid": "51000", "name": "python3"}
+    # beside a real alert, the digest pages once (for the alert)
+    _, body = alert.chat_body(alert.Target("http://127.0.0.1:1/x", "dingtalk", ""), [note] + idle8()[:1],
+                              env={"NOTIFY_MENTION": "13800000000"})
+    assert body["at"]["atMobiles"] == ["13800000000"] and "[提示]" in body["markdown"]["text"]
+
+
+def test_leak_alertmanager_severity_follows_the_event_and_old_events_still_render():
+    assert alert.alertmanager_labels(leak())["severity"] == "critical"
+    assert alert.alertmanager_labels(leak(severity="warning")) == {
+        "alertname": "GpuMemoryLeak", "instance": "node7", "job": "gpuguard", "severity": "warning",
+        "pid": "51000", "name": "python3"}
+    annotations = alert.alertmanager_alert(leak(), "en", now=LEAK_TS)["annotations"]
+    assert (annotations["confidence"], annotations["trend"], annotations["rank"], annotations["leaking_pid"]) == (
+        "0.87", "accelerating", "3", "51003")
+    # an event from the detector before its verdict fields: as before
+    old = {"ts": LEAK_TS, "event": "gpu_memory_leak", "state": "firing", "pid": 4242, "host": "node7",
+           "name": "python3", "slope_mib_per_hour": 120.0, "used_memory_mib": 20000, "free_memory_mib": 1200,
+           "projected_oom_hours": 10.0, "window_seconds": 10800}
+    assert alert.alertmanager_labels(old) == {
+        "alertname": "GpuMemoryLeakDetected", "instance": "node7", "job": "gpuguard", "severity": "warning",
+        "pid": "4242", "name": "python3"}
+    for lang in ("en", "zh"):
+        title, lines = alert.render(old, lang)
+        assert "4242" in title and "+120" in lines[0]
+        assert not any("confidence" in ln or "置信度" in ln or "Leaking" in ln for ln in lines)
+    assert "Projected OOM in 10 h 0 min" in "\n".join(alert.render(old, "en")[1])
+    # hostile or odd detector fields never crash nor mention anyone
+    odd = leak(trend="@all <at user_id=\"all\">", confidence="high", since_ts="yesterday", rank="<!channel>",
+               projected_oom_hours=float("nan"), severity="bogus", leaking_pid="x")
+    for lang in ("en", "zh"):
+        text = "\n".join(alert.render(odd, lang)[1])
+        assert "@all" not in text and "<at" not in text and "<!channel>" not in text
+
+
+def rule_block(name):
+    rules = (ROOT / "etc/prometheus/gpuguard.rules.yml").read_text()
+    m = re.search(r"- alert: " + re.escape(name) + r"\n(.*?)(?=\n\s*- alert:|\Z)", rules, re.DOTALL)
+    assert m, name
+    return m.group(1)
+
+
+@pytest.mark.parametrize("kind", ["gpu_idle", "gpu_stuck", "gpu_degraded"])
+def test_shipped_rules_carry_the_labels_gpuguard_sends_alertmanager(kind):
+    """Same alert name, severity, job and instance (the scrape port
+    stripped) as the alerts gpuguard pushes, and the GPU identity labels
+    (gpu, uuid) kept by the expression."""
+    labels = alert.alertmanager_labels({"event": kind, "host": "node7", "gpu": 3, "uuid": "GPU-x",
+                                        "severity": "critical" if kind == "gpu_degraded" else None})
+    block = rule_block(labels["alertname"])
+    assert f"severity: {labels['severity']}" in block
+    assert "job: gpuguard" in block and 'reReplaceAll ":[0-9]+$" "" $labels.instance' in block
+    assert set(labels) - {"alertname", "instance", "job", "severity"} == {"gpu", "uuid"}
+    expr = block.split("expr:", 1)[1].split("for:", 1)[0]
+    assert "on (instance, gpu, uuid)" in expr or re.fullmatch(r"\s*gpuguard_gpu_fault == 1\s*", expr)
+
+
+def test_watchdog_stuck_gpu_reaches_each_target_once_and_previews(box, sink):
+    """As a user meets it: a spinning GPU (100 % at 124.8 W of 700 W, the
+    H200 spin figures) through the nvidia-smi double and the watchdog, one
+    post per target; then `gpuguard notify --preview` of the recorded
+    event."""
+    spin = {"gpus": [idle_gpu(util=100, power=124.8, mem=12000)], "apps": [app(4242, mem=11800)]}
+    box.write_scenario([spin] * 7)
+    env = {"NOTIFY_URL": all_targets(sink.url), "ALERTMANAGER_URL": sink.url, "NOTIFY_RETRIES": "0",
+           "GPU_HOUR_PRICE": "30"}
+    for t in range(7):
+        box.once(now=1796206508 + 60 * t, env=env)
+    assert [(e["event"], e["state"]) for e in box.events()] == [("gpu_stuck", "firing")]
+    posts = by_provider(sink)
+    assert {k: len(v) for k, v in posts.items()} == {
+        "dingtalk": 1, "feishu": 1, "wecom": 1, "slack": 1, "generic": 1, "api": 1}
+    assert "GPU 0 (NVIDIA H200) stuck: 100 % busy at 125 W (18 % of 700 W) for 5 cycles" in \
+        text_of("slack", posts["slack"][0])
+    assert "GPU 0 (NVIDIA H200) 卡住：利用率 100 %，功耗仅 125 W（上限 700 W 的 18 %）" in \
+        text_of("wecom", posts["wecom"][0])
+    assert posts["api"][0][0]["labels"]["alertname"] == "GpuStuckSpinning"
+    r = gpuguard(["notify", "--preview", str(box.state / "events.jsonl")], {"GPUGUARD_STATE_DIR": str(box.state)})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("py-spy dump --native --pid 4242") == 5
+    assert '"alertname": "GpuStuckSpinning"' in r.stdout and "event gpu_stuck" not in r.stdout
+
+
+def test_watchdog_device_fault_previews_as_critical(box):
+    ok = {"gpus": [idle_gpu(mem=600)], "apps": [app(1410, mem=580)]}
+    reset = {"gpus": [{k: "[GPU requires reset]" for k in ("utilization.gpu", "memory.used", "memory.total",
+                                                            "power.draw", "power.limit")}], "apps": []}
+    box.write_scenario([ok] + [reset] * 4)
+    for t in range(5):
+        box.once(now=1796206508 + 60 * t, env={"SMI_FAIL_ALERT_CYCLES": "3"})
+    assert [(e["event"], e["state"]) for e in box.events()] == [("gpu_degraded", "firing")]
+    r = gpuguard(["notify", "--preview"], {"GPUGUARD_STATE_DIR": str(box.state)})
+    assert r.returncode == 0, r.stderr
+    # slack, generic and the Alertmanager summary; the three Chinese platforms
+    assert r.stdout.count("[gpuguard CRITICAL]") == 3 and r.stdout.count("[gpuguard 严重]") == 3
+    assert "nvidia-smi -q -i 0" in r.stdout and "GPU requires reset" in r.stdout
+    assert '"alertname": "GpuDegraded"' in r.stdout and '"severity": "critical"' in r.stdout
+
+
+def test_a_leak_resolved_without_severity_ends_the_critical_alert_in_a_real_alertmanager(env, tmp_path):
+    """The detector does not repeat the severity when a leak resolves;
+    Alertmanager knows an alert by all its labels: the resolve must still
+    end the critical GpuMemoryLeak it fired as, and page no one else."""
+    import shutil
+
+    from conftest import free_port, require, wait_for
+    from test_prometheus import am_alerts, get
+    binary = shutil.which("prometheus-alertmanager")
+    require(binary is not None, "Debian package prometheus-alertmanager not installed")
+    server, hooks = webhook_sink.serve(quiet=True)
+    port = free_port()
+    (tmp_path / "am.yml").write_text(json.dumps({
+        "route": {"receiver": "hook", "group_by": ["..."], "group_wait": "1s", "group_interval": "1s",
+                  "repeat_interval": "1h"},
+        "receivers": [{"name": "hook", "webhook_configs": [
+            {"url": f"http://127.0.0.1:{server.server_address[1]}/hook", "send_resolved": True}]}]}))
+    am = subprocess.Popen([binary, f"--config.file={tmp_path / 'am.yml'}", f"--storage.path={tmp_path / 'am'}",
+                           f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    am_url = f"http://127.0.0.1:{port}"
+    try:
+        assert wait_for(lambda: get(am_url + "/-/ready") is not None, timeout=30)
+        env = dict(env, ALERTMANAGER_URL=am_url)
+        firing = leak(ts=int(time.time()))
+        queue(env, [firing])
+        assert alert.flush(env) == 0
+        (active,) = am_alerts(port)
+        assert active["labels"] == {"alertname": "GpuMemoryLeak", "instance": "node7", "job": "gpuguard",
+                                    "severity": "critical", "pid": "51000", "name": "python3"}
+        assert wait_for(lambda: len(hooks.requests) == 1, timeout=30)
+        resolved = {k: v for k, v in firing.items() if k not in ("severity", "trend", "since_ts", "confidence",
+                                                                  "tier", "leaking_pid", "rank")}
+        queue(env, [dict(resolved, state="resolved", ts=int(time.time()))])
+        assert alert.flush(env) == 0
+        assert wait_for(lambda: am_alerts(port) == [], timeout=30)
+        assert wait_for(lambda: len(hooks.requests) == 2, timeout=30)
+        time.sleep(2)
+        # one firing and one resolved notification; the other names never fired
+        statuses = [(r["body"]["status"], [a["labels"]["alertname"] for a in r["body"]["alerts"]])
+                    for r in hooks.requests]
+        assert statuses == [("firing", ["GpuMemoryLeak"]), ("resolved", ["GpuMemoryLeak"])]
+    finally:
+        am.terminate()
+        am.wait(timeout=10)
+        server.shutdown()
