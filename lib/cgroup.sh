@@ -553,7 +553,9 @@ cg_clean_stale() {
   local dir owner c parent
   local -a dirs=()
   case $CG_MODE in
-    v2) dirs=("$CG_PARENT/$CG_PREFIX"-* "$CG_ROOT/$CG_PREFIX"-*) ;;
+    # --attach puts a leaf beside its target, anywhere in the tree: look two
+    # levels down too (a leaf left by an attach to a container's process)
+    v2) dirs=("$CG_PARENT/$CG_PREFIX"-* "$CG_ROOT/$CG_PREFIX"-* "$CG_ROOT"/*/"$CG_PREFIX"-* "$CG_ROOT"/*/*/"$CG_PREFIX"-*) ;;
     v1)
       for c in cpu memory pids blkio unified; do
         [[ -d $CG_ROOT/$c ]] || continue
