@@ -503,7 +503,7 @@ leak_job_watch_check() {
     LEAK_UNWATCHED="the state folder $GPUGUARD_STATE_DIR is not writable"
   elif ! command -v python3 >/dev/null; then
     LEAK_UNWATCHED="python3 is not installed"
-  elif ! command -v "$NVIDIA_SMI" >/dev/null; then
+  elif ! smi_available; then
     LEAK_UNWATCHED="$NVIDIA_SMI is not installed"
   elif [[ -n $LEAK_RULES && ! -r $LEAK_RULES ]]; then
     LEAK_UNWATCHED="cannot read rules file $LEAK_RULES"

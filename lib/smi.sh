@@ -39,7 +39,7 @@ SMI_PLACEHOLDERS='|N/A|Not Supported|Insufficient Permissions|Requested function
 smi_run() {
   local -a cmd
   read -r -a cmd <<<"${NVIDIA_SMI:-nvidia-smi}"
-  if ! command -v -- "${cmd[0]}" >/dev/null 2>&1; then
+  if ! smi_available; then
     printf '%s: command not found\n' "${cmd[0]}"
     return 127
   fi
@@ -82,6 +82,14 @@ smi_run() {
   done
   printf '%s' "$output"
   return "$rc"
+}
+
+# True when the command of NVIDIA_SMI (its first word: it may be
+# "ssh node7 nvidia-smi") can be run.
+smi_available() {
+  local -a cmd
+  read -r -a cmd <<<"${NVIDIA_SMI:-nvidia-smi}"
+  command -v -- "${cmd[0]}" >/dev/null 2>&1
 }
 
 # Describes a failed call in one line, for logs and monitor_degraded events.

@@ -5,8 +5,7 @@
 bats_require_minimum_version 1.5.0
 
 setup() {
-  bats_load_library bats-support
-  bats_load_library bats-assert
+  load test_helper/assert
   ROOT=$(cd "$BATS_TEST_DIRNAME/../.." && pwd)
   source "$ROOT/lib/common.sh"
   source "$ROOT/lib/jobinfo.sh"
