@@ -23,7 +23,7 @@ from multiprocessing import Pool
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "python"))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
-import gpuguard_leak as leak  # noqa: E402
+import gpuguard_leak as leak
 
 DT = 60.0                 # seconds between samples (the watcher's default)
 BLOCK = 20                # MiB: PyTorch's large-segment size

@@ -99,7 +99,7 @@ def read_csv_columns(path, gpu_total=None):
     """{pid: (timestamps, used_mib, free_mib)} of a replay CSV (free from
     the file's gpu_used_mib/gpu_total_mib, else from gpu_total, else None);
     ValueError naming the line on bad input."""
-    import csv      # replay only: a live cycle does not pay for it
+    import csv  # replay only: a live cycle does not pay for it
     with open(path, newline="", encoding="utf-8-sig") as f:
         text = f.read()
     lines = text.splitlines()
@@ -243,7 +243,7 @@ def load_rules(path):
                 raise ValueError("%s:%d: expected 'REGEX ignore|THRESHOLD|KEY=VALUE...'" % (path, n))
             pattern = parts[0]
             try:
-                rx = re.compile(pattern, re.I)
+                rx = re.compile(pattern, re.IGNORECASE)
             except re.error as e:
                 raise ValueError("%s:%d: bad regex: %s" % (path, n, e))
             if parts[1:] == ["ignore"]:

@@ -321,8 +321,7 @@ class Series:
                 i += 1
                 continue
             if int(pts // fs) == fine:
-                if pv < fmin:
-                    fmin = pv
+                fmin = min(fmin, pv)
                 fed_ts = pts
                 prev = prev_fed = pv
                 pts, pv = ts, mib
@@ -359,8 +358,7 @@ class Series:
                 self.fine = None if self.fine is None else int(prev_ts // self.fs)
         f = int(ts // self.fine_s())
         if f == self.fine:
-            if mib < self.fine_min:
-                self.fine_min = mib
+            self.fine_min = min(self.fine_min, mib)
             self.prev_fed = mib
             return None
         restarted = False

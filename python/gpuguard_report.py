@@ -33,7 +33,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import gpuguard_leak as leak  # noqa: E402  (read_history, theil_sen, median)
+import gpuguard_leak as leak
 
 WIDTH = 960                     # chart width, px
 PLOT_LEFT, PLOT_RIGHT = 74, 18  # margins, px
@@ -561,7 +561,7 @@ def tlabel(t):
 
 
 def mib(v):
-    return "{:,.0f}".format(v)
+    return f"{v:,.0f}"
 
 
 class Chart:

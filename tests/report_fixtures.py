@@ -20,7 +20,6 @@ import os
 import subprocess
 
 import gpuguard_leak as leak
-
 from conftest import ROOT, gpu_list
 
 H200 = ROOT / "tests" / "fixtures" / "h200"
@@ -113,6 +112,5 @@ def build(state, with_gpu_history=True, with_leak=True):
                 if line.startswith("event "):
                     events.append(line.split(" ", 3)[3])
         with open(state / "events.jsonl", "a") as f:
-            for e in events:
-                f.write(e + "\n")
+            f.writelines(e + "\n" for e in events)
     return steps

@@ -9,11 +9,10 @@ import subprocess
 import time
 import urllib.parse
 
-import pytest
-
 import gpuguard_alert as alert
+import pytest
 import webhook_sink
-from conftest import free_port, ROOT, app, idle_gpu
+from conftest import ROOT, app, free_port, idle_gpu
 
 IDLE_EVENT = {"ts": 1796206508, "host": "node7", "event": "gpu_idle", "state": "firing",
               "reason": "utilization", "gpu": 0, "uuid": "GPU-21b026da-3a23-ca8c-52da-f8eedc850d97",

@@ -3,7 +3,6 @@ import os
 import subprocess
 
 import pytest
-
 from conftest import ROOT, app, idle_gpu, require, wait_for
 
 BINS = sorted(p.name for p in (ROOT / "bin").iterdir())

@@ -12,7 +12,6 @@ import urllib.parse
 import urllib.request
 
 import pytest
-
 from conftest import ROOT, app, free_port, idle_gpu, require, wait_for
 
 DASHBOARD = ROOT / "etc" / "grafana" / "gpuguard-dashboard.json"

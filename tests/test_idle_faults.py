@@ -12,7 +12,6 @@ import subprocess
 import time
 
 import pytest
-
 from conftest import H200_UUID, ROOT, app, busy_gpu, idle_gpu, uuid_for, wait_for
 
 IDLE = {"gpus": [idle_gpu()], "apps": [app(1410)]}

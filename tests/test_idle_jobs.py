@@ -10,7 +10,6 @@ import sys
 import time
 
 import pytest
-
 from conftest import app, busy_gpu, idle_gpu, wait_for
 
 SECRETS = ["SEKRIT1", "SEKRIT2", "SEKRIT3", "SEKRIT4", "hf_abcdefghijklmnopqrstuvwx"]

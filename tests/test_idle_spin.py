@@ -11,7 +11,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from conftest import H200_UUID, ROOT, app, busy_gpu, idle_gpu, require
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "h200" / "dmon-gpm.txt"

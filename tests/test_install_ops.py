@@ -8,7 +8,6 @@ import subprocess
 import tempfile
 
 import pytest
-
 from conftest import ROOT, app, idle_gpu, require
 
 COMMANDS = ["yichuidingyin.sh", "gpu-leak-watch", "lowprio-run", "gpuguard"]
@@ -44,7 +43,7 @@ def test_install_runs_from_anywhere_and_uninstall_leaves_nothing(tmp_path):
     conf = dest / "etc/gpuguard/gpuguard.conf"
     assert stat.S_IMODE(conf.stat().st_mode) == 0o644               # every user's commands read it
     assert stat.S_IMODE((dest / "etc/gpuguard/secrets.conf").stat().st_mode) == 0o600
-    assert not re.search(r"^(NOTIFY_URL|NOTIFY_SECRET|ALERTMANAGER_URL)=", conf.read_text(), re.M)
+    assert not re.search(r"^(NOTIFY_URL|NOTIFY_SECRET|ALERTMANAGER_URL)=", conf.read_text(), re.MULTILINE)
     assert (dest / "etc/cron.d/gpuguard").read_text().splitlines()[-1] == \
         "* * * * * root /opt/gg/bin/yichuidingyin.sh --once >>/var/log/gpuguard.log 2>&1"
     first = tree(dest)

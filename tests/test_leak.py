@@ -9,13 +9,12 @@ import subprocess
 import sys
 import time
 
-import pytest
-
 import gpuguard_leak as leak
+import pytest
 from conftest import ROOT, wait_for
 
 sys.path.insert(0, str(ROOT / "bench"))
-import leak as bench  # noqa: E402  (the bench's labelled trace generator)
+import leak as bench
 
 
 def firing_times(trace, **params):
@@ -81,8 +80,7 @@ def test_below_threshold_growth_is_not_a_leak_and_rules_raise_it():
 def write_csv(path, rows, pid=4242):
     with open(path, "w") as f:
         f.write("timestamp,pid,used_memory_mib\n")
-        for t, v in rows:
-            f.write("%d,%d,%d\n" % (1796206508 + t, pid, v))
+        f.writelines("%d,%d,%d\n" % (1796206508 + t, pid, v) for t, v in rows)
 
 
 def run(args, env=None, **kw):

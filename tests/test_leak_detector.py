@@ -7,13 +7,12 @@ import json
 import subprocess
 import sys
 
-import pytest
-
 import gpuguard_leak as leak
+import pytest
 from conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "bench"))
-import leakcorpus as corpus  # noqa: E402
+import leakcorpus as corpus
 
 H200 = 143771
 

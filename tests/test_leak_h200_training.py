@@ -9,7 +9,6 @@ import os
 import subprocess
 
 import pytest
-
 from conftest import ROOT
 
 TRACES = ROOT / "tests" / "fixtures" / "h200" / "training-2026-12-03"

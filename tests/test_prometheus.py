@@ -11,9 +11,8 @@ import time
 import urllib.request
 
 import pytest
-
 import webhook_sink
-from conftest import free_port, ROOT, app, busy_gpu, idle_gpu, wait_for
+from conftest import ROOT, app, busy_gpu, free_port, idle_gpu, wait_for
 
 PROMTOOL = shutil.which("promtool")
 STACK = [shutil.which(b) for b in ("prometheus", "prometheus-node-exporter", "prometheus-alertmanager")]

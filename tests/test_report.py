@@ -8,9 +8,8 @@ import re
 import shutil
 import subprocess
 
-import pytest
-
 import cdp
+import pytest
 import report_fixtures as fx
 from conftest import ROOT, app, idle_gpu, require, wait_for
 
@@ -43,8 +42,8 @@ def page(story, tmp_path_factory):
 
 
 def rows_of(html_text, table_id):
-    table = re.search(r"<table id='%s'>(.*?)</table>" % table_id, html_text, re.S).group(1)
-    return re.findall(r"<tr class='([^']*)'>(.*?)</tr>", table, re.S)
+    table = re.search(r"<table id='%s'>(.*?)</table>" % table_id, html_text, re.DOTALL).group(1)
+    return re.findall(r"<tr class='([^']*)'>(.*?)</tr>", table, re.DOTALL)
 
 
 def has_id(html_text, element_id):

@@ -52,7 +52,10 @@ while True:
             f.write(json.dumps({"mode": mode, "body": body}) + "\n")
 PY
 receiver=$!
-for _ in $(seq 50); do [[ -s $work/port ]] && break; sleep 0.1; done
+for _ in $(seq 50); do
+  [[ -s $work/port ]] && break
+  sleep 0.1
+done
 port=$(<"$work/port")
 
 cat >"$work/gpuguard.conf" <<CONF

@@ -53,8 +53,7 @@ def probe(seconds, folder):
     if not os.path.exists(rpath) or os.path.getsize(rpath) != size:
         with open(rpath, "wb") as f:
             block = os.urandom(1 << 20)
-            for _ in range(size >> 20):
-                f.write(block)
+            f.writelines(block for _ in range(size >> 20))
             f.flush()
             os.fsync(f.fileno())
     buf = mmap.mmap(-1, 4096)                   # page-aligned, for O_DIRECT
