@@ -107,20 +107,34 @@ textfile_write_idle() {
 # Writes gpuguard_leak.prom from the leak watcher's last cycle.
 # Globals:
 #   LEAK_STATUS (by root PID: "slope firing used_mib severity oom_s name",
-#   tab-separated; severity none|info|warning|critical)
+#   tab-separated; severity none|info|warning|critical). A series with a
+#   malformed or empty field is left out, as nvidia-smi garbage is: it
+#   never stops the watcher nor puts a line node_exporter rejects (which
+#   would drop the whole file).
 textfile_write_leak() {
   local dir=$GPUGUARD_TEXTFILE_DIR mem='' slope='' firing='' sevs='' ooms='' pid s f used sev oom name esc lbl
+  # shellcheck disable=SC2034 # slope_abs is only checked: the slope may be negative
+  local slope_abs used_mib
   local -A sev_level=([none]=0 [info]=1 [warning]=2 [critical]=3)
   for pid in "${!LEAK_STATUS[@]}"; do
     IFS=$'\t' read -r s f used sev oom name <<<"${LEAK_STATUS[$pid]}"
+    gg_is_uint "$pid" || continue
+    gg_number_into slope_abs "${s#-}" dec 0 || continue
+    [[ $f == [01] ]] || continue
+    # at most 10^12 MiB: times 2^20 it stays within bash arithmetic
+    gg_number_into used_mib "$used" int 0 1000000000000 || continue
+    case $sev in
+      none | info | warning | critical) ;;
+      *) continue ;;
+    esac
     textfile_label_escape_into "$name" esc
     lbl="{pid=\"$pid\",name=\"$esc\"}"
-    mem+="$lbl $((${used%.*} * 1048576))"$'\n'
+    mem+="$lbl $((used_mib * 1048576))"$'\n'
     # the slope while it fires is the one the alert reports
     slope+="$lbl $s"$'\n'
     firing+="$lbl $f"$'\n'
-    sevs+="$lbl ${sev_level[${sev:-none}]:-0}"$'\n'
-    [[ $oom =~ ^[0-9]+$ ]] && ooms+="$lbl $oom"$'\n'
+    sevs+="$lbl ${sev_level[$sev]}"$'\n'
+    if gg_is_uint "$oom"; then ooms+="$lbl $oom"$'\n'; fi
   done
   local out=''
   textfile_family out gpuguard_process_tree_gpu_memory_bytes gauge \

@@ -553,7 +553,10 @@ def job_lines(events, lang):
         more.append(msg(lang, "job_cwd", cwd=defuse(mask_cmdline(first["cwd"], 100))))
     if more:
         lines.append(" · ".join(more))
-    if not jobs and procs:
+    # the processes nvidia-smi listed, with name and memory, unless a job
+    # read from /proc names what runs (a job with only a PID, "visible":
+    # false in a container or after the process went, tells less than them)
+    if procs and not any(j.get("cmdline") for j in jobs):
         items = ["{} {} ({} MiB)".format(p.get("pid"), defuse(proc_name(p))[:48], p.get("used_memory_mib"))
                  for p in procs[:10]]
         if len(procs) > 10:

@@ -14,8 +14,8 @@ Commands:
 
 Inputs, all under $GPUGUARD_STATE_DIR: gpu-history.tsv(.1) (the watchdog,
 lib/gpuhistory.sh), history/*.csv (the leak watcher, read through
-gpuguard_leak.read_history), leak-state.json and leak-*.json (the
-detector's verdicts and slopes), events.jsonl (every alert).
+gpuguard_leak.read_history), leak-state.json and leak-state-<instance>.json
+(the detector's verdicts and slopes, under "series"), events.jsonl (every alert).
 
 Charts are drawn here as SVG paths, each series reduced to a min/max
 envelope per pixel column, so a week of 64 processes stays near 1 MB and the
@@ -393,6 +393,8 @@ def build(state_dir, opts, params, now):
                              and r[3] is not None), None)
             if near is not None:
                 free = near[3] - near[2]
+        if free is None and getattr(rows[-1], "gpu_free_mib", None) is not None:
+            free = rows[-1].gpu_free_mib    # the leak watcher's own GPU figures (5-column history)
         if free is None and isinstance(last.get("free"), (int, float)):
             free = last["free"]
         capacity = used_last + free if free is not None else None

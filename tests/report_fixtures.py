@@ -7,6 +7,7 @@ leak alerts. Time is stretched 60x (a recorded second becomes a minute) so
 the 2-minute leak recording makes a 2-hour story.
 
 The story, two H200s, one sample every 2 minutes for 2 hours:
+The leak watcher samples every minute (its default interval).
   GPU 0: pid 1328 leaks (leak-trace-leaking.csv), busy throughout
   GPU 1: pid 1329 warms up then holds steady (leak-trace-healthy.csv), and
          pid 437 holds 2.6 GiB; the GPU goes idle-but-occupied for 24
@@ -27,7 +28,9 @@ T0 = 1796220302          # the leak recordings' first second
 STEP_S = 120             # one watchdog cycle every 2 minutes
 STEPS = 60
 STRETCH = 60             # a recorded second becomes a minute
+LEAK_INTERVAL_S = 60     # the leak watcher's default LEAK_INTERVAL
 LEAK_PID, HEALTHY_PID, IDLE_PID = 1328, 1329, 437
+GPU_TOTAL_MIB = 143771    # an H200's memory.total
 
 
 def trace(name):
@@ -56,6 +59,11 @@ def recording_samples():
     return out
 
 
+def memory_at(leaking, healthy, recorded):
+    """{pid: MiB} at a recorded second."""
+    return {LEAK_PID: at(leaking, recorded), HEALTHY_PID: at(healthy, recorded), IDLE_PID: 2696.0}
+
+
 def story():
     """Per step: (now, gpu0 (util, power), gpu1 (util, power), {pid: MiB})."""
     rec = recording_samples()
@@ -66,7 +74,7 @@ def story():
     for i in range(STEPS):
         now = T0 + i * STEP_S
         recorded = i * STEP_S / STRETCH
-        mem = {LEAK_PID: at(leaking, recorded), HEALTHY_PID: at(healthy, recorded), IDLE_PID: 2696.0}
+        mem = memory_at(leaking, healthy, recorded)
         g0 = busy[i % len(busy)][0], busy[i % len(busy)][2]
         if 20 <= i < 32:
             g1 = held[i % len(held)][0], held[i % len(held)][2]
@@ -98,19 +106,28 @@ def build(state, with_gpu_history=True, with_leak=True):
                                capture_output=True, text=True, timeout=60)
             assert r.returncode == 0, r.stderr
     if with_leak:
-        env = {"GPUGUARD_STATE_DIR": str(state), "LEAK_BUCKET_S": "120", "GPUGUARD_HOST": "h200-demo"}
+        env = {"GPUGUARD_STATE_DIR": str(state), "LEAK_BUCKET_S": "120", "GPUGUARD_HOST": "h200-demo",
+               "LEAK_INSTANCE": "h200-demo"}
         events = []
-        for now, _, _, mem in steps:
+        leaking, healthy = trace("leak-trace-leaking.csv"), trace("leak-trace-healthy.csv")
+        # the leak watcher samples at its default interval (LEAK_INTERVAL=60):
+        # twice per watchdog cycle; a longer gap reads to the detector as a
+        # missed sample, and a level change after one as a restart
+        for i in range(STEPS * STEP_S // LEAK_INTERVAL_S):
+            now = T0 + i * LEAK_INTERVAL_S
+            mem = memory_at(leaking, healthy, i * LEAK_INTERVAL_S / STRETCH)
             lines = ""
             for pid, start in ((LEAK_PID, 5000), (HEALTHY_PID, 5001)):
                 gpu_used = mem[LEAK_PID] + 512 if pid == LEAK_PID else mem[HEALTHY_PID] + mem[IDLE_PID] + 512
-                lines += "%d-%d %d %d %d %d 90 4000 python3 python3 train.py --config cfg%d.yaml\n" % (
-                    pid, start, now, pid, mem[pid], 143771 - gpu_used, pid)
+                # the tab-separated protocol of gpuguard_leak.py (PROTOCOL):
+                # T KEY TS PID USED FREE TOTAL CPU RSS MEMBERS NAME CMDLINE
+                lines += "T\t%d-%d\t%d\t%d\t%d\t%d\t%d\t90\t4000\t%d\tpython3\tpython3 train.py --config cfg%d.yaml\n" % (
+                    pid, start, now, pid, mem[pid], GPU_TOTAL_MIB - gpu_used, GPU_TOTAL_MIB, pid, pid)
             out = io.StringIO()
             leak.check(env, io.StringIO(lines), out)
             for line in out.getvalue().splitlines():
-                if line.startswith("event "):
-                    events.append(line.split(" ", 3)[3])
+                if line.startswith("event\t"):
+                    events.append(line.split("\t", 3)[3])
         with open(state / "events.jsonl", "a") as f:
             f.writelines(e + "\n" for e in events)
     return steps

@@ -353,6 +353,19 @@ def test_ranks_of_one_job_without_slurm_are_one_line():
     assert "held by python -m torch.distributed.launch train.py --local_rank=0" in sections[0][0]
 
 
+def test_a_job_known_only_by_its_pid_still_lists_the_processes_name_and_memory():
+    # jobinfo gives a job with only the PID ("visible": false) when /proc
+    # cannot show it (a container, or it went): nvidia-smi's name and memory
+    # are then all the reader has
+    hidden = {"user": None, "pid": 437, "pids": [437], "cmdline": None, "cwd": None, "start_ts": None,
+              "elapsed_s": None, "slurm_job": None, "container": None, "rank": None, "visible": False}
+    e = dict(idle8(job=hidden)[0], processes=[{"pid": 437, "name": "python3", "used_memory_mib": 2696}])
+    for lang in ("en", "zh"):
+        assert any("437 python3 (2696 MiB)" in line for line in alert.render(e, lang)[1])
+    # a job read from /proc names what runs: no process list
+    assert not any("Processes:" in line for line in alert.render(idle8()[0], "en")[1])
+
+
 # ------------------------------------- stuck, degraded, leak verdicts ----
 
 def stuck8(state="firing", job=JOB, **kw):

@@ -53,8 +53,14 @@ def test_dashboard_is_well_formed():
             assert "$instance" in t["expr"], (p["title"], t["expr"])     # every panel follows the node picker
     assert any(a.get("expr", "").startswith("ALERTS{") for a in dash["annotations"]["list"])
     titles = " ".join(p["title"] for p in dash["panels"]).lower()
-    for topic in ("idle", "floor", "slope", "monitor", "alerts"):
+    for topic in ("idle", "floor", "slope", "monitor", "alerts", "severity", "oom", "stuck", "fault"):
         assert topic in titles
+    # the detector's verdict and the watchdog's spin/fault state are on the
+    # dashboard (and so, below, must return data)
+    exprs = " ".join(e for _, e in queries(dash))
+    for metric in ("gpuguard_process_leak_severity", "gpuguard_process_leak_projected_oom_seconds",
+                   "gpuguard_gpu_stuck", "gpuguard_gpu_fault"):
+        assert re.search(r"\b%s\{" % metric, exprs), metric
 
 
 def test_every_query_is_valid_promql():
@@ -85,9 +91,14 @@ def instant(port, expr):
 
 
 def write_leak_textfile(textdir):
-    """The leak watcher's textfile writer, as its cycle calls it."""
-    script = ('source lib/common.sh; source lib/textfile.sh; declare -A LEAK_STATUS=('
-              '[1328]="31890.0 1 58634 python3" [1329]="0.0 0 956 python3"); textfile_write_leak')
+    """The leak watcher's textfile writer, as its cycle calls it: LEAK_STATUS
+    holds what leak_run_detector keeps of the detector's status lines
+    (status ROOT_PID SLOPE FIRING USED SEVERITY OOM_S NAME, tab-separated):
+    by PID, the fields after it. 1328 leaks, critical, OOM in 2 h 39 min;
+    1329 is flat (no OOM time)."""
+    script = ("source lib/common.sh; source lib/textfile.sh; declare -A LEAK_STATUS=("
+              "[1328]=$'31890.0\\t1\\t58634\\tcritical\\t9540\\tpython3' "
+              "[1329]=$'0.0\\t0\\t956\\tnone\\t-\\tpython3'); textfile_write_leak")
     env = {"PATH": "/usr/bin:/bin", "GPUGUARD_TEXTFILE_DIR": str(textdir)}
     r = subprocess.run(["bash", "-c", script], cwd=ROOT, env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
@@ -132,13 +143,25 @@ def test_every_panel_query_returns_data_from_real_prometheus(box, tmp_path):
             if not wait_for(lambda: bool(instant(ports["prom"], q)), timeout=60, step=0.5):
                 missing[where] = q
         assert missing == {}, "queries without data: %s" % json.dumps(missing, indent=1)
-        # the annotation query sees both kinds of alert
-        names = {r["metric"]["alertname"] for r in instant(ports["prom"], 'ALERTS{alertstate="firing"}')}
-        assert {"GpuIdleHeld", "GpuMemoryLeakDetected"} <= names
-        # the leak table carries the verdict and slope by pid
-        slope = {r["metric"]["pid"]: float(r["value"][1]) for r in
-                 instant(ports["prom"], "gpuguard_process_leak_slope_mib_per_hour")}
-        assert slope == {"1328": pytest.approx(31890.0), "1329": 0.0}
+        # the annotation query sees both kinds of alert (GpuIdleHeld after
+        # its 'for', which the queries above need not have waited out)
+        def firing():
+            return {r["metric"]["alertname"] for r in instant(ports["prom"], 'ALERTS{alertstate="firing"}') or []}
+
+        wait_for(lambda: {"GpuIdleHeld", "GpuMemoryLeak"} <= firing(), timeout=60, step=0.5)
+        assert {"GpuIdleHeld", "GpuMemoryLeak"} <= firing()
+
+        def by_pid(metric):
+            return {r["metric"]["pid"]: float(r["value"][1]) for r in instant(ports["prom"], metric)}
+
+        # the leak table carries the verdict, severity, slope and time to OOM by pid
+        assert by_pid("gpuguard_process_leak_slope_mib_per_hour") == {"1328": pytest.approx(31890.0), "1329": 0.0}
+        assert by_pid("gpuguard_process_leak") == {"1328": 1.0, "1329": 0.0}
+        assert by_pid("gpuguard_process_leak_severity") == {"1328": 3.0, "1329": 0.0}
+        assert by_pid("gpuguard_process_leak_projected_oom_seconds") == {"1328": 9540.0}
+        # the stuck/fault timeline has a state for each GPU
+        for metric in ("gpuguard_gpu_stuck", "gpuguard_gpu_fault"):
+            assert sorted(r["metric"]["gpu"] for r in instant(ports["prom"], metric)) == ["0", "1"]
     finally:
         for p in procs:
             p.terminate()
