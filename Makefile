@@ -17,7 +17,7 @@ PYTHON_FILES = python tests bench tests/fakebin/nvidia-smi
 
 # pytest's exit 5 means it collected no test: say so rather than pass quietly.
 define pytest
-$(WITH_VENV) "$(VENV)/bin/python" -m pytest -q -rsx $(1) $(ARGS); rc=$$?; \
+$(WITH_VENV) "$(VENV)/bin/python" -m pytest -q -rfEsxX $(1) $(ARGS); rc=$$?; \
 if [ $$rc -eq 5 ]; then echo "make: pytest collected no test (exit 5)" >&2; fi; exit $$rc
 endef
 

@@ -235,13 +235,15 @@ def test_a_second_user_after_a_root_install_runs_every_command(box):
     user: the shared config is readable, the secrets are not, and nothing
     exits 2 for want of either; the job always starts."""
     require(os.geteuid() == 0, "needs root to install and to create a second user")
-    require(shutil.which("useradd") and shutil.which("runuser") and shutil.which("userdel"),
-            "needs useradd, runuser and userdel (passwd package)")
+    # the sbin folders may be missing from a user's PATH (make test under a venv)
+    sbin = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
+    tools = {t: shutil.which(t, path=sbin) for t in ("useradd", "runuser", "userdel")}
+    require(all(tools.values()), "needs useradd, runuser and userdel (passwd package)")
     top = tempfile.mkdtemp(prefix="gg-second-user-")
     os.chmod(top, 0o755)
     user = "ggtest%d" % os.getpid()
     home = os.path.join(top, "home")
-    subprocess.run(["useradd", "-m", "-d", home, "-s", "/bin/bash", user], check=True, capture_output=True)
+    subprocess.run([tools["useradd"], "-m", "-d", home, "-s", "/bin/bash", user], check=True, capture_output=True)
     try:
         dest = os.path.join(top, "dest")
         r = subprocess.run(["sh", "-c", 'umask 077; exec "$@"', "sh", str(ROOT / "install.sh"), "--prefix", "/opt/gg"],
@@ -265,7 +267,7 @@ def test_a_second_user_after_a_root_install_runs_every_command(box):
                    "FAKE_SMI_SCENARIO=" + scenario]
             if config:
                 env.append("GPUGUARD_CONFIG=" + config)
-            return subprocess.run(["runuser", "-u", user, "--", "env", "-i"] + env + args, cwd=home,
+            return subprocess.run([tools["runuser"], "-u", user, "--", "env", "-i"] + env + args, cwd=home,
                                   capture_output=True, text=True, timeout=120)
 
         assert as_user(["id", "-u"]).stdout.strip() != "0"
@@ -281,7 +283,7 @@ def test_a_second_user_after_a_root_install_runs_every_command(box):
             assert "OK    nvidia-smi answers" in r.stdout and "OK    python3" in r.stdout
             assert "root-only" not in r.stdout + r.stderr
     finally:
-        subprocess.run(["userdel", "-r", user], capture_output=True)
+        subprocess.run([tools["userdel"], "-r", user], capture_output=True)
         shutil.rmtree(top, ignore_errors=True)
 
 
