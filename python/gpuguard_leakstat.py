@@ -214,7 +214,8 @@ class Series:
         self.fine = None            # current fine index
         self.fine_min = None
         self.fine_cur = []          # fine floors of the current bucket
-        self.fines = []             # flat: fine_index, floor, ... (the last MAX_FINES)
+        self._fines = []            # flat: fine_index, floor, ... (the last MAX_FINES)
+        self._fines_packed = ""
         self._floors = []           # [bucket_index, floor]
         self._floors_packed = ""
         self.cut = None             # bucket index where the segment starts
@@ -239,10 +240,54 @@ class Series:
     def floors(self, value):
         self._floors = value
 
+    @property
+    def fines(self):
+        """The flat fine floors, unpacked on first use: a live cycle appends
+        to the packed string and reads its tail (fines_push, fines_tail), so
+        64 series cost no unpack and repack a cycle."""
+        if self._fines is None:
+            self._fines = unpack(self._fines_packed)
+        return self._fines
+
+    @fines.setter
+    def fines(self, value):
+        self._fines = value
+
+    def fines_push(self, f, v):
+        """fines += (f, v), keeping the last MAX_FINES pairs."""
+        if self._fines is not None:
+            self._fines += (f, v)
+            if len(self._fines) > 2 * MAX_FINES:
+                del self._fines[:2]
+            return
+        text = self._fines_packed
+        if not text:
+            self._fines_packed = pack([f, v])
+            return
+        first, _, rest = text.partition("|")
+        rest += ",%d,%s" % (f - int(first), int(v) if v == int(v) else repr(v))
+        if (rest.count(",") + 1) // 2 > MAX_FINES:
+            rest = rest.split(",", 2)[2]
+        self._fines_packed = first + "|" + rest
+
+    def fines_tail(self, k):
+        """The last k numbers of the flat fine floors (fewer when short)."""
+        if self._fines is not None:
+            return self._fines[-k:]
+        first, _, rest = self._fines_packed.partition("|")
+        if not rest:
+            return []
+        flat = list(map(float, rest.rsplit(",", k)[-k:]))
+        base = int(first)
+        lead = 0 if len(flat) % 2 == 0 else 1      # starts on a value: skip it
+        flat = flat[lead:]
+        flat[0::2] = [base + int(x) for x in flat[0::2]]
+        return flat
+
     def to_json(self):
         """A JSON-ready dict; the floor lists packed (see pack())."""
         d = {name: getattr(self, name) for name in self.FIELDS if name not in self.PACKED}
-        d["fines"] = pack(self.fines)
+        d["fines"] = self._fines_packed if self._fines is None else pack(self._fines)
         if self._floors is None:
             d["floors"] = self._floors_packed
         else:
@@ -257,7 +302,8 @@ class Series:
             if name in data and name not in cls.PACKED:
                 setattr(s, name, data[name])
         fines = data.get("fines")
-        s.fines = unpack(fines) if isinstance(fines, str) else []
+        if isinstance(fines, str):
+            s._fines, s._fines_packed = None, fines
         floors = data.get("floors")
         if isinstance(floors, str):
             s._floors, s._floors_packed = None, floors
@@ -394,9 +440,7 @@ class Series:
             return None
         v = self.fine_min
         self.fine_cur.append(v)
-        self.fines += (self.fine, v)
-        if len(self.fines) > 2 * MAX_FINES:
-            del self.fines[:2]
+        self.fines_push(self.fine, v)
         return self.evaluate_fast()
 
     def close_bucket(self):
@@ -656,14 +700,17 @@ class Series:
         """The fast tier, once per fine floor, when the free memory is known."""
         p = self.p
         free = self.last.get("free")
-        fines = self.fines
-        if free is None or len(fines) < 10 or self.firing:
+        if free is None or self.firing:
+            self.fstreak = 0
+            return None
+        tail = self.fines_tail(10)
+        if len(tail) < 10:
             self.fstreak = 0
             return None
         fs = self.fine_s()
         cut_f = int((self.cut or 0) * p["bucket_s"] // fs)
         # cheap gate: the last few minutes' rate against the free memory
-        a, b = fines[-10:-8], fines[-2:]
+        a, b = tail[0:2], tail[-2:]
         if a[0] < cut_f:
             self.fstreak = 0
             return None
