@@ -74,6 +74,10 @@ DEFAULTS = {
     "fast_linear_share": 0.35,  # ... and this share of the time left when linear
     "critical_h": 6.0,          # severity by projected hours to OOM
     "note_h": 168.0,            # beyond this: a trend note
+    "noise_min": 0.03,          # median successive difference / level: a noisy series
+    "noisy_windows": (36, 72, 144),
+    "noisy_z": 3.09,            # one-sided alpha = 0.001 on bucket medians
+    "noisy_k": 3.0,             # growth over the window >= this many noise scales
 }
 MAX_FINES = 120
 
@@ -198,7 +202,7 @@ class Series:
     """One process (or process tree) incarnation: floors and alert state."""
 
     FIELDS = ("fs", "dts", "pend", "prev_v", "fed_ts", "prev_fed", "bucket", "fine", "fine_min", "fine_cur",
-              "fines", "floors", "cut", "streak", "fstreak", "calm", "firing", "last")
+              "fines", "floors", "cut", "streak", "fstreak", "calm", "firing", "last", "noise", "meds")
 
     def __init__(self, params, key, pid):
         self.p = params
@@ -218,6 +222,8 @@ class Series:
         self._fines_packed = ""
         self._floors = []           # [bucket_index, floor]
         self._floors_packed = ""
+        self.meds = []              # [bucket_index, median of its fine floors] (noisy series)
+        self.noise = None           # running median successive difference / level
         self.cut = None             # bucket index where the segment starts
         self.streak = 0
         self.fstreak = 0
@@ -225,7 +231,7 @@ class Series:
         self.firing = False
         self.last = {}
 
-    PACKED = ("fines", "floors")
+    PACKED = ("fines", "floors", "meds")
 
     @property
     def floors(self):
@@ -292,6 +298,7 @@ class Series:
             d["floors"] = self._floors_packed
         else:
             d["floors"] = pack([x for pair in self._floors for x in pair])
+        d["meds"] = self.meds if isinstance(self.meds, str) else pack([x for pair in self.meds for x in pair])
         d.update(key=self.key, pid=self.pid)
         return d
 
@@ -307,7 +314,15 @@ class Series:
         floors = data.get("floors")
         if isinstance(floors, str):
             s._floors, s._floors_packed = None, floors
+        meds = data.get("meds")
+        s.meds = meds if isinstance(meds, str) else []     # unpacked when a bucket closes
         return s
+
+    def meds_list(self):
+        if isinstance(self.meds, str):
+            flat = unpack(self.meds)
+            self.meds = [[int(flat[i]), flat[i + 1]] for i in range(0, len(flat) - 1, 2)]
+        return self.meds
 
     # ------------------------------------------------------------ input --
     def fine_s(self):
@@ -414,7 +429,14 @@ class Series:
             # a gap and a different level after it: the process restarted
             # (a watcher that was away finds the level where it was)
             grown = max(0.0, self.last.get("slope") or 0.0) * (ts - prev_ts) / 3600.0
-            restarted = abs(mib - self.prev_fed - grown) > max(p["step_mib"], 0.02 * self.prev_fed)
+            # (a noisy series differs by its noise from sample to sample,
+            # and dropped dips leave gaps: only a change far beyond it counts)
+            noise = self.noise or 0.0
+            if noise < p["noise_min"]:
+                restarted = abs(mib - self.prev_fed - grown) > max(p["step_mib"], 0.02 * self.prev_fed)
+            elif ts - prev_ts > p["bucket_s"]:
+                level = self.meds[-1][1] if isinstance(self.meds, list) and self.meds else self.prev_fed
+                restarted = abs(mib - level - grown) > max(p["step_mib"], 6 * noise * level)
         self.prev_fed = mib
         if prev_ts is not None and (ts - prev_ts > p["gap_cut_s"] or restarted):
             self.close_fine()
@@ -446,12 +468,32 @@ class Series:
     def close_bucket(self):
         if not self.fine_cur:
             return None
-        floor = min(drop_dips(self.fine_cur))
+        cur = self.fine_cur
+        floor = min(drop_dips(cur))
         self.fine_cur = []
         self.floors.append([self.bucket, floor])
         keep = max(self.p["windows"]) + 24 + self.p["skip_buckets"]
         if len(self.floors) > keep:
             del self.floors[:len(self.floors) - keep]
+        # the bucket's median and how noisy it is: the median successive
+        # difference against the level is large for a noisy series and ~0
+        # for phases, dips and saves (they change the level rarely)
+        med = median(cur)
+        if len(cur) >= 5:
+            # the level of a noisy bucket: its mean without the two extremes
+            # (more efficient than the median on Gaussian noise, still
+            # blind to one dip or spike)
+            trimmed = sorted(cur)[1:-1]
+            level = sum(trimmed) / len(trimmed)
+        else:
+            level = med
+        meds = self.meds_list()
+        meds.append([self.bucket, round(level, 1)])
+        if len(meds) > keep:
+            del meds[:len(meds) - keep]
+        if len(cur) >= 4 and med > 0:
+            ratio = median([abs(b - a) for a, b in zip(cur, cur[1:])]) / med
+            self.noise = ratio if self.noise is None else 0.8 * self.noise + 0.2 * ratio
         return self.evaluate()
 
     # --------------------------------------------------------- segments --
@@ -472,7 +514,9 @@ class Series:
         # (earlier positions were checked by earlier evaluations)
         k = p["collapse_buckets"]
         n = len(fl)
-        j = max(start + 1, n - k - 2)
+        # a noisy series' floors are the tail of its noise: they say nothing
+        # about a restart
+        j = n if (self.noise or 0.0) >= p["noise_min"] else max(start + 1, n - k - 2)
         while j + k <= n:
             ref = median([v for _, v in fl[max(start, j - 6):j]])
             if fl[j][1] < p["collapse"] * ref and all(fl[i][1] < p["collapse"] * ref for i in range(j, j + k)):
@@ -631,6 +675,41 @@ class Series:
                 slope, z, trend, span = beta, zz, tr, end - xs[i]
         return leaking, slope, z, trend, span
 
+    def noisy_verdict(self, start):
+        """(slope, z, span_h) when the bucket medians of a noisy series grow
+        over 6, 12 or 24 h: floors of a series with a coefficient of
+        variation of 0.1-0.5 are the tail of its noise, medians its level.
+        Theil-Sen on at most 48 group medians, Mann-Kendall Z >= noisy_z
+        (alpha 0.001: the test runs every bucket), and the growth over the
+        window at least noisy_k noise scales (MAD of the residuals)."""
+        p = self.p
+        meds = [m for m in self.meds_list() if m[0] >= start]
+        if not meds:
+            return None
+        bh = p["bucket_s"] / 3600.0
+        end = meds[-1][0]
+        for w in p["noisy_windows"]:
+            pts = [m for m in meds if m[0] > end - w]
+            if len(pts) < 0.8 * w:
+                break
+            xs = [b * bh for b, _ in pts]
+            ys = [float(v) for _, v in pts]
+            rx, ry = reduce_points(xs, ys, 48)
+            beta = theil_sen(rx, ry)
+            if beta < p["threshold"]:
+                continue
+            z = mann_kendall_z(ry)
+            if z < p["noisy_z"]:
+                continue
+            mid_x, mid_y = median(rx), median(ry)
+            res = [y - mid_y - beta * (x - mid_x) for x, y in zip(rx, ry)]
+            scale = 1.4826 * median([abs(r) for r in res])
+            span = xs[-1] - xs[0]
+            if beta * span < max(p["min_growth"], p["noisy_k"] * scale):
+                continue
+            return beta, z, span
+        return None
+
     def phase_split(self, ys):
         """The level between two alternating phases (RL rollout/train), or
         None: the largest gap between sorted floors, with both sides >= 25 %
@@ -683,6 +762,10 @@ class Series:
             trend = trend if trend != "steady" else "steady (phase-aware)"
         else:
             leaking, slope, z, trend, span = self.windows_verdict(xs, ys)
+        if not leaking and seg and (self.noise or 0.0) >= p["noise_min"]:
+            ok = self.noisy_verdict(seg[0][0])
+            if ok is not None:
+                leaking, (slope, z, span), trend = True, ok, "steady (noisy)"
         self.last["slope"] = slope
         self.last["trend"] = trend
         self.last["window_s"] = span * 3600.0 + p["bucket_s"]
