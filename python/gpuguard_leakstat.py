@@ -41,6 +41,15 @@ last half's rate >= 0.9 of the first half's), rising in most minutes, with
 no single jump carrying more than 40 %, it fires. Warm-ups decelerate and
 fail this; a leak of GB/h alerts minutes to an hour after it starts.
 
+Noisy tier. When the series is noisy (the median successive difference of
+its fine floors is >= 3 % of the level; a coefficient of variation up to
+0.5 in the corpus), floors are the tail of the noise: each bucket also keeps
+a level (the mean of its fine floors without the two extremes), and 6, 12
+and 24 h windows of levels are tested: Theil-Sen >= the threshold,
+Mann-Kendall Z >= 3.09, growth >= 3 noise scales (MAD of the residuals).
+Such a series is not cut by gaps left by dropped dips or by noise read as a
+collapse.
+
 Alerting. Two passing evaluations in a row fire (per tier); growth stopping
 for two evaluations, or a restart, resolves. The event carries the slope,
 since when, the projected hours to OOM, a confidence (0-1, from the
