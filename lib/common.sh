@@ -352,7 +352,7 @@ gg_now() {
 gg_proc_scan() {
   declare -gA GG_PROC_PPID=() GG_PROC_KIDS=() GG_PROC_START=() GG_PROC_TICKS=() \
   GG_PROC_RSS=() GG_PROC_COMM=()
-  local f line pid rest comm
+  local f line pid rest comm IFS=$' \t\n'
   local -a a
   for f in /proc/[0-9]*/stat; do
     { read -r line <"$f"; } 2>/dev/null || continue
@@ -361,7 +361,11 @@ gg_proc_scan() {
     comm=${comm%)*}
     # after the last ") ": state ppid pgrp ... (comm may hold spaces)
     rest=${line##*) }
-    read -r -a a <<<"$rest"
+    # split by assignment, not `read <<<`: a here-string per process was a
+    # third of the scan's CPU (the fields are numbers and a state letter,
+    # nothing a glob would expand)
+    # shellcheck disable=SC2206
+    a=($rest)
     GG_PROC_PPID[$pid]=${a[1]}
     GG_PROC_KIDS[${a[1]}]+=" $pid"
     GG_PROC_TICKS[$pid]=$((a[11] + a[12]))

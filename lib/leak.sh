@@ -9,7 +9,7 @@
 # Declares the watcher's state (empty).
 leak_init() {
   declare -ga LEAK_ROOT_PIDS=() LEAK_PIDS=()
-  declare -gA LEAK_CPU_PREV=() LEAK_STATUS=() LEAK_CMDLINES=() LEAK_RANKS=()
+  declare -gA LEAK_CPU_PREV=() LEAK_STATUS=() LEAK_CMDLINES=() LEAK_CMDLINE_IDS=() LEAK_RANKS=()
   declare -g LEAK_MATCH='' LEAK_ALL=0 LEAK_FAILS=0 LEAK_ACTION=notify LEAK_GRACE=30
   # option values for the Python helper, set by leak_apply_options
   declare -gA LEAK_OPT_ENV=()
@@ -23,15 +23,19 @@ leak_init() {
   LEAK_PAGE_KIB=4
 }
 
-# Reads /proc/PID/cmdline with NULs turned into spaces, into $2 (no fork);
-# each PID is read once a cycle (leak_cycle empties LEAK_CMDLINES).
+# Reads /proc/PID/cmdline with NULs turned into spaces, into $2 (no fork).
+# Kept across cycles while the PID has the same start time and name (an
+# exec changes the name, so `bash -c 'exec python ...'` is read again);
+# leak_cycle drops the PIDs that are gone.
 # shellcheck disable=SC2034 # nameref: assigns the caller's variable
 leak_cmdline_into() {
   local -n cmd_ref=$2
-  if [[ -z ${LEAK_CMDLINES[$1]+set} ]]; then
+  local id="${GG_PROC_START[$1]:-}-${GG_PROC_COMM[$1]:-}"
+  if [[ -z ${LEAK_CMDLINES[$1]+set} || ${LEAK_CMDLINE_IDS[$1]:-} != "$id" ]]; then
     local -a parts=()
     { mapfile -d '' -t parts <"/proc/$1/cmdline"; } 2>/dev/null || parts=()
     LEAK_CMDLINES[$1]="${parts[*]}"
+    LEAK_CMDLINE_IDS[$1]=$id
   fi
   cmd_ref=${LEAK_CMDLINES[$1]}
 }
@@ -85,7 +89,6 @@ leak_cycle() {
   ((LEAK_FAILS > 0)) && gg_log info "nvidia-smi answers again after $LEAK_FAILS failed cycles"
   LEAK_FAILS=0
   gg_proc_scan
-  LEAK_CMDLINES=()
   leak_select_roots
   local samples='' root pid used free total cpu rss key name cmd ticks members mlines mfree mtotal rank
   local -a tree holders
@@ -133,6 +136,9 @@ leak_cycle() {
   done
   for pid in "${!LEAK_RANKS[@]}"; do
     [[ -n ${GG_PROC_PPID[$pid]:-} ]] || unset "LEAK_RANKS[$pid]"
+  done
+  for pid in "${!LEAK_CMDLINES[@]}"; do
+    [[ -n ${GG_PROC_PPID[$pid]:-} ]] || unset "LEAK_CMDLINES[$pid]" "LEAK_CMDLINE_IDS[$pid]"
   done
   if [[ -n ${GPUGUARD_TEXTFILE_DIR:-} ]]; then
     textfile_write_leak || gg_log warn "could not write textfile metrics in $GPUGUARD_TEXTFILE_DIR"
@@ -188,7 +194,7 @@ leak_rank_into() {
 # shellcheck disable=SC2034 # LEAK_STATUS is read by textfile_write_leak
 leak_run_detector() {
   local out kind state pid rest
-  out=$(printf '%s' "$1" | gg_python gpuguard_leakcheck.py "LEAK_INSTANCE LEAK_THRESHOLD_MIB_H LEAK_BUCKET_S LEAK_RULES LEAK_HISTORY_MAX_ROWS LEAK_GPU_TOTAL_MIB LEAK_LOSS_LOG" check) || {
+  out=$(gg_python gpuguard_leakcheck.py "LEAK_INSTANCE LEAK_THRESHOLD_MIB_H LEAK_BUCKET_S LEAK_RULES LEAK_HISTORY_MAX_ROWS LEAK_GPU_TOTAL_MIB LEAK_LOSS_LOG" check <<<"$1") || {
     gg_log error "leak detector failed (exit $?)"
     return 0
   }

@@ -41,6 +41,15 @@ last half's rate >= 0.9 of the first half's), rising in most minutes, with
 no single jump carrying more than 40 %, it fires. Warm-ups decelerate and
 fail this; a leak of GB/h alerts minutes to an hour after it starts.
 
+Noisy tier. When the series is noisy (the median successive difference of
+its fine floors is >= 3 % of the level; a coefficient of variation up to
+0.5 in the corpus), floors are the tail of the noise: each bucket also keeps
+a level (the mean of its fine floors without the two extremes), and 6, 12
+and 24 h windows of levels are tested: Theil-Sen >= the threshold,
+Mann-Kendall Z >= 3.09, growth >= 3 noise scales (MAD of the residuals).
+Such a series is not cut by gaps left by dropped dips or by noise read as a
+collapse.
+
 Alerting. Two passing evaluations in a row fire (per tier); growth stopping
 for two evaluations, or a restart, resolves. The event carries the slope,
 since when, the projected hours to OOM, a confidence (0-1, from the
@@ -74,6 +83,10 @@ DEFAULTS = {
     "fast_linear_share": 0.35,  # ... and this share of the time left when linear
     "critical_h": 6.0,          # severity by projected hours to OOM
     "note_h": 168.0,            # beyond this: a trend note
+    "noise_min": 0.03,          # median successive difference / level: a noisy series
+    "noisy_windows": (36, 72, 144),
+    "noisy_z": 3.09,            # one-sided alpha = 0.001 on bucket medians
+    "noisy_k": 3.0,             # growth over the window >= this many noise scales
 }
 MAX_FINES = 120
 
@@ -198,7 +211,7 @@ class Series:
     """One process (or process tree) incarnation: floors and alert state."""
 
     FIELDS = ("fs", "dts", "pend", "prev_v", "fed_ts", "prev_fed", "bucket", "fine", "fine_min", "fine_cur",
-              "fines", "floors", "cut", "streak", "fstreak", "calm", "firing", "last")
+              "fines", "floors", "cut", "streak", "fstreak", "calm", "firing", "last", "noise", "meds")
 
     def __init__(self, params, key, pid):
         self.p = params
@@ -214,9 +227,12 @@ class Series:
         self.fine = None            # current fine index
         self.fine_min = None
         self.fine_cur = []          # fine floors of the current bucket
-        self.fines = []             # flat: fine_index, floor, ... (the last MAX_FINES)
+        self._fines = []            # flat: fine_index, floor, ... (the last MAX_FINES)
+        self._fines_packed = ""
         self._floors = []           # [bucket_index, floor]
         self._floors_packed = ""
+        self.meds = []              # [bucket_index, median of its fine floors] (noisy series)
+        self.noise = None           # running median successive difference / level
         self.cut = None             # bucket index where the segment starts
         self.streak = 0
         self.fstreak = 0
@@ -224,7 +240,7 @@ class Series:
         self.firing = False
         self.last = {}
 
-    PACKED = ("fines", "floors")
+    PACKED = ("fines", "floors", "meds")
 
     @property
     def floors(self):
@@ -239,14 +255,59 @@ class Series:
     def floors(self, value):
         self._floors = value
 
+    @property
+    def fines(self):
+        """The flat fine floors, unpacked on first use: a live cycle appends
+        to the packed string and reads its tail (fines_push, fines_tail), so
+        64 series cost no unpack and repack a cycle."""
+        if self._fines is None:
+            self._fines = unpack(self._fines_packed)
+        return self._fines
+
+    @fines.setter
+    def fines(self, value):
+        self._fines = value
+
+    def fines_push(self, f, v):
+        """fines += (f, v), keeping the last MAX_FINES pairs."""
+        if self._fines is not None:
+            self._fines += (f, v)
+            if len(self._fines) > 2 * MAX_FINES:
+                del self._fines[:2]
+            return
+        text = self._fines_packed
+        if not text:
+            self._fines_packed = pack([f, v])
+            return
+        first, _, rest = text.partition("|")
+        rest += ",%d,%s" % (f - int(first), int(v) if v == int(v) else repr(v))
+        if (rest.count(",") + 1) // 2 > MAX_FINES:
+            rest = rest.split(",", 2)[2]
+        self._fines_packed = first + "|" + rest
+
+    def fines_tail(self, k):
+        """The last k numbers of the flat fine floors (fewer when short)."""
+        if self._fines is not None:
+            return self._fines[-k:]
+        first, _, rest = self._fines_packed.partition("|")
+        if not rest:
+            return []
+        flat = list(map(float, rest.rsplit(",", k)[-k:]))
+        base = int(first)
+        lead = 0 if len(flat) % 2 == 0 else 1      # starts on a value: skip it
+        flat = flat[lead:]
+        flat[0::2] = [base + int(x) for x in flat[0::2]]
+        return flat
+
     def to_json(self):
         """A JSON-ready dict; the floor lists packed (see pack())."""
         d = {name: getattr(self, name) for name in self.FIELDS if name not in self.PACKED}
-        d["fines"] = pack(self.fines)
+        d["fines"] = self._fines_packed if self._fines is None else pack(self._fines)
         if self._floors is None:
             d["floors"] = self._floors_packed
         else:
             d["floors"] = pack([x for pair in self._floors for x in pair])
+        d["meds"] = self.meds if isinstance(self.meds, str) else pack([x for pair in self.meds for x in pair])
         d.update(key=self.key, pid=self.pid)
         return d
 
@@ -257,11 +318,20 @@ class Series:
             if name in data and name not in cls.PACKED:
                 setattr(s, name, data[name])
         fines = data.get("fines")
-        s.fines = unpack(fines) if isinstance(fines, str) else []
+        if isinstance(fines, str):
+            s._fines, s._fines_packed = None, fines
         floors = data.get("floors")
         if isinstance(floors, str):
             s._floors, s._floors_packed = None, floors
+        meds = data.get("meds")
+        s.meds = meds if isinstance(meds, str) else []     # unpacked when a bucket closes
         return s
+
+    def meds_list(self):
+        if isinstance(self.meds, str):
+            flat = unpack(self.meds)
+            self.meds = [[int(flat[i]), flat[i + 1]] for i in range(0, len(flat) - 1, 2)]
+        return self.meds
 
     # ------------------------------------------------------------ input --
     def fine_s(self):
@@ -366,7 +436,14 @@ class Series:
             # a gap and a different level after it: the process restarted
             # (a watcher that was away finds the level where it was)
             grown = max(0.0, self.last.get("slope") or 0.0) * (ts - prev_ts) / 3600.0
-            restarted = abs(mib - self.prev_fed - grown) > max(p["step_mib"], 0.02 * self.prev_fed)
+            # (a noisy series differs by its noise from sample to sample,
+            # and dropped dips leave gaps: only a change far beyond it counts)
+            noise = self.noise or 0.0
+            if noise < p["noise_min"]:
+                restarted = abs(mib - self.prev_fed - grown) > max(p["step_mib"], 0.02 * self.prev_fed)
+            elif ts - prev_ts > p["bucket_s"]:
+                level = self.meds[-1][1] if isinstance(self.meds, list) and self.meds else self.prev_fed
+                restarted = abs(mib - level - grown) > max(p["step_mib"], 6 * noise * level)
         self.prev_fed = mib
         if prev_ts is not None and (ts - prev_ts > p["gap_cut_s"] or restarted):
             self.close_fine()
@@ -392,20 +469,38 @@ class Series:
             return None
         v = self.fine_min
         self.fine_cur.append(v)
-        self.fines += (self.fine, v)
-        if len(self.fines) > 2 * MAX_FINES:
-            del self.fines[:2]
+        self.fines_push(self.fine, v)
         return self.evaluate_fast()
 
     def close_bucket(self):
         if not self.fine_cur:
             return None
-        floor = min(drop_dips(self.fine_cur))
+        cur = self.fine_cur
+        floor = min(drop_dips(cur))
         self.fine_cur = []
         self.floors.append([self.bucket, floor])
         keep = max(self.p["windows"]) + 24 + self.p["skip_buckets"]
         if len(self.floors) > keep:
             del self.floors[:len(self.floors) - keep]
+        # the bucket's median and how noisy it is: the median successive
+        # difference against the level is large for a noisy series and ~0
+        # for phases, dips and saves (they change the level rarely)
+        med = median(cur)
+        if len(cur) >= 5:
+            # the level of a noisy bucket: its mean without the two extremes
+            # (more efficient than the median on Gaussian noise, still
+            # blind to one dip or spike)
+            trimmed = sorted(cur)[1:-1]
+            level = sum(trimmed) / len(trimmed)
+        else:
+            level = med
+        meds = self.meds_list()
+        meds.append([self.bucket, round(level, 1)])
+        if len(meds) > keep:
+            del meds[:len(meds) - keep]
+        if len(cur) >= 4 and med > 0:
+            ratio = median([abs(b - a) for a, b in zip(cur, cur[1:])]) / med
+            self.noise = ratio if self.noise is None else 0.8 * self.noise + 0.2 * ratio
         return self.evaluate()
 
     # --------------------------------------------------------- segments --
@@ -426,7 +521,9 @@ class Series:
         # (earlier positions were checked by earlier evaluations)
         k = p["collapse_buckets"]
         n = len(fl)
-        j = max(start + 1, n - k - 2)
+        # a noisy series' floors are the tail of its noise: they say nothing
+        # about a restart
+        j = n if (self.noise or 0.0) >= p["noise_min"] else max(start + 1, n - k - 2)
         while j + k <= n:
             ref = median([v for _, v in fl[max(start, j - 6):j]])
             if fl[j][1] < p["collapse"] * ref and all(fl[i][1] < p["collapse"] * ref for i in range(j, j + k)):
@@ -585,6 +682,41 @@ class Series:
                 slope, z, trend, span = beta, zz, tr, end - xs[i]
         return leaking, slope, z, trend, span
 
+    def noisy_verdict(self, start):
+        """(slope, z, span_h) when the bucket medians of a noisy series grow
+        over 6, 12 or 24 h: floors of a series with a coefficient of
+        variation of 0.1-0.5 are the tail of its noise, medians its level.
+        Theil-Sen on at most 48 group medians, Mann-Kendall Z >= noisy_z
+        (alpha 0.001: the test runs every bucket), and the growth over the
+        window at least noisy_k noise scales (MAD of the residuals)."""
+        p = self.p
+        meds = [m for m in self.meds_list() if m[0] >= start]
+        if not meds:
+            return None
+        bh = p["bucket_s"] / 3600.0
+        end = meds[-1][0]
+        for w in p["noisy_windows"]:
+            pts = [m for m in meds if m[0] > end - w]
+            if len(pts) < 0.8 * w:
+                break
+            xs = [b * bh for b, _ in pts]
+            ys = [float(v) for _, v in pts]
+            rx, ry = reduce_points(xs, ys, 48)
+            beta = theil_sen(rx, ry)
+            if beta < p["threshold"]:
+                continue
+            z = mann_kendall_z(ry)
+            if z < p["noisy_z"]:
+                continue
+            mid_x, mid_y = median(rx), median(ry)
+            res = [y - mid_y - beta * (x - mid_x) for x, y in zip(rx, ry)]
+            scale = 1.4826 * median([abs(r) for r in res])
+            span = xs[-1] - xs[0]
+            if beta * span < max(p["min_growth"], p["noisy_k"] * scale):
+                continue
+            return beta, z, span
+        return None
+
     def phase_split(self, ys):
         """The level between two alternating phases (RL rollout/train), or
         None: the largest gap between sorted floors, with both sides >= 25 %
@@ -637,6 +769,10 @@ class Series:
             trend = trend if trend != "steady" else "steady (phase-aware)"
         else:
             leaking, slope, z, trend, span = self.windows_verdict(xs, ys)
+        if not leaking and seg and (self.noise or 0.0) >= p["noise_min"]:
+            ok = self.noisy_verdict(seg[0][0])
+            if ok is not None:
+                leaking, (slope, z, span), trend = True, ok, "steady (noisy)"
         self.last["slope"] = slope
         self.last["trend"] = trend
         self.last["window_s"] = span * 3600.0 + p["bucket_s"]
@@ -654,14 +790,17 @@ class Series:
         """The fast tier, once per fine floor, when the free memory is known."""
         p = self.p
         free = self.last.get("free")
-        fines = self.fines
-        if free is None or len(fines) < 10 or self.firing:
+        if free is None or self.firing:
+            self.fstreak = 0
+            return None
+        tail = self.fines_tail(10)
+        if len(tail) < 10:
             self.fstreak = 0
             return None
         fs = self.fine_s()
         cut_f = int((self.cut or 0) * p["bucket_s"] // fs)
         # cheap gate: the last few minutes' rate against the free memory
-        a, b = fines[-10:-8], fines[-2:]
+        a, b = tail[0:2], tail[-2:]
         if a[0] < cut_f:
             self.fstreak = 0
             return None
