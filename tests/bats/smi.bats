@@ -52,8 +52,8 @@ setup() {
   smi_parse_gpus $'\e[31mWARNING: something\e[0m\n0, '"$H200"$', 5, 100, 143771, 80.00, 700.00\nnot, a, gpu, line, x, y, z\n1, GPU-x, banana, 1, 2, 3, 4'
   assert_equal "${#SMI_UUIDS[@]}" 2
   assert_equal "$SMI_BAD_LINES" 2
-  assert_equal "${SMI_UTIL[GPU - x]}" ""
-  assert_equal "${SMI_MEM_USED[GPU - x]}" 1
+  assert_equal "${SMI_UTIL["GPU-x"]}" ""
+  assert_equal "${SMI_MEM_USED["GPU-x"]}" 1
   assert_equal "$SMI_TRUNCATED" 0
 }
 
@@ -67,8 +67,8 @@ setup() {
 @test "the GPU name (last field) is read; lines without it still parse" {
   smi_parse_gpus $'0, '"$H200"$', 0, 0, 143771, 76.61, 700.00, NVIDIA H200\n1, GPU-b, 3, 4, 143771, 76.61, 700.00'
   assert_equal "${SMI_NAME[$H200]}" "NVIDIA H200"
-  assert_equal "${SMI_NAME[GPU - b]}" ""
-  assert_equal "${SMI_UTIL[GPU - b]}" 3
+  assert_equal "${SMI_NAME["GPU-b"]}" ""
+  assert_equal "${SMI_UTIL["GPU-b"]}" 3
 }
 
 @test "numbers are validated once: leading zeros, unsigned -1, huge, out of range" {
@@ -95,15 +95,15 @@ setup() {
   assert_equal "${#SMI_UUIDS[@]}" 3
   assert_equal "${SMI_GPU_FAULT[$H200]}" "GPU requires reset"
   assert_equal "${SMI_UTIL[$H200]}" ""
-  assert_equal "${SMI_GPU_FAULT[GPU - b]}" "Unknown Error"
-  assert_equal "${SMI_GPU_FAULT[GPU - c]}" ""
+  assert_equal "${SMI_GPU_FAULT["GPU-b"]}" "Unknown Error"
+  assert_equal "${SMI_GPU_FAULT["GPU-c"]}" ""
   assert_equal "$SMI_BAD_LINES" 0
 }
 
 @test "a fault in place of the UUID keeps the GPU under its index" {
   smi_parse_gpus "3, [GPU is lost], [GPU is lost], [GPU is lost], [GPU is lost], [GPU is lost], [GPU is lost], [GPU is lost]"
   assert_equal "${SMI_UUIDS[*]}" GPU-index-3
-  assert_equal "${SMI_GPU_FAULT[GPU - index - 3]}" "GPU is lost"
+  assert_equal "${SMI_GPU_FAULT["GPU-index-3"]}" "GPU is lost"
 }
 
 @test "BOM, CRLF and a duplicate line are handled; a truncated GPU line is flagged" {
