@@ -81,11 +81,19 @@ def pytest_configure(config):
                                        "(skips locally, fails under CI=true)")
 
 
+def measured_slow():
+    """The node ids of tests/slow.txt (measured: 0.5 s or more each)."""
+    lines = (ROOT / "tests" / "slow.txt").read_text().splitlines()
+    return {line.strip() for line in lines if line.strip() and not line.startswith("#")}
+
+
 def pytest_collection_modifyitems(config, items):
+    slow = SLOW | measured_slow()
     for item in items:
         module = item.path.name
         base = getattr(item, "originalname", item.name)
-        if {module, module + "::" + base, module + "::" + item.name} & SLOW:
+        # the fault-injection suite runs daemons, kills and full disks
+        if item.path.parent.name == "faults" or {module, module + "::" + base, module + "::" + item.name} & slow:
             item.add_marker(pytest.mark.slow)
 
 
