@@ -41,6 +41,7 @@ def require(ok, reason):
 # their files need no edit. An entry is "file.py" (the whole module),
 # "file.py::test" (every parameter) or "file.py::test[param]".
 SLOW = {
+    "test_report.py",  # a module fixture runs the watchdog and the leak watch over recordings (~20 s)
     "test_prometheus.py::test_end_to_end_idle_alert_through_the_real_stack",  # Prometheus, Alertmanager, node_exporter
     "test_double_and_demo.py::test_make_demo_shows_a_firing_and_a_resolved_alert",  # a daemon and a webhook
     "test_double_and_demo.py::test_replays_a_raw_recording_verbatim",
