@@ -1141,7 +1141,8 @@ class Outcome:
 
 
 class NotSent(Exception):
-    """The request never reached the receiver (DNS, refused, TLS...)."""
+    """The request never reached the receiver (DNS, refused, TLS...), or the
+    receiver dropped it without a byte of answer (reset, closed)."""
 
 
 class MaybeSent(Exception):
@@ -1221,7 +1222,15 @@ def post_json(url, body, timeout, key=None):
         try:
             resp = conn.getresponse()
             return resp.status, resp.read(65536), dict(resp.headers)
+        except ConnectionError as e:
+            # reset, or closed without a byte of answer (RemoteDisconnected
+            # is one): the receiver dropped the request, most likely before
+            # processing it; retried like a refused connection. Counting it
+            # as maybe-delivered lost events to a receiver that reset twice.
+            raise NotSent("no answer: %s" % (getattr(e, "strerror", None) or one_line(e)))
         except (OSError, http.client.HTTPException) as e:
+            # a timeout after the whole request went out: it may have been
+            # processed (a slow receiver), so it counts toward the 2 copies
             raise MaybeSent(f"no answer within {timeout:g} s ({one_line(e)})")
     finally:
         conn.close()
@@ -1231,8 +1240,10 @@ def send(target, url, body, env=None, sleep=time.sleep, maybe_before=False, on_m
     """POSTs with retries and backoff on network errors, 5xx and 429.
     A Retry-After longer than a short wait ends the attempt: the event stays
     queued and that target is not tried again before then. A request that
-    left without an answer is retried once, with a longer timeout; a second
-    one (maybe_before: an earlier flush had one) counts as delivered."""
+    left whole and timed out waiting for an answer is retried once, with a
+    longer timeout; a second one (maybe_before: an earlier flush had one)
+    counts as delivered. A connection reset or closed without an answer is
+    not a maybe: it is retried (with back-off) until delivered."""
     env = os.environ if env is None else env
     timeout = float(env.get("NOTIFY_TIMEOUT") or 5)
     tries = int(env.get("NOTIFY_RETRIES") or 3) + 1
