@@ -35,7 +35,11 @@ KINDS = [("gpu", k) for k in FAILURES] + [("apps", k) for k in APP_FAILURES] + \
 
 
 def good(gpu0_busy=False):
-    return {"gpus": [{"utilization.gpu": 100 if gpu0_busy else 0, "memory.used": 600, "power.draw": 76.6},
+    # busy is real work: 100 % at the 76.6 W idle floor reads as a spin
+    # (IDLE_POWER_PCT), which would keep GPU 0's incident open for the whole
+    # run, and a false firing during a fault could not be seen
+    return {"gpus": [{"utilization.gpu": 100 if gpu0_busy else 0, "memory.used": 600,
+                      "power.draw": 650.0 if gpu0_busy else 76.6},
                      {"utilization.gpu": 100, "memory.used": 12000, "power.draw": 690.0}],
             "apps": [app(1410, gpu=0, mem=590), app(1411, gpu=1, mem=11000)]}
 
