@@ -234,6 +234,33 @@ def touch_marker(path):
     os.close(fd)
 
 
+def write_failed(state_dir, what, e):
+    """Logs a failed write once for a whole outage, shared with the bash
+    writers (gg_write_failed): the first to create the empty disk-full
+    marker in the state folder says it; the others stay quiet."""
+    marker = os.path.join(state_dir, "disk-full")
+    try:
+        fd = open_nofollow(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        os.close(fd)
+    except FileExistsError:
+        return
+    except OSError:
+        pass
+    log("error", f"cannot write {what} ({e.strerror or e}; disk full?): previous files are kept, new events "
+        "wait, retried every cycle; one line for the whole outage")
+
+
+def write_ok(state_dir):
+    """Ends an outage that write_failed (or a bash writer) started."""
+    marker = os.path.join(state_dir, "disk-full")
+    try:
+        if not os.path.islink(marker):
+            os.unlink(marker)
+            log("info", f"writing to {state_dir} works again")
+    except OSError:
+        pass
+
+
 def state_dir_problem(folder):
     """Why the state folder must not be used, or ''."""
     try:
@@ -1311,10 +1338,11 @@ class State:
             t["reported"] = scrub(t.get("reported", ""))
         try:
             write_atomic(self.path, json.dumps(self.data, sort_keys=True).encode("utf-8"))
-            return True
         except OSError as e:
-            log("error", f"could not save {self.path} ({e.strerror or e}): the previous copy is kept")
+            write_failed(os.path.dirname(self.path), self.path, e)
             return False
+        write_ok(os.path.dirname(self.path))
+        return True
 
 
 def rate_budget(target, tstate, now, env=None):
@@ -1378,7 +1406,9 @@ def mark(path, kind, tid):
         touch_marker(f"{path}.{kind}-{tid}")
         return True
     except OSError as e:
-        log("error", f"could not record {kind} for {os.path.basename(path)} ({e.strerror or e}): it may be sent again")
+        # an empty marker needs no data block; failing, it is one line an outage
+        write_failed(os.path.dirname(os.path.dirname(path)), f"the {kind} marker of {os.path.basename(path)} "
+                     "(it may be sent again)", e)
         return False
 
 
