@@ -143,8 +143,6 @@ def test_no_crash_and_no_false_alert(smi_run):
     assert em == [], "monitor_degraded for harmless output in %s" % em
 
 
-@pytest.mark.xfail(strict=False, reason="idle branch: a cycle whose process list failed (SMI_APPS_OK=0) must "
-                   "change nothing; on faults alone the idle rule reads it as 'released'")
 def test_a_failed_process_list_never_resolves_an_incident(smi_run):
     _, fr, _, _, _ = figures(smi_run)
     apps = [s for s in fr if s[0] == "apps"]
@@ -153,14 +151,11 @@ def test_a_failed_process_list_never_resolves_an_incident(smi_run):
     assert fr == [], "false resolved in %s" % fr
 
 
-@pytest.mark.xfail(strict=False, reason="idle branch: persistent process-list failures must count toward "
-                   "SMI_FAIL_ALERT_CYCLES (SMI_APPS_OK=0)")
 def test_each_persistent_failure_raises_one_monitor_degraded(smi_run):
     _, _, ne, _, _ = figures(smi_run)
     assert ne == [], "no (or more than one) monitor_degraded for %s" % ne
 
 
-@pytest.mark.xfail(strict=False, reason="idle branch turns SMI_GPU_FAULT into a critical gpu_degraded event")
 def test_device_faults_raise_gpu_degraded_naming_the_gpu(smi_run):
     _, _, _, nd, _ = figures(smi_run)
     n_dev = len([s for s, _ in smi_run["segs"] if s[1] in DEVICE])
