@@ -56,10 +56,13 @@ def kill_run(tmp_path_factory):
                    NOTIFY_RETRIES=0, GPUGUARD_LOG=tmp / "log", MAX_IDLE_CYCLES=MAX_IDLE)
     rng = random.Random(1000)
     kills, completed_idle, completed_busy, refused, durations = 0, Counter(), Counter(), 0, []
-    step_file = tmp / "smi-step"
     for i in range(cycles + tail + 6):
-        step_file.write_text(str(i))          # the double answers for cycle i
-        e = dict(env, GPUGUARD_NOW=str(T0 + 60 * i))
+        # the double answers for cycle i; each cycle has its own step file,
+        # since a killed run's orphaned double advances the one it read
+        # (a shared file let it move the next run to a busy step)
+        step_file = tmp / ("smi-step.%d" % i)
+        step_file.write_text(str(i))
+        e = dict(env, GPUGUARD_NOW=str(T0 + 60 * i), FAKE_SMI_STATE=str(step_file))
         if i >= cycles:
             rx.mix = {"ok": 1}                # the receiver recovers: catch up
         proc = subprocess.Popen([str(ROOT / "bin/yichuidingyin.sh"), "--once"], env=e,
@@ -91,9 +94,10 @@ def kill_run(tmp_path_factory):
     # catch up: the receiver works again; a user waits a while (back-off)
     end, i = time.time() + (120 if LONG else 30), cycles + tail + 6
     while time.time() < end and list((tmp / "state" / "outbox").glob("*.json")):
+        step_file = tmp / ("smi-step.%d" % i)
         step_file.write_text(str(len(steps) - 1))
-        subprocess.run([str(ROOT / "bin/yichuidingyin.sh"), "--once"], env=dict(env, GPUGUARD_NOW=str(T0 + 60 * i)),
-                       capture_output=True, timeout=60)
+        subprocess.run([str(ROOT / "bin/yichuidingyin.sh"), "--once"], capture_output=True, timeout=60,
+                       env=dict(env, GPUGUARD_NOW=str(T0 + 60 * i), FAKE_SMI_STATE=str(step_file)))
         i += 1
         time.sleep(1)
     time.sleep(2)                             # late answers and orphaned helpers finish
