@@ -198,7 +198,7 @@ gg_state_dir_init() {
 # symlink there is never opened), fsync, then rename over the destination.
 # A reader or a crash sees the old file or the new one, never half of one; a
 # failed write (disk full) leaves the old file and removes the temporary.
-# The first failure is logged once; the next success says so.
+# An outage is logged once for all writers (gg_write_failed).
 # Arguments:
 #   $1 destination path, $2 content
 # Returns:
@@ -222,18 +222,58 @@ gg_write_atomic() {
   done
   ((had_noclobber)) || set +C
   if [[ -n $tmp ]] && sync -- "$tmp" 2>/dev/null && mv -f -- "$tmp" "$dest" 2>/dev/null; then
-    if ((${GG_WRITE_FAILING:-0})); then
-      GG_WRITE_FAILING=0
-      gg_log info "writing to $dir works again"
-    fi
+    gg_write_ok "$dest"
     return 0
   fi
   [[ -n $tmp ]] && rm -f -- "$tmp"
-  if ((! ${GG_WRITE_FAILING:-0})); then
-    GG_WRITE_FAILING=1
-    gg_log error "cannot write $dest (disk full?): the previous version is kept; retrying every cycle (logged once)"
-  fi
+  gg_write_failed "$dest"
   return 1
+}
+
+# The one "disk full" flag of every writer (gg_write_atomic, the outbox,
+# events.jsonl, the alert helper's state): a whole outage is one log line
+# and its end one more, across writers and across processes (cron's --once
+# runs). For the state folder the flag is an empty marker file, disk-full,
+# created exclusively (no data block: it can be made on a full disk; never
+# through a planted link); whoever creates it logs, whoever removes it says
+# writing works again. Elsewhere (or when even the marker cannot be made)
+# the flag lives in this process (GG_WRITE_FAILING).
+# Arguments:
+#   $1 the path that could not be written
+gg_write_failed() {
+  local marker=''
+  [[ -n ${GPUGUARD_STATE_DIR:-} && $1 == "$GPUGUARD_STATE_DIR"/* ]] && marker=$GPUGUARD_STATE_DIR/disk-full
+  if [[ -n $marker ]] && [[ -e $marker || -L $marker ]]; then
+    GG_WRITE_FAILING=1
+    return 0
+  fi
+  if [[ -n $marker ]] && (set -C && : >"$marker") 2>/dev/null; then
+    GG_WRITE_FAILING=0
+  fi
+  if ((! ${GG_WRITE_FAILING:-0})); then
+    gg_log error "cannot write $1 (disk full?): previous files are kept, new events wait in memory, retried every cycle; one line for the whole outage"
+  fi
+  GG_WRITE_FAILING=1
+}
+
+# Ends an outage that gg_write_failed started, with one line.
+# Arguments:
+#   $1 the path just written
+gg_write_ok() {
+  local marker=''
+  [[ -n ${GPUGUARD_STATE_DIR:-} && $1 == "$GPUGUARD_STATE_DIR"/* ]] && marker=$GPUGUARD_STATE_DIR/disk-full
+  if [[ -n $marker && -f $marker && ! -L $marker ]] && rm -f -- "$marker" 2>/dev/null; then
+    gg_log info "writing to $GPUGUARD_STATE_DIR works again"
+  elif [[ -z $marker ]] && ((${GG_WRITE_FAILING:-0})); then
+    gg_log info "writing to ${1%/*} works again"
+  fi
+  GG_WRITE_FAILING=0
+}
+
+# True while a write outage is on (see gg_write_failed): the callers of a
+# failed write stay quiet, the outage was said once.
+gg_write_outage() {
+  ((${GG_WRITE_FAILING:-0})) || [[ -n ${GPUGUARD_STATE_DIR:-} && -f $GPUGUARD_STATE_DIR/disk-full ]]
 }
 
 # Appends text to a file, never through a symlink: a link planted at a log

@@ -45,7 +45,7 @@ events_emit() {
   fi
   {
     flock 9
-    gg_append "$dir/events.jsonl" "$event"$'\n' || true
+    gg_append "$dir/events.jsonl" "$event"$'\n' || gg_write_failed "$dir/events.jsonl"
   } 9>>"$dir/events.lock"
 }
 
@@ -61,20 +61,11 @@ events_enqueue_pending() {
     # and a per-process sequence for events of the same microsecond.
     EVENTS_SEQ=$((${EVENTS_SEQ:-0} + 1))
     printf -v name '%s/%s-%s-%06d.json' "$dir" "${EPOCHREALTIME/[.,]/}" "$$" "$EVENTS_SEQ"
-    if ! gg_write_atomic "$name" "${EVENTS_PENDING[i]}"$'\n' 2>/dev/null; then
-      if ((! ${EVENTS_WRITE_FAILING:-0})); then
-        gg_log error "could not write to $dir (disk full?): ${#EVENTS_PENDING[@]} events kept in memory until it can"
-      fi
-      EVENTS_WRITE_FAILING=1
-      return 1
-    fi
+    # a failure (disk full) is said once for all writers (gg_write_failed)
+    gg_write_atomic "$name" "${EVENTS_PENDING[i]}"$'\n' 2>/dev/null || return 1
     # durable before anyone may send it: the file's data, then its name
     sync -- "$name" "$dir" 2>/dev/null || true
     unset 'EVENTS_PENDING[i]'
-    if ((${EVENTS_WRITE_FAILING:-0})); then
-      gg_log info "writing to $dir again"
-      EVENTS_WRITE_FAILING=0
-    fi
   done
   EVENTS_PENDING=("${EVENTS_PENDING[@]}")
 }

@@ -58,5 +58,9 @@ gpuhistory_append() {
     gg_write_atomic "$file" "$GPUHISTORY_HEADER"$'\n'"$rows"
     return
   fi
-  printf '%s' "$rows" >>"$file"
+  # a full disk is one log line for the whole outage (gg_write_failed)
+  { printf '%s' "$rows" >>"$file"; } 2>/dev/null || {
+    gg_write_failed "$file"
+    return 1
+  }
 }

@@ -176,18 +176,17 @@ idle_cycle() {
   fi
   if ((${#IDLE_PENDING[@]})); then
     # the incident and its events reach the disk together, before any send
+    # (a failed save was logged by the writer, once for a whole outage)
     if idle_state_save; then
       idle_pending_emit
-    else
-      gg_log error "could not save $GPUGUARD_STATE_DIR/idle.state; events of this cycle wait for the next"
     fi
   fi
-  idle_state_save || gg_log error "could not save $GPUGUARD_STATE_DIR/idle.state"
+  idle_state_save || true
   events_flush
   if [[ -n ${GPUGUARD_TEXTFILE_DIR:-} ]]; then
     textfile_write_idle "$now" || gg_log warn "could not write textfile metrics in $GPUGUARD_TEXTFILE_DIR"
   fi
-  gpuhistory_append "$now" || gg_log warn "could not append to $GPUGUARD_STATE_DIR/gpu-history.tsv"
+  gpuhistory_append "$now" || gg_write_outage || gg_log warn "could not append to $GPUGUARD_STATE_DIR/gpu-history.tsv"
 }
 
 # Enqueues the pending events, in order, then forgets them. After a crash

@@ -274,7 +274,8 @@ smi_parse_gpus() {
 # older drivers do not replace commas in process names. Processes on GPUs
 # not in the GPU sample are ignored; memory out of range is unknown ('').
 # Returns:
-#   1 when any non-empty line is not a process line (garbage, truncated)
+#   1 when any non-empty line is not a process line (garbage, truncated,
+#   also inside the UUID)
 smi_parse_apps() {
   local re='^ *([0-9]+), (.*), *([^,]*), *((GPU|MIG)-[0-9A-Za-z/-]+) *$'
   local text=${1#$'\xef\xbb\xbf'} line pid name mem uuid fault
@@ -284,7 +285,11 @@ smi_parse_apps() {
     [[ $line =~ $re ]] || return 1
     name=${BASH_REMATCH[2]} mem=${BASH_REMATCH[3]} uuid=${BASH_REMATCH[4]}
     gg_number_into pid "${BASH_REMATCH[1]}" int 1 "$SMI_MAX_PID" || return 1
-    [[ -n ${SMI_INDEX[$uuid]+set} ]] || continue
+    if [[ -z ${SMI_INDEX[$uuid]+set} ]]; then
+      # a cut last line can end inside a UUID, which still reads as one
+      smi_uuid_is_cut "$uuid" && return 1
+      continue
+    fi
     mem=${mem%"${mem##*[![:space:]]}"}
     fault=''
     smi_value_into mem "$mem" int 0 "${SMI_MEM_TOTAL[$uuid]:-$SMI_MAX_MIB}" fault
@@ -295,6 +300,18 @@ smi_parse_apps() {
     SMI_PID_UUIDS[$pid]+="${SMI_PID_UUIDS[$pid]:+ }$uuid"
   done <<<"$text"
   return 0
+}
+
+# True when a UUID is the start of, but not the whole, UUID of a GPU in
+# the sample: the process list was cut short (a partial read).
+# Arguments:
+#   $1 the UUID as read
+smi_uuid_is_cut() {
+  local known
+  for known in "${!SMI_INDEX[@]}"; do
+    [[ $known != "$1" && $known == "$1"* ]] && return 0
+  done
+  return 1
 }
 
 # Asks for the facts doctor reports, one line per GPU:

@@ -234,6 +234,33 @@ def touch_marker(path):
     os.close(fd)
 
 
+def write_failed(state_dir, what, e):
+    """Logs a failed write once for a whole outage, shared with the bash
+    writers (gg_write_failed): the first to create the empty disk-full
+    marker in the state folder says it; the others stay quiet."""
+    marker = os.path.join(state_dir, "disk-full")
+    try:
+        fd = open_nofollow(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        os.close(fd)
+    except FileExistsError:
+        return
+    except OSError:
+        pass
+    log("error", f"cannot write {what} ({e.strerror or e}; disk full?): previous files are kept, new events "
+        "wait, retried every cycle; one line for the whole outage")
+
+
+def write_ok(state_dir):
+    """Ends an outage that write_failed (or a bash writer) started."""
+    marker = os.path.join(state_dir, "disk-full")
+    try:
+        if not os.path.islink(marker):
+            os.unlink(marker)
+            log("info", f"writing to {state_dir} works again")
+    except OSError:
+        pass
+
+
 def state_dir_problem(folder):
     """Why the state folder must not be used, or ''."""
     try:
@@ -1144,7 +1171,8 @@ class Outcome:
 
 
 class NotSent(Exception):
-    """The request never reached the receiver (DNS, refused, TLS...)."""
+    """The request never reached the receiver (DNS, refused, TLS...), or the
+    receiver dropped it without a byte of answer (reset, closed)."""
 
 
 class MaybeSent(Exception):
@@ -1224,7 +1252,15 @@ def post_json(url, body, timeout, key=None):
         try:
             resp = conn.getresponse()
             return resp.status, resp.read(65536), dict(resp.headers)
+        except ConnectionError as e:
+            # reset, or closed without a byte of answer (RemoteDisconnected
+            # is one): the receiver dropped the request, most likely before
+            # processing it; retried like a refused connection. Counting it
+            # as maybe-delivered lost events to a receiver that reset twice.
+            raise NotSent("no answer: %s" % (getattr(e, "strerror", None) or one_line(e)))
         except (OSError, http.client.HTTPException) as e:
+            # a timeout after the whole request went out: it may have been
+            # processed (a slow receiver), so it counts toward the 2 copies
             raise MaybeSent(f"no answer within {timeout:g} s ({one_line(e)})")
     finally:
         conn.close()
@@ -1234,8 +1270,10 @@ def send(target, url, body, env=None, sleep=time.sleep, maybe_before=False, on_m
     """POSTs with retries and backoff on network errors, 5xx and 429.
     A Retry-After longer than a short wait ends the attempt: the event stays
     queued and that target is not tried again before then. A request that
-    left without an answer is retried once, with a longer timeout; a second
-    one (maybe_before: an earlier flush had one) counts as delivered."""
+    left whole and timed out waiting for an answer is retried once, with a
+    longer timeout; a second one (maybe_before: an earlier flush had one)
+    counts as delivered. A connection reset or closed without an answer is
+    not a maybe: it is retried (with back-off) until delivered."""
     env = os.environ if env is None else env
     timeout = float(env.get("NOTIFY_TIMEOUT") or 5)
     tries = int(env.get("NOTIFY_RETRIES") or 3) + 1
@@ -1303,10 +1341,11 @@ class State:
             t["reported"] = scrub(t.get("reported", ""))
         try:
             write_atomic(self.path, json.dumps(self.data, sort_keys=True).encode("utf-8"))
-            return True
         except OSError as e:
-            log("error", f"could not save {self.path} ({e.strerror or e}): the previous copy is kept")
+            write_failed(os.path.dirname(self.path), self.path, e)
             return False
+        write_ok(os.path.dirname(self.path))
+        return True
 
 
 def rate_budget(target, tstate, now, env=None):
@@ -1370,7 +1409,9 @@ def mark(path, kind, tid):
         touch_marker(f"{path}.{kind}-{tid}")
         return True
     except OSError as e:
-        log("error", f"could not record {kind} for {os.path.basename(path)} ({e.strerror or e}): it may be sent again")
+        # an empty marker needs no data block; failing, it is one line an outage
+        write_failed(os.path.dirname(os.path.dirname(path)), f"the {kind} marker of {os.path.basename(path)} "
+                     "(it may be sent again)", e)
         return False
 
 

@@ -214,7 +214,10 @@ def export_violations(files, keys):
                 continue
             for m in re.finditer(r"\b(?:export|declare\s+-[a-zA-Z]*x[a-zA-Z]*|typeset\s+-[a-zA-Z]*x[a-zA-Z]*)"
                                  r"((?:\s+[^\s;&|]+)+)", code):
-                for word in m.group(1).split():
+                words = m.group(1).split()
+                if m.group(0).startswith("export") and any(w.startswith("-") and "n" in w for w in words):
+                    continue                  # export -n takes the export away
+                for word in words:
                     name = word.strip("\"'").split("=", 1)[0]
                     if name.startswith("-"):
                         continue
@@ -223,9 +226,9 @@ def export_violations(files, keys):
     return hits
 
 
-@pytest.mark.xfail(strict=True, reason="lands with contract 2 (branch faults: config_load stops exporting keys, "
-                                       "gg_python passes them) and the leak commands' use of gg_python: drop this "
-                                       "mark when the test passes")
+@pytest.mark.xfail(strict=True, reason="lib/leak.sh re-exports the user's own environment for the wrapped job "
+                                       "(export \"$name=...\", names only known at run time): a colleague's file; "
+                                       "drop this mark when the test passes")
 def test_configuration_is_never_exported():
     files = [(rel, read(rel)) for rel in RUNTIME_SHELL]
     assert export_violations(files, config_keys()) == [], \

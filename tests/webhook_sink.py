@@ -105,7 +105,7 @@ def make_handler(sink):
                 print("sink: POST %s -> %s %s" % (parts.path, reply.get("status", 200), summary), flush=True)
             if reply.get("delay") or sink.delay:
                 time.sleep(float(reply.get("delay") or sink.delay))
-            if sink.mode == "close":
+            if sink.mode == "close" or reply.get("close"):
                 self.close_connection = True
                 self.wfile.flush()
                 self.connection.shutdown(2)

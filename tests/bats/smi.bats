@@ -139,6 +139,10 @@ setup() {
   run -1 smi_parse_apps "No running processes found"
   run -1 smi_parse_apps "1410, python3, 25"
   run -1 smi_parse_apps "18446744073709551615, python3, 2556, $H200"
+  # a partial read cut inside the UUID of the last line
+  run -1 smi_parse_apps $'1410, python3, 2556, '"$H200"$'\n1411, python3, 2556, '"${H200:0:20}"
+  # a process on a GPU outside the sample is still just ignored
+  run -0 smi_parse_apps "1412, python3, 2556, GPU-00000000-1111-2222-3333-444444444444"
 }
 
 @test "process memory: placeholders and out-of-range values are unknown, leading zeros dropped" {

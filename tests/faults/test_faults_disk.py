@@ -90,8 +90,6 @@ def test_full_disk_daemon_keeps_watching_logs_once_and_catches_up(tmp_path, tiny
     assert cycles > 0
 
 
-@pytest.mark.xfail(strict=False, reason="alerts/idle branches: an event emitted while the disk is full must "
-                   "still be sent or re-emitted; only one log line for the whole outage")
 def test_full_disk_alert_is_not_lost(tmp_path, tiny_fs):
     scenario = tmp_path / "s.json"
     scenario_file(scenario, [idle_step()], gpus=1)

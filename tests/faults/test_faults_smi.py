@@ -35,7 +35,11 @@ KINDS = [("gpu", k) for k in FAILURES] + [("apps", k) for k in APP_FAILURES] + \
 
 
 def good(gpu0_busy=False):
-    return {"gpus": [{"utilization.gpu": 100 if gpu0_busy else 0, "memory.used": 600, "power.draw": 76.6},
+    # busy is real work: 100 % at the 76.6 W idle floor reads as a spin
+    # (IDLE_POWER_PCT), which would keep GPU 0's incident open for the whole
+    # run, and a false firing during a fault could not be seen
+    return {"gpus": [{"utilization.gpu": 100 if gpu0_busy else 0, "memory.used": 600,
+                      "power.draw": 650.0 if gpu0_busy else 76.6},
                      {"utilization.gpu": 100, "memory.used": 12000, "power.draw": 690.0}],
             "apps": [app(1410, gpu=0, mem=590), app(1411, gpu=1, mem=11000)]}
 
@@ -139,8 +143,6 @@ def test_no_crash_and_no_false_alert(smi_run):
     assert em == [], "monitor_degraded for harmless output in %s" % em
 
 
-@pytest.mark.xfail(strict=False, reason="idle branch: a cycle whose process list failed (SMI_APPS_OK=0) must "
-                   "change nothing; on faults alone the idle rule reads it as 'released'")
 def test_a_failed_process_list_never_resolves_an_incident(smi_run):
     _, fr, _, _, _ = figures(smi_run)
     apps = [s for s in fr if s[0] == "apps"]
@@ -149,14 +151,11 @@ def test_a_failed_process_list_never_resolves_an_incident(smi_run):
     assert fr == [], "false resolved in %s" % fr
 
 
-@pytest.mark.xfail(strict=False, reason="idle branch: persistent process-list failures must count toward "
-                   "SMI_FAIL_ALERT_CYCLES (SMI_APPS_OK=0)")
 def test_each_persistent_failure_raises_one_monitor_degraded(smi_run):
     _, _, ne, _, _ = figures(smi_run)
     assert ne == [], "no (or more than one) monitor_degraded for %s" % ne
 
 
-@pytest.mark.xfail(strict=False, reason="idle branch turns SMI_GPU_FAULT into a critical gpu_degraded event")
 def test_device_faults_raise_gpu_degraded_naming_the_gpu(smi_run):
     _, _, _, nd, _ = figures(smi_run)
     n_dev = len([s for s, _ in smi_run["segs"] if s[1] in DEVICE])
