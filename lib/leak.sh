@@ -417,17 +417,18 @@ leak_job_start() {
   fi
   (
     local name
+    local -a restore=()
     for name in "${LEAK_ENV_NAMES[@]}"; do
-      # secrets never reach the job, even ones the user exported
+      unset "$name"
+      # the user's own values come back (nothing of the watcher's); secrets
+      # never reach the job, even ones the user exported
       if [[ -n ${LEAK_USER_ENV[$name]+set} && ! $name =~ ^($GG_SECRET_KEYS)$ ]]; then
-        export "$name=${LEAK_USER_ENV[$name]}"
-      else
-        unset "$name"
+        restore+=("$name=${LEAK_USER_ENV[$name]}")
       fi
     done
     ((${#reset[@]} == 0)) || trap - "${reset[@]}"
     local lock_fd=${GG_LOCK_FD:-1023}
-    exec "${session[@]}" "$@" {lock_fd}>&-
+    exec env "${restore[@]}" "${session[@]}" "$@" {lock_fd}>&-
   ) <&0 &
   LEAK_JOB_PID=$!
   LEAK_PIDS+=("$LEAK_JOB_PID")

@@ -226,9 +226,6 @@ def export_violations(files, keys):
     return hits
 
 
-@pytest.mark.xfail(strict=True, reason="lib/leak.sh re-exports the user's own environment for the wrapped job "
-                                       "(export \"$name=...\", names only known at run time): a colleague's file; "
-                                       "drop this mark when the test passes")
 def test_configuration_is_never_exported():
     files = [(rel, read(rel)) for rel in RUNTIME_SHELL]
     assert export_violations(files, config_keys()) == [], \
