@@ -33,7 +33,7 @@ LEAK_T0 = 2.0             # hours: the leak starts after a clean warm-up
 
 
 def q(v):
-    return int(round(v / BLOCK)) * BLOCK
+    return round(v / BLOCK) * BLOCK
 
 
 def base_trace(rng, hours, kind):
@@ -181,7 +181,7 @@ def pct(values, p):
     s = sorted(values)
     if not s:
         return float("nan")
-    return s[min(len(s) - 1, int(round(p * (len(s) - 1))))]
+    return s[min(len(s) - 1, round(p * (len(s) - 1)))]
 
 
 # ------------------------------------------------------------------ cost --

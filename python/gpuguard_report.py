@@ -102,7 +102,7 @@ def num(text):
         v = float(text)
     except (TypeError, ValueError):
         return None
-    return v if v == v and abs(v) < 1e12 else None
+    return v if not math.isnan(v) and abs(v) < 1e12 else None
 
 
 def read_gpu_history(state_dir, since=None):
@@ -111,7 +111,7 @@ def read_gpu_history(state_dir, since=None):
     gpus = {}
     for path in (os.path.join(state_dir, "gpu-history.tsv.1"), os.path.join(state_dir, "gpu-history.tsv")):
         try:
-            f = open(path, encoding="utf-8", errors="replace")
+            f = open(path, encoding="utf-8", errors="replace")  # noqa: SIM115 - closed by the with below
         except OSError:
             continue
         with f:
@@ -147,9 +147,8 @@ def read_events(state_dir, since=None):
                     e = json.loads(line)
                 except ValueError:
                     continue
-                if isinstance(e, dict) and isinstance(e.get("ts"), (int, float)):
-                    if since is None or e["ts"] >= since:
-                        events.append(e)
+                if isinstance(e, dict) and isinstance(e.get("ts"), (int, float)) and (since is None or e["ts"] >= since):
+                    events.append(e)
     except OSError:
         pass
     events.sort(key=lambda e: e["ts"])

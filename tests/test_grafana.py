@@ -140,7 +140,7 @@ def test_every_panel_query_returns_data_from_real_prometheus(box, tmp_path):
         missing = {}
         for where, expr in queries(load()):
             q = re.sub(r"\$(instance|gpu)\b", ".*", expr)
-            if not wait_for(lambda: bool(instant(ports["prom"], q)), timeout=60, step=0.5):
+            if not wait_for(lambda q=q: bool(instant(ports["prom"], q)), timeout=60, step=0.5):
                 missing[where] = q
         assert missing == {}, "queries without data: %s" % json.dumps(missing, indent=1)
         # the annotation query sees both kinds of alert (GpuIdleHeld after

@@ -347,7 +347,7 @@ def test_daemon_with_pid_targets_stops_when_they_have_ended(box, tmp_path):
                             env=dict(box.env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     time.sleep(2.5)
     job.stop()
-    out, err = proc.communicate(timeout=20)
+    _, err = proc.communicate(timeout=20)
     assert proc.returncode == 0, err
     assert "every watched process has ended; stopping" in err
 
@@ -408,7 +408,11 @@ def test_near_oom_leak_fires_within_about_an_hour():
     would alert too late; the near-OOM tier does not wait for them."""
     trace, total = near_full_trace(random.Random(11), 2000, 6 * 1024)
     s = leak.Series(dict(leak.DEFAULTS), "k", 1)
-    fired = [t for t, v in trace if (lambda ev: ev and ev["state"] == "firing")(s.add(t, v, total - v))]
+    fired = []
+    for t, v in trace:
+        ev = s.add(t, v, total - v)
+        if ev and ev["state"] == "firing":
+            fired.append(t)
     assert fired, "no alert before OOM"
     delay_h = fired[0] / 3600 - 2.0
     assert delay_h < 1.5

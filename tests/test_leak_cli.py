@@ -70,7 +70,7 @@ def start(box, tmp_path, *args, env=None, name="watch", **kw):
     with open(err_path, "w") as err:
         proc = subprocess.Popen([WATCH, *args], env=env or env_for(box), stdin=subprocess.DEVNULL,
                                 stdout=subprocess.DEVNULL, stderr=err,
-                                preexec_fn=default_signals, **kw)  # noqa: PLW1509 (no threads)
+                                preexec_fn=default_signals, **kw)
     proc.err_path = err_path
     return proc
 
@@ -225,7 +225,7 @@ class Terminal:
 
         with open(self.err_path, "w") as err:
             self.proc = subprocess.Popen([WATCH, *args], env=env_for(box), stdin=slave, stdout=slave,
-                                         stderr=err, preexec_fn=session,  # noqa: PLW1509 (no threads)
+                                         stderr=err, preexec_fn=session,
                                          pass_fds=(slave,))
         os.close(slave)
         assert wait_for(lambda: "started job PID" in self.err(), timeout=30), self.err()

@@ -247,7 +247,7 @@ def test_data_parallel_tree_names_the_leaking_rank(tmp_path):
         lines.insert(0, tree_line(ts, total, members=",".join(str(11 + r) for r in range(8))))
         events += [line for line in check(tmp_path, lines) if line.startswith("event\t")]
     assert events, "no alert"
-    kind, state, pid, payload = events[0].split("\t", 3)
+    _, state, pid, payload = events[0].split("\t", 3)
     ev = json.loads(payload)
     assert state == "firing" and pid == "10" and ev["pid"] == 10
     assert ev["leaking_pid"] == 16 and ev["rank"] == "5"

@@ -661,7 +661,7 @@ def own_memory_cgroup(limit):
             f.write(str(limit))
         boxes = [box]
     else:
-        mine = [x.split(":", 2)[2].strip() for x in open("/proc/self/cgroup") if x.split(":")[1] == "memory"][0]
+        mine = next(x.split(":", 2)[2].strip() for x in open("/proc/self/cgroup") if x.split(":")[1] == "memory")
         box = "/sys/fs/cgroup/memory%s/%s" % (mine.rstrip("/"), name)
         os.mkdir(box)
         with open(box + "/memory.limit_in_bytes", "w") as f:

@@ -176,7 +176,7 @@ def test_status_names_the_job_without_its_option_values(box, tmp_path):
         box.write_scenario([{"gpus": [idle_gpu(mem=9000, util=90)], "apps": [app(job.pid, mem=6000)]}])
         r = box.run("status", cmd="bin/gpuguard")
         assert r.returncode == 0, r.stderr
-        row = [line for line in r.stdout.splitlines() if "pid %d" % job.pid in line][0]
+        row = next(line for line in r.stdout.splitlines() if "pid %d" % job.pid in line)
         assert "python3 train.py" in row and "s3cr3t" not in r.stdout and "0.1" not in row
         doc = json.loads(box.run("status", "--json", cmd="bin/gpuguard").stdout)
         assert doc["gpus"][0]["processes"][0]["job"].startswith("python3 train.py (")

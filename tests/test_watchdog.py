@@ -97,7 +97,7 @@ def test_restart_keeps_counting(box):
     proc = start_daemon(box, env={"CHECK_INTERVAL": "3600", "MAX_IDLE_CYCLES": "2"})
     assert wait_for(lambda: len(box.smi_calls()) >= 2)
     time.sleep(0.2)
-    rc, _, err = stop_daemon(proc)
+    rc, _, _ = stop_daemon(proc)
     assert rc == 0 and box.events() == []
     box.once(env={"MAX_IDLE_CYCLES": "2"})
     assert states(box.events()) == [(0, "firing")]
