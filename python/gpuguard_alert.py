@@ -44,13 +44,13 @@ import random
 import re
 import socket
 import sys
-import tempfile
 import threading
 import time
 import urllib.parse
 
 import gpuguard_messages_en
 import gpuguard_messages_zh
+from gpuguard_files import write_atomic
 
 TABLES = {"en": gpuguard_messages_en.MESSAGES, "zh": gpuguard_messages_zh.MESSAGES}
 PROVIDER_HOSTS = {
@@ -183,41 +183,6 @@ def read_bytes(path, limit=1 << 20):
     fd = open_nofollow(path, os.O_RDONLY)
     with os.fdopen(fd, "rb") as f:
         return f.read(limit)
-
-
-def fsync_dir(folder):
-    try:
-        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def write_atomic(path, data):
-    """Writes a file crash-consistently: a mkstemp file in the same folder
-    (O_EXCL: a planted symlink is never followed), fsync, rename over the
-    destination (which replaces a symlink there, never writes through it),
-    fsync of the folder. The previous file stays whole on any error."""
-    folder = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    fsync_dir(folder)
 
 
 def touch_marker(path):
@@ -1340,7 +1305,7 @@ class State:
         for t in self.data.values():
             t["reported"] = scrub(t.get("reported", ""))
         try:
-            write_atomic(self.path, json.dumps(self.data, sort_keys=True).encode("utf-8"))
+            write_atomic(self.path, json.dumps(self.data, sort_keys=True), durable=True)
         except OSError as e:
             write_failed(os.path.dirname(self.path), self.path, e)
             return False

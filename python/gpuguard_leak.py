@@ -48,6 +48,7 @@ import re
 import sys
 import time
 
+from gpuguard_files import write_atomic
 from gpuguard_leakstat import DEFAULTS, Series, mann_kendall_z, median, theil_sen  # noqa: F401
 
 HISTORY_HEADER = "timestamp,pid,used_memory_mib,gpu_used_mib,gpu_total_mib"
@@ -501,29 +502,6 @@ def all_states(state_dir):
             inst = name[len("leak-state-"):-5] if name.startswith("leak-state-") else ""
             out.update(load_state(state_dir, inst).get("series", {}))
     return out
-
-
-def write_atomic(path, text):
-    """Writes through a new, uniquely named temporary file in the same folder
-    (O_EXCL, never a symlink) and a rename: readers never see half."""
-    folder = os.path.dirname(path) or "."
-    while True:
-        tmp = os.path.join(folder, ".%s.%s" % (os.path.basename(path), os.urandom(6).hex()))
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-            break
-        except FileExistsError:
-            continue
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 def history_append(state_dir, key, ts, pid, used, free, total, max_rows, rows=None):

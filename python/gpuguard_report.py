@@ -34,6 +34,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpuguard_leak as leak
+from gpuguard_files import write_atomic
 
 WIDTH = 960                     # chart width, px
 PLOT_LEFT, PLOT_RIGHT = 74, 18  # margins, px
@@ -931,25 +932,6 @@ def filters_text(opts):
     return " (" + "; ".join(f) + ")" if f else ""
 
 
-def write_atomic(path, text):
-    """mkstemp-style: a fresh temporary file beside the target, then rename
-    (a link at the target is replaced, never followed)."""
-    import tempfile
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".gpuguard-report.", dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
 def report(state_dir, args, env, now=None):
     now = time.time() if now is None else now
     opts = parse_args(args, now)
@@ -960,7 +942,7 @@ def report(state_dir, args, env, now=None):
     out = opts["out"]
     if os.path.isdir(out):
         raise UsageError("--out %s is a folder; give a file name" % out)
-    write_atomic(out, text)
+    write_atomic(out, text, mode=0o644)
     return out, len(gpus), len(procs), len(text.encode("utf-8"))
 
 
