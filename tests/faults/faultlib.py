@@ -11,10 +11,9 @@ fault cycles, 1000 cycles with 390 kills, the full 24 h churn.
 import json
 import os
 import subprocess
-import time
 from pathlib import Path
 
-from conftest import FAKEBIN, ROOT, gpu_list
+from conftest import FAKEBIN, ROOT, gpu_list, wait_for
 
 LONG = os.environ.get("GG_FAULTS_LONG") == "1"
 
@@ -146,10 +145,6 @@ def delivered_events(requests):
 
 
 def wait_until(pred, timeout=20.0, step=0.05):
-    end = time.time() + timeout
-    while time.time() < end:
-        if pred():
-            return True
-        time.sleep(step)
-    return False
+    """conftest's wait_for with the fault suite's longer default."""
+    return wait_for(pred, timeout, step)
 
