@@ -102,6 +102,9 @@ while ((SECONDS < end)); do
     kill -KILL "$daemon" 2>/dev/null && kills=$((kills + 1))
     wait "$daemon" 2>/dev/null || true
   fi
+  # a snapshot a later call can count from while the run goes on
+  printf '%s %s\n' "$kills" "$restarts" >"$OUT/counts"
+  cp "$work/state/events.jsonl" "$OUT/events.jsonl" 2>/dev/null || true
 done
 kill -TERM "$daemon" 2>/dev/null || true
 wait "$daemon" 2>/dev/null || true
@@ -113,40 +116,6 @@ sleep 8
 kill "$receiver" 2>/dev/null || true
 cp "$work/state/events.jsonl" "$OUT/events.jsonl" 2>/dev/null || true
 
-python3 - "$OUT" "$kills" "$restarts" <<'PY' >"$OUT/summary.txt"
-import collections, json, os, sys
-out, kills, restarts = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-shown = []
-for line in open(os.path.join(out, "receiver.jsonl")):
-    r = json.loads(line)
-    if r["mode"] not in ("ok", "late") or not isinstance(r["body"], dict):
-        continue
-    for e in r["body"].get("events") or [r["body"]]:
-        if e.get("event") == "gpu_idle":
-            shown.append((e.get("uuid"), e.get("ts"), e.get("state")))
-emitted = set()
-for line in open(os.path.join(out, "events.jsonl")):
-    try:
-        e = json.loads(line)
-    except ValueError:
-        continue
-    if e.get("event") == "gpu_idle":
-        emitted.add((e.get("uuid"), e.get("ts"), e.get("state")))
-# a duplicate: the same event shown again, or a second "firing" (or
-# "resolved") for a GPU before the other state came
-dup, last = 0, {}
-for uuid, ts, state in sorted(set(shown), key=lambda x: x[1]):
-    if last.get(uuid) == state:
-        dup += 1
-    last[uuid] = state
-dup += len(shown) - len(set(shown))
-firing_open = sum(1 for s in last.values() if s == "firing")
-calls = [int(l.split()[0]) for l in open(os.path.join(out, "smi-calls.txt")) if l[0].isdigit()]
-print("kills", kills, "daemon starts", restarts)
-print("gpu_idle events emitted", len(emitted), "shown by the receiver", len(shown), "duplicates", dup)
-print("emitted but never shown", len(emitted - set(shown)), "GPUs left firing (never resolved)", firing_open)
-print("nvidia-smi calls", len(calls), "max ms", max(calls or [0]),
-      "secrets seen by nvidia-smi", sum(1 for l in open(os.path.join(out, "smi-calls.txt")) if "SECRET" in l))
-PY
+python3 "$ROOT/bench/h200/faults_summary.py" "$OUT" "$kills" "$restarts" >"$OUT/summary.txt"
 cat "$OUT/summary.txt"
 rm -rf "$work"

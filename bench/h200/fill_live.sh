@@ -18,7 +18,7 @@ main() {
   mkdir -p "$out"
   local start rc=0
   start=$(date +%s.%N)
-  GPUGUARD_CONFIG=/dev/null GPUGUARD_STATE_DIR=$state LEAK_INTERVAL=1 FILL_MIB_PER_S=2048 \
+  GPUGUARD_CONFIG=/dev/null GPUGUARD_STATE_DIR=$state LEAK_INTERVAL=1 FILL_MIB_PER_S=${FILL_MIB_PER_S:-2048} \
     "$root/bin/gpu-leak-watch" -- python3 "$here/leak_traces.py" fill 300 >"$out/watch.log" 2>&1 || rc=$?
   local end
   end=$(date +%s.%N)

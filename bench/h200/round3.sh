@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Summary: the real-H200 checks of round 3 in two device calls (each < 10 min)
+# Usage: OUT=DIR bench/h200/round3.sh explore|confirm
+#
+# explore: spin.sh for the patterns that must stay quiet or trip (the GPU to
+# itself), then, beside a fault soak (faults.sh with its GPU workload, kill
+# -9 and a flaky receiver), io_knobs.sh (which cgroup I/O knob protects a
+# service's fsync) and a live leak fill at FILL_MIB_PER_S (alert before OOM).
+# confirm: lowprio_io.sh with lowprio-run's defaults and the lowprio tests,
+# beside a second fault soak.
+# Each step's files are packed into OUT/STEP.tgz; OUT/round3.txt is the log.
+
+main() {
+  local mode=${1:?explore or confirm} out=${OUT:?set OUT} here work
+  here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+  work=$(mktemp -d)
+  WORK=$work
+  export PYTHONUNBUFFERED=1
+  nvidia-smi --query-gpu=name,memory.total,memory.used,power.draw --format=csv,noheader
+  case $mode in
+    explore)
+      mkdir -p "$work"/{spin,faults,knobs,fill}
+      step spin 150 env OUT="$work/spin" SPIN_PATTERNS="${SPIN_PATTERNS:-matmul:none sleep:gpu_stuck graph:none}" \
+        bash "$here/spin.sh"
+      OUT=$work/faults DURATION=${SOAK_S:-400} timeout $((${SOAK_S:-400} + 60)) bash "$here/faults.sh" \
+        >"$work/faults/run.log" 2>&1 &
+      local soak=$!
+      step knobs 240 bash "$here/io_knobs.sh" "$work/knobs"
+      step fill 280 env FILL_MIB_PER_S="${FILL_MIB_PER_S:-600}" bash "$here/fill_live.sh" "$work/fill"
+      wait "$soak"
+      printf 'soak exit %s\n' "$?"
+      ;;
+    confirm)
+      mkdir -p "$work"/{faults,lowprio}
+      OUT=$work/faults DURATION=${SOAK_S:-300} timeout $((${SOAK_S:-300} + 60)) bash "$here/faults.sh" \
+        >"$work/faults/run.log" 2>&1 &
+      local soak=$!
+      step lowprio 330 env OUT="$work/lowprio" TESTS_S="${TESTS_S:-90}" bash "$here/lowprio_io.sh" "$work/lowprio"
+      wait "$soak"
+      printf 'soak exit %s\n' "$?"
+      ;;
+  esac
+  local d
+  for d in "$work"/*/; do
+    d=$(basename "$d")
+    tar -C "$work/$d" -czf "$out/$d.tgz" .
+  done
+  cat "$work/faults/summary.txt" 2>/dev/null
+}
+
+# Runs one step under a time limit and logs its start, end and status.
+step() {
+  local name=$1 limit=$2 rc=0
+  shift 2
+  printf '== %s start %s\n' "$name" "$(date +%T)"
+  timeout "$limit" "$@" >"$WORK/$name/step.log" 2>&1 || rc=$?
+  printf '== %s exit %s at %s\n' "$name" "$rc" "$(date +%T)"
+  tail -25 "$WORK/$name/step.log"
+}
+
+if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
+  set -uo pipefail
+  main "$@" 2>&1 | tee "${OUT:?}/round3.txt"
+fi
