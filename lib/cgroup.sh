@@ -413,6 +413,7 @@ cg_set_v2() {
       cg_record "OOM kills the whole job" "$leaf/memory.oom.group" 1
       ;;
     io_max) cg_record "I/O limit $value" "$leaf/io.max" "$value" ;;
+    io_prio) cg_record "I/O $value class for its buffered writes too" "$leaf/io.prio.class" "$value" ;;
     pids_max) cg_record "at most $value tasks" "$leaf/pids.max" "$value" ;;
   esac
 }
@@ -465,6 +466,7 @@ cg_set_v1() {
         esac
       done
       ;;
+    io_prio) CG_MISSING+=("I/O $value class for buffered writes: cgroup v1 has no io.prio.class (ionice covers reads and direct writes only)") ;;
     pids_max)
       if [[ -n $pids ]]; then
         cg_record "at most $value tasks" "$pids/pids.max" "$value"
@@ -770,6 +772,9 @@ cg_systemd_command_into() {
         wbps=*) cmd_ref+=(-p "IOWriteBandwidthMax=$dev ${kv#*=}") ;;
       esac
     done
+  fi
+  if [[ -n ${set_ref[io_prio]:-} ]]; then
+    CG_MISSING+=("I/O ${set_ref[io_prio]} class for buffered writes: systemd has no property for io.prio.class (ionice covers reads and direct writes only)")
   fi
   cmd_ref+=(--)
 }

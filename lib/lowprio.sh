@@ -8,7 +8,7 @@
 
 # Declares the plan (empty).
 lowprio_init() {
-  declare -gA LP_SET=() # cgroup settings: cpu_weight cpu_max mem_high mem_max io_max pids_max
+  declare -gA LP_SET=() # cgroup settings: cpu_weight cpu_max mem_high mem_max io_max io_prio pids_max
   declare -g LP_TIER='' LP_NICE='' LP_IO_CLASS='' LP_IO_LEVEL='' LP_CPULIMIT='' LP_ATTACH=''
   declare -g LP_MECHANISM='' LP_CHILD='' LP_PENDING_SIGNAL='' LP_REPORT=0
   declare -ga LP_NOTES=()
@@ -186,6 +186,14 @@ lowprio_parse() {
     esac
     shift
   done
+  # ionice reaches reads and direct writes only: buffered writes (a
+  # checkpoint) go to the disk later from the kernel's flusher threads, in
+  # the name of the job's cgroup, so the idle class goes on the cgroup too
+  if [[ $LP_IO_CLASS == 3 ]]; then
+    LP_SET[io_prio]=idle
+  else
+    unset 'LP_SET[io_prio]'
+  fi
   [[ ${#LP_ARGS[@]} -gt 0 || -n $LP_ATTACH || $LP_EXPLAIN == 1 ]] ||
     gg_usage_error "no command given (lowprio-run [options] -- CMD ARGS...)" || return
   if ((LP_NICE < 0 && EUID != 0)); then
@@ -273,7 +281,7 @@ lowprio_setup() {
     fi
     if [[ $LP_MECHANISM == cgroup-* ]]; then
       local key
-      for key in cpu_weight cpu_max mem_high mem_max io_max pids_max; do
+      for key in cpu_weight cpu_max mem_high mem_max io_max io_prio pids_max; do
         [[ -n ${LP_SET[$key]:-} ]] && cg_set "$key" "${LP_SET[$key]}"
       done
     fi

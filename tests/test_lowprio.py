@@ -284,11 +284,32 @@ def test_cgroup_v2_leaf_gets_every_limit(tmp_path):
     assert files["memory.swap.max"] == "0" and files["memory.oom.group"] == "1"
     assert files["io.max"] == "254:0 wbps=10485760 rbps=20971520"
     assert files["pids.max"] == "100"
+    # ionice misses buffered writes (the flusher issues them): the idle
+    # class goes on the cgroup too
+    assert files["io.prio.class"] == "idle"
     assert (root / "cgroup.subtree_control").read_text() == "+cpu +memory +io +pids\n"
     assert "via cgroup-v2" in r.stderr and "CPU idle class (cpu.idle=1)" in r.stderr
     r = run(["--tier", "online", "--cpu-weight", "30", "--", "true"],
             env=fake_v2_env(tmp_path, root))
     assert "CPU weight 30 (cpu.weight=30)" in r.stderr
+    assert "io.prio.class" not in r.stderr       # best-effort: the flusher's class stays
+
+
+def test_io_idle_class_reaches_buffered_writes_or_says_why_not(tmp_path):
+    """A user asking for the I/O idle class gets it for the checkpoint the
+    job writes through the page cache too (io.prio.class), or a line
+    saying it is not in force and why."""
+    root = fake_v2_root(tmp_path)
+    r = run(["--tier", "online", "--io-class", "idle", "--", "true"], env=fake_v2_env(tmp_path, root))
+    assert r.returncode == 0, r.stderr
+    (leaf,) = root.glob("gpuguard-lowprio-*")
+    assert (leaf / "io.prio.class").read_text() == "idle\n"
+    assert "I/O idle class for its buffered writes too (io.prio.class=idle)" in r.stderr
+    r = run(["--tier", "batch", "--explain"], env=fake_v2_env(tmp_path, root))
+    assert "io_prio=idle" in r.stdout
+    r = run(["--tier", "batch", "--", "true"], env=dict(fake_v2_env(tmp_path, root), LOWPRIO_MECHANISM="autogroup"))
+    assert r.returncode == 0
+    assert "not in force: io_prio=idle needs a cgroup" in r.stderr
 
 
 def test_cgroup_v2_offline_uses_the_idle_class(tmp_path):

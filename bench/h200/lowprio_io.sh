@@ -20,6 +20,8 @@
 # lowprio_tests.txt. Finishes in about 3 minutes. Leaves nothing behind.
 # Environment: CPU_S (4), IO_S (8), WARM_S (2), SLOW_MBPS (200),
 # SLOW_DELAY_MS (5), IO_MAX_FAST (200M), IO_MAX_SLOW (40M), TESTS_S (60);
+# LP_EXTRA (more batch-tier scenarios, ";"-separated flags, DISK = the disk,
+# e.g. "--mem-high 1G;--mem-high 1G --io-max DISK:wbps=200M");
 # BENCH_CGROUP (a v2 mount to use instead, for a smoke run elsewhere).
 
 CG=${BENCH_CGROUP:-/sys/fs/cgroup}
@@ -123,8 +125,15 @@ bench_scenarios() {
   python3 "$helper" io 0.1 "$dir" >/dev/null # the probe's read file, before any job
   local name
   local -a prefix
-  for name in "none (idle)" plain "lowprio-run --tier batch" "lowprio-run --tier offline" \
-    "lowprio-run --tier batch --io-max $disk:wbps=$cap"; do
+  local -a names=("none (idle)" plain "lowprio-run --tier batch" "lowprio-run --tier offline"
+    "lowprio-run --tier batch --io-max $disk:wbps=$cap")
+  if [[ -n ${LP_EXTRA:-} ]]; then
+    local extra
+    while IFS= read -r extra; do
+      [[ -n $extra ]] && names+=("lowprio-run --tier batch ${extra//DISK/$disk}")
+    done <<<"${LP_EXTRA//;/$'\n'}"
+  fi
+  for name in "${names[@]}"; do
     [[ -z $with_cpu && $name == *offline ]] && continue
     case $name in
       none*) prefix=() ;;

@@ -5,9 +5,9 @@
 # explore: spin.sh for the patterns that must stay quiet or trip (the GPU to
 # itself), then, beside a fault soak (faults.sh with its GPU workload, kill
 # -9 and a flaky receiver), io_knobs.sh (which cgroup I/O knob protects a
-# service's fsync) and a live leak fill at FILL_MIB_PER_S (alert before OOM).
-# confirm: lowprio_io.sh with lowprio-run's defaults and the lowprio tests,
-# beside a second fault soak.
+# service's fsync) and lowprio_io.sh (lowprio-run's tiers, plus LP_EXTRA).
+# confirm: a live leak fill at FILL_MIB_PER_S (alert before OOM) and
+# lowprio_io.sh again, beside a second fault soak.
 # Each step's files are packed into OUT/STEP.tgz; OUT/round3.txt is the log.
 
 main() {
@@ -19,19 +19,22 @@ main() {
   nvidia-smi --query-gpu=name,memory.total,memory.used,power.draw --format=csv,noheader
   case $mode in
     explore)
-      mkdir -p "$work"/{spin,faults,knobs,fill}
+      mkdir -p "$work"/{spin,faults,knobs,lowprio}
       step spin 150 env OUT="$work/spin" SPIN_PATTERNS="${SPIN_PATTERNS:-matmul:none sleep:gpu_stuck graph:none}" \
         bash "$here/spin.sh"
       OUT=$work/faults DURATION=${SOAK_S:-400} timeout $((${SOAK_S:-400} + 60)) bash "$here/faults.sh" \
         >"$work/faults/run.log" 2>&1 &
       local soak=$!
-      step knobs 240 bash "$here/io_knobs.sh" "$work/knobs"
-      step fill 280 env FILL_MIB_PER_S="${FILL_MIB_PER_S:-600}" bash "$here/fill_live.sh" "$work/fill"
+      step knobs 230 bash "$here/io_knobs.sh" "$work/knobs"
+      step lowprio 250 env OUT="$work/lowprio" TESTS_S="${TESTS_S:-80}" \
+        LP_EXTRA="${LP_EXTRA:---mem-high 1G;--mem-high 1G --io-max DISK:wbps=200M}" \
+        bash "$here/lowprio_io.sh" "$work/lowprio"
       wait "$soak"
       printf 'soak exit %s\n' "$?"
       ;;
     confirm)
-      mkdir -p "$work"/{faults,lowprio}
+      mkdir -p "$work"/{faults,lowprio,fill}
+      step fill 280 env FILL_MIB_PER_S="${FILL_MIB_PER_S:-600}" bash "$here/fill_live.sh" "$work/fill"
       OUT=$work/faults DURATION=${SOAK_S:-300} timeout $((${SOAK_S:-300} + 60)) bash "$here/faults.sh" \
         >"$work/faults/run.log" 2>&1 &
       local soak=$!
