@@ -43,6 +43,7 @@ step() {
   printf '== %s start %s\n' "$name" "$(date +%T)"
   timeout "$limit" "$@" >"$WORK/$name/step.log" 2>&1 || rc=$?
   printf '== %s exit %s at %s\n' "$name" "$rc" "$(date +%T)"
+  tail -25 "$WORK/$name/step.log"
 }
 
 if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then

@@ -107,15 +107,7 @@ knobs_write() {
 
 # Puts the disk and the root back as they were and removes the cgroups.
 knobs_reset() {
-  local cg pid
-  for cg in "$SVC" "$JOB"; do
-    [[ -d $cg ]] || continue
-    while read -r pid; do
-      kill -KILL "$pid" 2>/dev/null
-    done <"$cg/cgroup.procs"
-    sleep 0.2
-    rmdir "$cg" 2>/dev/null
-  done
+  bench_rm_cgroups "$SVC" "$JOB"
   [[ -w $CG/io.cost.qos ]] && echo "$DISK enable=0" >"$CG/io.cost.qos" 2>/dev/null
   echo "$SCHED_BEFORE" >"$DISK_SYS/queue/scheduler" 2>/dev/null
   rm -f "$WORK/ckpt"

@@ -239,7 +239,6 @@ bench_tests() {
 }
 
 bench_cleanup() {
-  local cg pid
   [[ -n $SLOW_MNT ]] && umount "$SLOW_MNT" 2>/dev/null
   [[ -n $SLOW_LOOP ]] && {
     dmsetup remove "ggslow$$" 2>/dev/null
@@ -249,7 +248,15 @@ bench_cleanup() {
     echo 0 >"$SLOW_NULLB/power" 2>/dev/null
     rmdir "$SLOW_NULLB" 2>/dev/null
   }
-  for cg in "$SVC" "$JOB"; do
+  bench_rm_cgroups "$SVC" "$JOB"
+  rm -rf -- "$WORK"
+}
+
+# Kills what runs in each cgroup folder given and removes it (with any
+# leaves lowprio-run made below it).
+bench_rm_cgroups() {
+  local cg pid
+  for cg in "$@"; do
     [[ -d $cg ]] || continue
     while read -r pid; do
       kill -KILL "$pid" 2>/dev/null
@@ -257,7 +264,6 @@ bench_cleanup() {
     sleep 0.2
     find "$cg" -depth -type d -exec rmdir {} + 2>/dev/null
   done
-  rm -rf -- "$WORK"
 }
 
 if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then

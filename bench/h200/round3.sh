@@ -10,6 +10,10 @@
 # lowprio_io.sh again, beside a second fault soak.
 # Each step's files are packed into OUT/STEP.tgz; OUT/round3.txt is the log.
 
+# step (one step under a time limit, logged) comes from all.sh
+# shellcheck source=all.sh
+source "$(dirname "${BASH_SOURCE[0]}")/all.sh"
+
 main() {
   local mode=${1:?explore or confirm} out=${OUT:?set OUT} here work
   here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -49,16 +53,6 @@ main() {
     tar -C "$work/$d" -czf "$out/$d.tgz" .
   done
   cat "$work/faults/summary.txt" 2>/dev/null
-}
-
-# Runs one step under a time limit and logs its start, end and status.
-step() {
-  local name=$1 limit=$2 rc=0
-  shift 2
-  printf '== %s start %s\n' "$name" "$(date +%T)"
-  timeout "$limit" "$@" >"$WORK/$name/step.log" 2>&1 || rc=$?
-  printf '== %s exit %s at %s\n' "$name" "$rc" "$(date +%T)"
-  tail -25 "$WORK/$name/step.log"
 }
 
 if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
