@@ -104,6 +104,11 @@ cg_write() {
     return 0
   fi
   CG_LAST_ERROR=$(cg_errno_name "$err")
+  # cgroupfs refuses to create a file it does not offer with EACCES, even
+  # to root: say what is missing, not that rights are
+  if [[ ! -e $file && -d ${file%/*} ]]; then
+    CG_LAST_ERROR="not offered by this kernel (no ${file##*/} in ${file%/*})"
+  fi
   return 1
 }
 

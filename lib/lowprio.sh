@@ -77,25 +77,36 @@ lowprio_size_into() {
   esac
 }
 
-# Resolves --io-max DEV:rbps=..,wbps=.. to "MAJ:MIN rbps=N wbps=N" on the
-# whole disk (limits on a partition are not honoured).
+# Resolves --io-max [DEV:]rbps=..,wbps=.. to "MAJ:MIN rbps=N wbps=N" on the
+# whole disk (limits on a partition are not honoured). Without DEV: the
+# disk holding the current folder, where a job's checkpoints usually go.
 # shellcheck disable=SC2034 # nameref: assigns the caller's variable
 lowprio_io_max_into() {
-  local spec=$1 dev kv out='' bytes name majmin
+  local spec=$1 dev kv out='' bytes name='' majmin=''
   local -n io_ref=$2
-  dev=${spec%%:rbps=*}
-  dev=${dev%%:wbps=*}
-  [[ $dev != "$spec" ]] || return 1
-  if [[ $dev =~ ^[0-9]+:[0-9]+$ ]]; then
-    majmin=$dev
+  if [[ $spec == rbps=* || $spec == wbps=* ]]; then
+    majmin=$(stat -c '%Hd:%Ld' -- "$PWD" 2>/dev/null) || return 1
+    # major 0: tmpfs, overlay, NFS... no block device to limit
+    [[ $majmin =~ ^[1-9][0-9]*:[0-9]+$ && -e /sys/dev/block/$majmin ]] || return 1
+    name=$(basename "$(readlink -f "/sys/dev/block/$majmin")")
   else
-    [[ -b $dev ]] || return 1
-    name=$(basename "$(readlink -f "$dev")")
+    dev=${spec%%:rbps=*}
+    dev=${dev%%:wbps=*}
+    [[ $dev != "$spec" ]] || return 1
+    spec=${spec#"$dev":}
+    if [[ $dev =~ ^[0-9]+:[0-9]+$ ]]; then
+      majmin=$dev
+    else
+      [[ -b $dev ]] || return 1
+      name=$(basename "$(readlink -f "$dev")")
+    fi
+  fi
+  if [[ -n $name ]]; then
     [[ -e /sys/class/block/$name/partition ]] && name=$(basename "$(readlink -f "/sys/class/block/$name/..")")
     majmin=$(<"/sys/class/block/$name/dev")
   fi
   local IFS=,
-  for kv in ${spec#"$dev":}; do
+  for kv in $spec; do
     [[ $kv =~ ^(rbps|wbps)=([0-9]+[KkMmGg]?)$ ]] || return 1
     local key=${BASH_REMATCH[1]}
     lowprio_size_into "${BASH_REMATCH[2]}" bytes || return 1
@@ -151,7 +162,7 @@ lowprio_parse() {
         ;;
       --io-max)
         lowprio_io_max_into "${2:-}" v ||
-          gg_usage_error "--io-max takes DEV:rbps=N,wbps=N with a block device or MAJ:MIN (got '${2:-}')" || return
+          gg_usage_error "--io-max takes [DEV:]rbps=N,wbps=N with a block device or MAJ:MIN; without DEV the current folder must be on a disk (got '${2:-}')" || return
         LP_SET[io_max]=$v
         shift
         ;;

@@ -50,13 +50,35 @@ def test_dry_run_shows_tier_and_overrides():
     assert r.stdout.endswith("nice -n 10 ionice -c 2 -n 5 x\n")
 
 
+def test_io_max_without_a_device_limits_the_disk_of_the_current_folder():
+    """Users know where their checkpoints go, rarely the disk's MAJ:MIN:
+    `--io-max wbps=200M` limits the whole disk holding the current folder;
+    a folder on no disk (tmpfs, overlay) is one line and exit 2."""
+    st = os.stat(ROOT)
+    majmin = "%d:%d" % (os.major(st.st_dev), os.minor(st.st_dev))
+    require(os.major(st.st_dev) != 0 and os.path.exists("/sys/dev/block/" + majmin),
+            "the checkout on a block device")
+    sysdir = os.path.realpath("/sys/dev/block/" + majmin)
+    if os.path.exists(os.path.join(sysdir, "partition")):
+        sysdir = os.path.dirname(sysdir)
+    disk = open(os.path.join(sysdir, "dev")).read().strip()
+    r = run(["--explain", "--io-max", "wbps=200M"], cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert "io_max=%s wbps=209715200" % disk in r.stdout
+    shm = os.stat("/dev/shm")
+    require(os.major(shm.st_dev) == 0, "/dev/shm on tmpfs")
+    r = run(["--io-max", "wbps=200M", "--", "true"], cwd="/dev/shm")
+    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1
+    assert "without DEV the current folder must be on a disk" in r.stderr
+
+
 @pytest.mark.parametrize("args,message", [
     (["--tier", "bogus", "--", "true"], "unknown tier 'bogus' (tiers: system, online, batch, offline)"),
     (["--nice", "25", "--", "true"], "--nice takes -20..19 (got '25')"),
     (["--cpu-weight", "0", "--", "true"], "--cpu-weight takes 1-10000 or idle (got '0')"),
     (["--cpu-max", "lots", "--", "true"], "--cpu-max takes a number of CPUs such as 2 or 0.5 (got 'lots')"),
     (["--mem-max", "5X", "--", "true"], "--mem-max takes a size such as 8G or 512M (got '5X')"),
-    (["--io-max", "/nonexistent:rbps=1M", "--", "true"], "--io-max takes DEV:rbps=N,wbps=N"),
+    (["--io-max", "/nonexistent:rbps=1M", "--", "true"], "--io-max takes [DEV:]rbps=N,wbps=N"),
     (["--io-class", "realtime", "--", "true"], "the realtime I/O class is not offered"),
     (["--attach", "999999999"], "--attach needs a running PID (got '999999999')"),
     (["--tier", "batch"], "no command given"),
@@ -596,6 +618,16 @@ def test_errno_names(text, name):
     r = subprocess.run(["bash", "-c", 'source lib/cgroup.sh; cg_errno_name "$1"', "_", text],
                        cwd=ROOT, capture_output=True, text=True)
     assert r.stdout.startswith(name)
+
+
+def test_a_knob_the_kernel_does_not_offer_is_named_as_such():
+    """cgroupfs answers EACCES, even to root, for a file it does not offer
+    (io.prio.class without CONFIG_BLK_CGROUP_IOPRIO, as on the H200 host):
+    the line must not send root looking for permissions. /proc/self stands
+    in: a folder where a new file cannot be made."""
+    r = subprocess.run(["bash", "-c", 'source lib/cgroup.sh; cg_write /proc/self/io.prio.class idle || '
+                        'echo "$CG_LAST_ERROR"'], cwd=ROOT, capture_output=True, text=True)
+    assert r.stdout == "not offered by this kernel (no io.prio.class in /proc/self)\n"
 
 
 def test_systemd_scope_when_systemd_owns_the_tree(tmp_path):

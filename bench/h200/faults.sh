@@ -108,7 +108,13 @@ while ((SECONDS < end)); do
 done
 kill -TERM "$daemon" 2>/dev/null || true
 wait "$daemon" 2>/dev/null || true
-[[ -n ${load:-} ]] && kill "$load" 2>/dev/null
+# the workload loop and the PyTorch process it started: one still holding
+# memory idle would be a real incident left open at the end
+if [[ -n ${load:-} ]]; then
+  kill "$load" 2>/dev/null
+  pkill -f 'workload.py idle-then-busy' 2>/dev/null
+  sleep 3
+fi
 # catch up with a sane receiver is not possible here (it stays flaky): one
 # last unkilled run of 20 s lets the outbox drain
 timeout 20 bin/yichuidingyin.sh 2>>"$OUT/daemon.log" || true
