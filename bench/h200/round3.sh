@@ -38,11 +38,13 @@ main() {
       ;;
     confirm)
       mkdir -p "$work"/{faults,lowprio,fill}
-      step fill 280 env FILL_MIB_PER_S="${FILL_MIB_PER_S:-600}" bash "$here/fill_live.sh" "$work/fill"
-      OUT=$work/faults DURATION=${SOAK_S:-300} timeout $((${SOAK_S:-300} + 60)) bash "$here/faults.sh" \
+      OUT=$work/faults DURATION=${SOAK_S:-380} timeout $((${SOAK_S:-380} + 60)) bash "$here/faults.sh" \
         >"$work/faults/run.log" 2>&1 &
       local soak=$!
-      step lowprio 330 env OUT="$work/lowprio" TESTS_S="${TESTS_S:-90}" bash "$here/lowprio_io.sh" "$work/lowprio"
+      step fill 280 env FILL_MIB_PER_S="${FILL_MIB_PER_S:-600}" bash "$here/fill_live.sh" "$work/fill"
+      step lowprio 250 env OUT="$work/lowprio" TESTS_S="${TESTS_S:-60}" \
+        LP_EXTRA="${LP_EXTRA:---io-max DISK:wbps=100M;--io-max DISK:wbps=50M}" \
+        bash "$here/lowprio_io.sh" "$work/lowprio"
       wait "$soak"
       printf 'soak exit %s\n' "$?"
       ;;

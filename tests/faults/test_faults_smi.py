@@ -82,6 +82,10 @@ def smi_run(tmp_path_factory):
     env = base_env(tmp, scenario, MAX_IDLE_CYCLES=CYCLES, SMI_FAIL_ALERT_CYCLES=CYCLES, SMI_TIMEOUT=2)
     crashes, slowest = [], 0.0
     for i in range(len(plan)):
+        # pin the double to this cycle's step: a call killed by SMI_TIMEOUT
+        # before the double counted it (Python starting slowly on a loaded
+        # box) must not shift every later step against the plan
+        (tmp / "smi-step").write_text(str(i))
         start = time.time()
         r = run_once(env, T0 + 60 * i)
         took = time.time() - start
