@@ -74,6 +74,7 @@ DEFAULTS = {
     "debounce": 2,
     "max_jump_share": 0.4,      # one bucket's jump may carry at most this of the growth
     "min_rises": 4,             # a leak raises the floor in at least this many buckets
+    "few_rises": 8,             # ... and with fewer than this, by rises of alike size
     "gap_cut_s": 6 * 3600.0,    # no sample for this long: a new segment
     "gap_check_s": 90.0,        # after a shorter gap only a level change cuts
     "collapse": 0.5,            # floor under this share of the recent level ...
@@ -617,6 +618,12 @@ class Series:
         jumps = [b - a for a, b in zip(ys, ys[1:])]
         if max(jumps) > p["max_jump_share"] * growth or sum(1 for d in jumps if d > 0) < p["min_rises"]:
             return False, 0.0, 0.0, "jumpy"
+        rises = sorted(d for d in jumps if d > 0)
+        if len(rises) < p["few_rises"] and rises[0] < 0.5 * median(rises):
+            # growth carried by a few rises of unlike sizes (180, 160, 20,
+            # 120 MiB over 3 h): new record lengths, not an allocator
+            # leaking blocks of one size (those rise alike, or often)
+            return False, 0.0, 0.0, "steps"
         rx, ry = reduce_points(xs, ys)
         beta = theil_sen(rx, ry)
         if beta < p["threshold"]:
