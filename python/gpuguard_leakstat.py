@@ -46,7 +46,7 @@ its fine floors is >= 3 % of the level; a coefficient of variation up to
 0.5 in the corpus), floors are the tail of the noise: each bucket also keeps
 a level (the mean of its fine floors without the two extremes), and 6, 12
 and 24 h windows of levels are tested: the least-squares slope's z (its
-standard error from the residuals, inflated for lag-1 autocorrelation)
+standard error from the residuals, inflated for their autocorrelation)
 >= 4.0, Theil-Sen >= the threshold, growth >= min_growth.
 Such a series is not cut by gaps left by dropped dips or by noise read as a
 collapse.
@@ -153,6 +153,65 @@ def reduce_points(xs, ys, most=36):
         rx.append(median(xs[i:i + g]))
         ry.append(median(ys[i:i + g]))
     return rx, ry
+
+
+def inflation(res):
+    """Variance inflation of a mean or slope for autocorrelated residuals:
+    1 + 2 sum (1 - k/n) rho_k over the initial positive lags (Geyer's
+    initial positive sequence; Yue-Wang's effective sample size)."""
+    n = len(res)
+    ss = sum(r * r for r in res)
+    if ss <= 0:
+        return 1.0
+    out = 1.0
+    for k in range(1, n // 4 + 1):
+        rho = sum(res[i] * res[i + k] for i in range(n - k)) / ss
+        if rho <= 0:
+            break
+        out += 2 * (1 - k / n) * rho
+    return out
+
+
+def hinge_residuals(xs, ys):
+    """Residuals around the best line bent once (flat or slower, then a
+    leak: y = a + b x + c max(0, x - x_k), x_k tried every third point),
+    so a leak that started inside the stretch leaves no curvature that
+    would read as autocorrelation."""
+    n = len(xs)
+    best, out = None, None
+    for k in range(n // 6, n - n // 6, 3):
+        xk = xs[k]
+        cols = [[1.0] * n, list(xs), [max(0.0, x - xk) for x in xs]]
+        # normal equations, 3 x 3
+        m = [[sum(a * b for a, b in zip(ci, cj)) for cj in cols] for ci in cols]
+        v = [sum(a * y for a, y in zip(ci, ys)) for ci in cols]
+        coef = solve3(m, v)
+        if coef is None:
+            continue
+        res = [y - coef[0] - coef[1] * x - coef[2] * h for x, y, h in zip(xs, ys, cols[2])]
+        sse = sum(r * r for r in res)
+        if best is None or sse < best:
+            best, out = sse, res
+    if out is None:
+        my = sum(ys) / n if n else 0.0
+        out = [y - my for y in ys]
+    return out
+
+
+def solve3(m, v):
+    """Cramer's rule for a 3 x 3 system (None when singular)."""
+    def det(a):
+        return (a[0][0] * (a[1][1] * a[2][2] - a[1][2] * a[2][1])
+                - a[0][1] * (a[1][0] * a[2][2] - a[1][2] * a[2][0])
+                + a[0][2] * (a[1][0] * a[2][1] - a[1][1] * a[2][0]))
+    d = det(m)
+    if abs(d) < 1e-9:
+        return None
+    out = []
+    for c in range(3):
+        mc = [row[:c] + [v[i]] + row[c + 1:] for i, row in enumerate(m)]
+        out.append(det(mc) / d)
+    return out
 
 
 def drop_dips(values, share=0.85):
@@ -712,13 +771,14 @@ class Series:
         squares slope of the levels is tested against its standard error
         (the residuals' standard deviation: the levels are trimmed means
         already; a MAD on 36 residuals is an unsteady scale: at z 3.5 it
-        flagged 3 of 80 healthy traces, the standard deviation none), the variance
-        inflated for lag-1 autocorrelation of the residuals ((1 + r1) /
-        (1 - r1), the AR(1) effective sample size: noise that wanders
-        slowly gives fewer independent buckets than it seems). It fires
-        when z >= noisy_z (tested every bucket on three windows: many
-        looks, hence 4.0, not 2.33), the Theil-Sen slope (robust, the rate
-        reported) >= the threshold, and the growth >= min_growth. On
+        flagged 3 of 80 healthy traces, the standard deviation none). The
+        variance is inflated for autocorrelated residuals (inflation():
+        the window's own, or the whole segment's around a once-bent line
+        when larger: a level that wanders for hours has few independent
+        buckets in 6 h, and a 6 h window cannot see that wander itself).
+        It fires when z >= noisy_z (tested every bucket on three windows:
+        many looks, hence 4.0, not 2.33), the Theil-Sen slope (robust, the
+        rate reported) >= the threshold, and the growth >= min_growth. On
         Gaussian noise the least-squares slope is the efficient estimate
         (Mann-Kendall on group medians, the first cut, threw part of the
         evidence away): its z grows as T^1.5."""
@@ -728,6 +788,7 @@ class Series:
             return None
         bh = p["bucket_s"] / 3600.0
         end = meds[-1][0]
+        long_infl = None
         for w in p["noisy_windows"]:
             pts = [m for m in meds if m[0] > end - w]
             if len(pts) < 0.8 * w:
@@ -742,13 +803,21 @@ class Series:
             b_ols = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
             res = [y - my - b_ols * (x - mx) for x, y in zip(xs, ys)]
             ss = sum(r * r for r in res)
-            scale = math.sqrt(ss / (n - 2))
-            r1 = sum(a * b for a, b in zip(res, res[1:])) / ss if ss > 0 else 0.0
-            r1 = min(max(r1, 0.0), 0.9)
-            se = scale * math.sqrt((1 + r1) / (1 - r1) / sxx)
-            if se <= 0:
+            if ss <= 0:
                 continue
-            z = b_ols / se
+            z = b_ols / math.sqrt(ss / (n - 2) / sxx)
+            if z < p["noisy_z"]:
+                continue
+            # autocorrelated noise (a level that wanders for an hour or
+            # more) carries fewer independent buckets than it numbers: the
+            # variance is inflated, from this window's residuals and from
+            # the whole segment's around a bent line (a window shorter than
+            # the wander cannot see it), computed only when z passes
+            if long_infl is None:
+                lx = [b * bh for b, _ in meds[-max(p["noisy_windows"]):]]
+                ly = [float(v) for _, v in meds[-max(p["noisy_windows"]):]]
+                long_infl = inflation(hinge_residuals(lx, ly))
+            z /= math.sqrt(max(inflation(res), long_infl))
             if z < p["noisy_z"]:
                 continue
             beta = theil_sen(*reduce_points(xs, ys, 48))
