@@ -22,12 +22,13 @@ sequence-length bucket), the start or end of an evaluation phase, an RL
 rollout/train alternation. They are subtracted (minus the local trend), so
 the trend underneath stays visible and a shift is never read as growth.
 Persistent up-shifts of similar size at regular intervals (>= 3, still
-coming) are a step leak (the allocator leaking in blocks), rated size /
-interval.
+coming; >= 4 after an unlike one) are a step leak (the allocator leaking
+in blocks), rated size / interval.
 
 Slow tier. On the de-shifted floors, windows of 2, 3, 6, 12 and 24 h are
-tested: net growth >= 64 MiB spread over >= 4 rising buckets, no single jump
-carrying more than 40 %, one-sided Mann-Kendall Z >= 2.326, Theil-Sen slope
+tested: net growth >= 64 MiB spread over >= 4 rising buckets (alike in
+size when fewer than 8: a few unlike rises are new record lengths), no
+single jump carrying more than 40 %, one-sided Mann-Kendall Z >= 2.326, Theil-Sen slope
 >= the threshold (50 MiB/h), and the growth not decelerating: the window's
 slope must be at least 0.6 of the slope in the window before it (or, with
 no room before it, the last third at least 0.6 of the first third). A
