@@ -692,10 +692,12 @@ class Series:
         if max(jumps) > p["max_jump_share"] * growth or sum(1 for d in jumps if d > 0) < p["min_rises"]:
             return False, 0.0, 0.0, "jumpy"
         rises = sorted(d for d in jumps if d > 0)
-        if len(rises) < p["few_rises"] and rises[0] < 0.5 * median(rises):
-            # growth carried by a few rises of unlike sizes (180, 160, 20,
-            # 120 MiB over 3 h): new record lengths, not an allocator
-            # leaking blocks of one size (those rise alike, or often)
+        if len(rises) < p["few_rises"] and rises[0] < 0.5 * median(rises) \
+                and median(rises) > 2 * growth / (len(ys) - 1):
+            # growth carried by a few bursty rises of unlike sizes (180,
+            # 160, 20, 120 MiB over 3 h): new record lengths, not an
+            # allocator leaking blocks of one size (those rise alike, or
+            # in most buckets by about the window's rate)
             return False, 0.0, 0.0, "steps"
         rx, ry = reduce_points(xs, ys)
         beta = theil_sen(rx, ry)
