@@ -70,6 +70,59 @@ def test_noisy_healthy_series_stay_quiet():
         assert firing(corpus.make_trace("h_noisy", seed)) == [], seed
 
 
+@pytest.mark.parametrize("seed", [1, 18, 30])
+def test_noisy_leak_missed_by_the_rank_test_is_caught(seed):
+    """100-300 MiB/h under a coefficient of variation of 0.2-0.45 on ~20
+    GB: Mann-Kendall on group medians of the bucket levels never got there
+    in 24 h; the least-squares slope against its standard error does,
+    with the Theil-Sen rate near the truth."""
+    trace = corpus.make_trace("l_noisy", seed)
+    fired = firing(trace)
+    assert fired, seed
+    assert fired[0]["ts"] >= trace["t0"]
+    assert fired[0]["trend"] == "steady (noisy)"
+    assert fired[0]["slope_mib_per_hour"] == pytest.approx(trace["rate"], rel=0.6)
+
+
+def test_noisy_series_that_wanders_slowly_stays_quiet():
+    """A 25 % CV on top of a level that wanders (AR(1), a correlation of
+    0.97 per minute, about 800 MiB wide): its bucket levels are not
+    independent, and a slope test that took them as such fired on 5 of
+    these 20 healthy series; the variance inflated for their
+    autocorrelation keeps them quiet."""
+    import random
+    for seed in range(20):
+        rng = random.Random(seed)
+        rows, drift = [], 0.0
+        for i in range(24 * 60):
+            drift = 0.97 * drift + rng.gauss(0, 200)
+            v = (10000 + drift) * max(0.05, 1 + rng.gauss(0, 0.25))
+            rows.append((1796206508 + i * 60.0, 5, int(v) // 2 * 2))
+        events = leak.replay_rows(rows, leak.params_from({}), gpu_total=H200)
+        assert [e for e in events if e["state"] == "firing"] == [], seed
+
+
+def test_new_record_lengths_are_not_a_leak():
+    """A flat process that meets longer sequences now and then: +180, +160,
+    +20 and +120 MiB within 3 h (read as 138 MiB/h before), then +320 and
+    +1060 MiB. Few rises of unlike size are records, not blocks leaking."""
+    steps = [(0.0, 34800), (3.75, 34980), (4.6, 35140), (5.75, 35160), (5.95, 35280), (6.9, 35600),
+             (7.25, 36660)]
+    rows = [(1796206508 + i * 60.0, 7, [lv for t, lv in steps if t <= i / 60.0][-1]) for i in range(24 * 60)]
+    assert leak.replay_rows(rows, leak.params_from({}), gpu_total=39732) == []
+
+
+def test_step_leak_after_an_unlike_warm_up_step_is_caught_at_its_fourth_step():
+    """2 GiB every 3.9 h, after a 414 MiB up-shift at the end of the
+    warm-up: the run of alike steps counts without the warm-up's (before,
+    the odd step hid the leak until it left the last six: 19.9 h)."""
+    trace = corpus.make_trace("l_step", 100)
+    first = firing(trace)[0]
+    assert first["trend"] == "steps"
+    assert first["ts"] - trace["t0"] < 14 * 3600
+    assert first["slope_mib_per_hour"] == pytest.approx(trace["rate"], rel=0.1)
+
+
 def test_live_state_round_trip_gives_the_replays_verdict():
     """The live cycle saves and loads the state every sample (packed fine
     floors appended in place, bucket levels of noisy series): the alert
