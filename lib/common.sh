@@ -139,32 +139,38 @@ gg_number_into() {
 # configuration is never exported (secrets must not reach nvidia-smi, the
 # job or any other child), so each call names the keys its helper reads.
 # Arguments:
+#   [--exec] replace the calling process by the helper instead of running
+#   it in a subshell, for a caller that is one already (a coprocess: its
+#   PID is then the helper's, which can be killed and waited for);
 #   $1 script name under $GPUGUARD_ROOT/python; $2 space-separated variable
 #   names to export; $3... the script's arguments (stdin passes through)
 # Returns:
 #   the helper's status; 127 with one log line when python3 is missing
 gg_python() {
-  local script=$1 wanted=$2
+  if [[ ${1:-} != --exec ]]; then
+    # the exports stay in this subshell
+    (gg_python --exec "$@")
+    return
+  fi
+  shift
+  local script=$1 wanted=$2 name
   shift 2
   if ! command -v python3 >/dev/null 2>&1; then
     gg_log error "python3 not found: cannot run $script"
     return 127
   fi
-  (
-    local name
-    # a key the user exported stays exported unless listed
-    for name in ${GG_CONFIG_DEFAULT[@]+"${!GG_CONFIG_DEFAULT[@]}"}; do
-      # shellcheck disable=SC2163 # un-exporting the variable named by $name
-      export -n "$name" 2>/dev/null || true
-    done
-    for name in $wanted GPUGUARD_STATE_DIR GPUGUARD_HOST GPUGUARD_LOG GPUGUARD_LOG_LEVEL GPUGUARD_SYSLOG; do
-      [[ $name =~ ^[A-Za-z_][A-Za-z0-9_]*$ && -n ${!name+set} ]] || continue
-      # shellcheck disable=SC2163 # exporting the variable named by $name
-      export "$name"
-    done
-    local lock_fd=${GG_LOCK_FD:-1023}
-    exec python3 -S "$GPUGUARD_ROOT/python/$script" "$@" {lock_fd}>&-
-  )
+  # a key the user exported stays exported unless listed
+  for name in ${GG_CONFIG_DEFAULT[@]+"${!GG_CONFIG_DEFAULT[@]}"}; do
+    # shellcheck disable=SC2163 # un-exporting the variable named by $name
+    export -n "$name" 2>/dev/null || true
+  done
+  for name in $wanted GPUGUARD_STATE_DIR GPUGUARD_HOST GPUGUARD_LOG GPUGUARD_LOG_LEVEL GPUGUARD_SYSLOG; do
+    [[ $name =~ ^[A-Za-z_][A-Za-z0-9_]*$ && -n ${!name+set} ]] || continue
+    # shellcheck disable=SC2163 # exporting the variable named by $name
+    export "$name"
+  done
+  local lock_fd=${GG_LOCK_FD:-1023}
+  exec python3 -S "$GPUGUARD_ROOT/python/$script" "$@" {lock_fd}>&-
 }
 
 # Creates the state folder (mode 700) and its outbox and history folders, or

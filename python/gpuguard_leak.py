@@ -15,6 +15,13 @@ Commands:
                   state in $GPUGUARD_STATE_DIR/leak-state-$LEAK_INSTANCE.json,
                   appends to history/<key>.csv, prints tab-separated "event"
                   and "status" lines on stdout.
+  serve           `check` for every cycle of a watcher, in one long-lived
+                  process (lib/leak.sh runs it as a coprocess, so a cycle
+                  pays no Python start): reads a cycle's lines up to a line
+                  "E", answers "R<TAB>N" and the N lines `check` prints, or
+                  "F<TAB>2" when the cycle failed (the reason on stderr).
+                  The state is read and written each cycle exactly as by
+                  `check`, so a kill -9 loses nothing; ends at end of input.
   report          write one self-contained HTML file charting the history
   loss FILE       say whether the loss in an ms-swift logging.jsonl plateaued
   slopes          print "PID SLOPE FIRING" for every watched process tree
@@ -463,6 +470,37 @@ def check(env, stdin, stdout):
                             separators=(",", ":")))
 
 
+def serve(env, stdin, stdout, err=sys.stderr):
+    """`check` once per request on stdin (the module docstring's `serve`);
+    returns at end of input. Nothing is kept between cycles but the
+    imported code: every cycle reads and writes the state as `check` does.
+    Ctrl-C and SIGHUP are for the watcher, which ends the detector by
+    closing its input (a detector killed mid-cycle would lose that cycle)."""
+    import io
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    while True:
+        lines = []
+        line = stdin.readline()
+        while line and line != "E\n":
+            lines.append(line)
+            line = stdin.readline()
+        if not line:
+            return 0
+        out = io.StringIO()
+        try:
+            check(env, lines, out)
+        except (OSError, ValueError) as e:
+            err.write("gpu-leak-watch: %s\n" % e)
+            err.flush()
+            stdout.write("F\t2\n")
+        else:
+            text = out.getvalue()
+            stdout.write("R\t%d\n%s" % (text.count("\n"), text))
+        stdout.flush()
+
+
 def emit_event(stdout, pid, ev):
     # the command line stays out of events: it may hold tokens
     stdout.write("event\t%s\t%d\t%s\n" % (ev["state"], pid, json.dumps(ev)))
@@ -602,6 +640,8 @@ def main(argv):
         if cmd == "check":
             check(env, sys.stdin, sys.stdout)
             return 0
+        if cmd == "serve":
+            return serve(env, sys.stdin, sys.stdout)
         if cmd == "report" and len(argv) >= 3:
             n = report(env.get("GPUGUARD_STATE_DIR") or ".", argv[2], params_from(env))
             print("wrote %s (%d processes)" % (argv[2], n))
@@ -618,7 +658,7 @@ def main(argv):
     except (OSError, ValueError) as e:
         print("gpu-leak-watch: %s" % e, file=sys.stderr)
         return 2
-    print("usage: gpuguard_leak.py replay FILE | check | report OUT.html | loss FILE | slopes", file=sys.stderr)
+    print("usage: gpuguard_leak.py replay FILE | check | serve | report OUT.html | loss FILE | slopes", file=sys.stderr)
     return 2
 
 
