@@ -342,7 +342,13 @@ smi_parse_apps() {
     fi
     mem=${mem%"${mem##*[![:space:]]}"}
     fault=''
-    smi_value_into mem "$mem" int 0 "${SMI_MEM_TOTAL[$uuid]:-$SMI_MAX_MIB}" fault
+    # digits (nearly every line) go straight to the number check, the rest
+    # (placeholders, faults) through smi_value_into
+    if [[ $mem == +([0-9]) ]]; then
+      gg_number_into mem "$mem" int 0 "${SMI_MEM_TOTAL[$uuid]:-$SMI_MAX_MIB}" || SMI_BAD_VALUES=$((SMI_BAD_VALUES + 1))
+    else
+      smi_value_into mem "$mem" int 0 "${SMI_MEM_TOTAL[$uuid]:-$SMI_MAX_MIB}" fault
+    fi
     name=${name//$'\t'/ }
     SMI_NPROCS[$uuid]=$((SMI_NPROCS[$uuid] + 1))
     SMI_PROCS[$uuid]+="${pid}"$'\t'"${name}"$'\t'"${mem}"$'\n'
