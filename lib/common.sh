@@ -404,20 +404,30 @@ gg_now() {
 gg_proc_scan() {
   declare -gA GG_PROC_PPID=() GG_PROC_KIDS=() GG_PROC_START=() GG_PROC_TICKS=() \
   GG_PROC_RSS=() GG_PROC_COMM=()
-  local f line pid rest comm IFS=$' \t\n'
+  local f line pid rest comm width IFS=$' \t\n'
   local -a a
+  # A stat line split at blanks has as many fields as ours unless the
+  # process name (comm) holds blanks: then the fields are found after the
+  # last ") " instead. read -a splits in one step (no expansions): this
+  # runs for every process on the box every cycle.
+  read -r -a a </proc/self/stat
+  width=${#a[@]}
   for f in /proc/[0-9]*/stat; do
-    { read -r line <"$f"; } 2>/dev/null || continue
-    pid=${line%% *}
-    comm=${line#*(}
-    comm=${comm%)*}
-    # after the last ") ": state ppid pgrp ... (comm may hold spaces)
-    rest=${line##*) }
-    # split by assignment, not `read <<<`: a here-string per process was a
-    # third of the scan's CPU (the fields are numbers and a state letter,
-    # nothing a glob would expand)
-    # shellcheck disable=SC2206
-    a=($rest)
+    { read -r -a a <"$f"; } 2>/dev/null || continue
+    if ((${#a[@]} == width)) && [[ ${a[1]} == '('*')' ]]; then
+      pid=${a[0]} comm=${a[1]:1:-1}
+      # from the state on, as in the other branch
+      a=("${a[@]:2}")
+    else
+      { read -r line <"$f"; } 2>/dev/null || continue
+      pid=${line%% *}
+      comm=${line#*(}
+      comm=${comm%)*}
+      # after the last ") ": state ppid pgrp ... (comm may hold spaces)
+      rest=${line##*) }
+      # shellcheck disable=SC2206 # numbers and a state letter: nothing to glob
+      a=($rest)
+    fi
     GG_PROC_PPID[$pid]=${a[1]}
     GG_PROC_KIDS[${a[1]}]+=" $pid"
     GG_PROC_TICKS[$pid]=$((a[11] + a[12]))
