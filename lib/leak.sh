@@ -95,14 +95,22 @@ leak_cycle() {
   local samples='' root pid used free total cpu rss key name cmd ticks members mlines mfree mtotal rank
   local -a tree holders
   for root in "${LEAK_ROOT_PIDS[@]}"; do
-    # a PID not visible here (another PID namespace) is a tree of one
-    gg_proc_tree_into "$root" tree
+    # a PID not visible here (another PID namespace) is a tree of one; so
+    # is a process without children (no function call for it: this loop
+    # runs for every watched process every cycle)
+    if [[ -n ${GG_PROC_KIDS[$root]:-} ]]; then
+      gg_proc_tree_into "$root" tree
+    else
+      tree=("$root")
+    fi
     used=0 free='' total='' ticks=0 rss=0 holders=()
     for pid in "${tree[@]}"; do
       used=$((used + ${SMI_PIDS_MEM[$pid]:-0}))
       ticks=$((ticks + ${GG_PROC_TICKS[$pid]:-0}))
       rss=$((rss + ${GG_PROC_RSS[$pid]:-0}))
       ((${SMI_PIDS_MEM[$pid]:-0} > 0)) && holders+=("$pid")
+      # launchers are on no GPU
+      [[ -n ${SMI_PID_UUIDS[$pid]:-} ]] || continue
       leak_gpu_room_into "$pid" mfree mtotal
       if [[ -n $mfree ]] && [[ -z $free || $mfree -lt $free ]]; then
         free=$mfree total=$mtotal
@@ -116,7 +124,9 @@ leak_cycle() {
     LEAK_CPU_PREV[$root]="$ticks $now"
     key="$root-${GG_PROC_START[$root]:-0}"
     name=${GG_PROC_COMM[$root]:-pid$root}
-    leak_cmdline_into "$root" cmd
+    cmd=''
+    # no command line to read for a PID /proc does not show
+    [[ -z ${GG_PROC_PPID[$root]:-} ]] || leak_cmdline_into "$root" cmd
     cmd=${cmd:-$name}
     # tabs and newlines would break the protocol's fields
     name=${name//[$'\t\n']/ } cmd=${cmd//[$'\t\n']/ }
