@@ -67,8 +67,8 @@ smi_run_into() {
     printf -v _sr_frac '%06d' $((_sr_left % 1000000))
     # -N: up to 1 MiB at once, NUL bytes dropped (a -d '' read costs a
     # few system calls per byte: 10 ms of CPU for a 64-process list)
-    IFS= read -r -N 1048576 -t "$((_sr_left / 1000000)).$_sr_frac" -u "$_sr_fd" _sr_chunk
-    _sr_rc=$?
+    _sr_rc=0
+    IFS= read -r -N 1048576 -t "$((_sr_left / 1000000)).$_sr_frac" -u "$_sr_fd" _sr_chunk || _sr_rc=$?
     _sr_output+=$_sr_chunk
     # 0: a full 1 MiB, read on; 1: end of output; above 128: the deadline
     # or a signal (SIGHUP to the daemon), which the deadline check above
