@@ -28,9 +28,15 @@ sys.path.insert(0, str(ROOT / "python"))
 
 DAY = 86400
 T_END = 1796220000
+TOTAL_MIB = 143771      # an H200
 
 
 def make_week(state, n_gpus=8, per_gpu=8, days=7, step=60, seed=7):
+    """The files a week of `gpu-leak-watch --all` and the watchdog leave, in
+    their current formats: history/<key>.csv with the GPU's used and total
+    memory (gpuguard_leak.HISTORY_HEADER), leak-state-all.json ({"series",
+    "meta"}), gpu-history.tsv (lib/gpuhistory.sh) and events.jsonl."""
+    import gpuguard_leak
     rng = random.Random(seed)
     (state / "history").mkdir(parents=True)
     n = days * DAY // step
@@ -44,35 +50,40 @@ def make_week(state, n_gpus=8, per_gpu=8, days=7, step=60, seed=7):
             procs.append((pid, g, base, leak, rng.uniform(0, 2 * math.pi)))
     files = {pid: open(state / "history" / ("%d-777.csv" % pid), "w") for pid, *_ in procs}
     for f in files.values():
-        f.write("timestamp,pid,used_memory_mib\n")
+        f.write(gpuguard_leak.HISTORY_HEADER + "\n")
     gh = open(state / "gpu-history.tsv", "w")
     gh.write("# ts\tindex\tuuid\tutil_pct\tmem_used_mib\tmem_total_mib\tpower_w\tidle\tholders\n")
     for i in range(n):
         t = t0 + i * step
         used = [0.0] * n_gpus
         holders = [[] for _ in range(n_gpus)]
+        values = []
         for pid, g, base, leak, phase in procs:
             v = base + leak * (t - t0) / 3600.0 + 300 * (math.sin(t / 1800.0 + phase) > 0.9) + rng.uniform(0, 40)
             v = int(v)
-            files[pid].write("%d,%d,%d\n" % (t, pid, v))
+            values.append((pid, g, v))
             used[g] += v
             holders[g].append("%d:%d" % (pid, v))
+        for pid, g, v in values:
+            # the row of gpuguard_leak.history_append: the GPU's used and total
+            files[pid].write("%d,%d,%d,%d,%d\n" % (t, pid, v, used[g] + 512, TOTAL_MIB))
         for g in range(n_gpus):
             idle = 1 if (g == 2 and 3 * DAY <= t - t0 < 3 * DAY + 5400) else 0
             util = rng.randint(0, 4) if idle else rng.randint(85, 100)
-            gh.write("%d\t%d\tGPU-%08x-0000-0000-0000-000000000000\t%d\t%d\t143771\t%.1f\t%d\t%s\n"
-                     % (t, g, g, util, used[g] + 512, 120.0 if idle else rng.uniform(550, 690),
+            gh.write("%d\t%d\tGPU-%08x-0000-0000-0000-000000000000\t%d\t%d\t%d\t%.1f\t%d\t%s\n"
+                     % (t, g, g, util, used[g] + 512, TOTAL_MIB, 120.0 if idle else rng.uniform(550, 690),
                         2 if idle and t - t0 >= 3 * DAY + 180 else idle, ",".join(holders[g])))
     gh.close()
     for f in files.values():
         f.close()
-    state_json = {}
+    series, meta = {}, {}
     events = []
     for pid, _, base, leak, _ in procs:
         key = "%d-777" % pid
-        state_json[key] = {"key": key, "pid": pid, "firing": bool(leak),
-                           "last": {"ts": T_END, "used": base, "free": 20000, "slope": leak or 1.0,
-                                    "window_s": 6 * 3600}}
+        series[key] = {"key": key, "pid": pid, "firing": bool(leak),
+                       "last": {"ts": T_END, "used": base, "free": 20000, "slope": leak or 1.0,
+                                "window_s": 6 * 3600}}
+        meta[key] = {"pid": pid, "rows": n, "members": [str(pid)], "alerting": bool(leak)}
         if leak:
             events.append({"ts": t0 + DAY, "event": "gpu_memory_leak", "state": "firing", "pid": pid,
                            "name": "python3", "slope_mib_per_hour": leak})
@@ -80,7 +91,7 @@ def make_week(state, n_gpus=8, per_gpu=8, days=7, step=60, seed=7):
                    "idle_cycles": 3})
     events.append({"ts": t0 + 3 * DAY + 5400, "event": "gpu_idle", "state": "resolved", "gpu": 2, "utilization": 97,
                    "idle_cycles": 0})
-    (state / "leak-state.json").write_text(json.dumps(state_json))
+    (state / "leak-state-all.json").write_text(json.dumps({"series": series, "meta": meta}))
     (state / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
     return n * len(procs), n * n_gpus
 

@@ -108,21 +108,27 @@ gg_is_number() {
 #   0 and the value set; 1 (variable set to '') when invalid or out of range
 gg_number_into() {
   local -n _num_out=$1
-  local _num_text=$2 _num_kind=$3 _num_min=$4 _num_max=${5:-1000000000000000} _num_whole _num_frac=''
+  local _num_text=$2 _num_kind=$3 _num_min=$4 _num_max=${5:-1000000000000000} _num_whole _num_frac='' _num_zeros
   _num_out=''
+  # patterns, not regular expressions: bash compiles a regular expression
+  # at every use (~0.05 ms), and this runs for every number of every sample
   if [[ $_num_kind == int ]]; then
-    [[ $_num_text =~ ^[0-9]+$ ]] || return 1
+    [[ $_num_text == +([0-9]) ]] || return 1
     _num_whole=$_num_text
   else
-    [[ $_num_text =~ ^([0-9]+)([.][0-9]+)?$ ]] || return 1
-    _num_whole=${BASH_REMATCH[1]} _num_frac=${BASH_REMATCH[2]}
+    [[ $_num_text == +([0-9])?(.+([0-9])) ]] || return 1
+    _num_whole=${_num_text%%.*}
+    [[ $_num_text == *.* ]] && _num_frac=.${_num_text#*.}
   fi
-  [[ $_num_whole =~ ^0*([0-9]+)$ ]] && _num_whole=${BASH_REMATCH[1]}
+  # leading zeros go, one digit stays
+  _num_zeros=${_num_whole%%[!0]*}
+  _num_whole=${_num_whole#"$_num_zeros"}
+  _num_whole=${_num_whole:-0}
   # longer than MAX (or than 18 digits) is out of range without arithmetic
   ((${#_num_whole} <= 18 && ${#_num_whole} <= ${#_num_max})) || return 1
   ((_num_whole >= _num_min && _num_whole <= _num_max)) || return 1
   # MAX.5 is above MAX
-  if ((_num_whole == _num_max)) && [[ -n $_num_frac && ! $_num_frac =~ ^[.]0+$ ]]; then
+  if ((_num_whole == _num_max)) && [[ -n $_num_frac && $_num_frac != .+(0) ]]; then
     return 1
   fi
   # shellcheck disable=SC2034 # nameref: assigns the caller's variable
@@ -133,32 +139,38 @@ gg_number_into() {
 # configuration is never exported (secrets must not reach nvidia-smi, the
 # job or any other child), so each call names the keys its helper reads.
 # Arguments:
+#   [--exec] replace the calling process by the helper instead of running
+#   it in a subshell, for a caller that is one already (a coprocess: its
+#   PID is then the helper's, which can be killed and waited for);
 #   $1 script name under $GPUGUARD_ROOT/python; $2 space-separated variable
 #   names to export; $3... the script's arguments (stdin passes through)
 # Returns:
 #   the helper's status; 127 with one log line when python3 is missing
 gg_python() {
-  local script=$1 wanted=$2
+  if [[ ${1:-} != --exec ]]; then
+    # the exports stay in this subshell
+    (gg_python --exec "$@")
+    return
+  fi
+  shift
+  local script=$1 wanted=$2 name
   shift 2
   if ! command -v python3 >/dev/null 2>&1; then
     gg_log error "python3 not found: cannot run $script"
     return 127
   fi
-  (
-    local name
-    # a key the user exported stays exported unless listed
-    for name in ${GG_CONFIG_DEFAULT[@]+"${!GG_CONFIG_DEFAULT[@]}"}; do
-      # shellcheck disable=SC2163 # un-exporting the variable named by $name
-      export -n "$name" 2>/dev/null || true
-    done
-    for name in $wanted GPUGUARD_STATE_DIR GPUGUARD_HOST GPUGUARD_LOG GPUGUARD_LOG_LEVEL GPUGUARD_SYSLOG; do
-      [[ $name =~ ^[A-Za-z_][A-Za-z0-9_]*$ && -n ${!name+set} ]] || continue
-      # shellcheck disable=SC2163 # exporting the variable named by $name
-      export "$name"
-    done
-    local lock_fd=${GG_LOCK_FD:-1023}
-    exec python3 -S "$GPUGUARD_ROOT/python/$script" "$@" {lock_fd}>&-
-  )
+  # a key the user exported stays exported unless listed
+  for name in ${GG_CONFIG_DEFAULT[@]+"${!GG_CONFIG_DEFAULT[@]}"}; do
+    # shellcheck disable=SC2163 # un-exporting the variable named by $name
+    export -n "$name" 2>/dev/null || true
+  done
+  for name in $wanted GPUGUARD_STATE_DIR GPUGUARD_HOST GPUGUARD_LOG GPUGUARD_LOG_LEVEL GPUGUARD_SYSLOG; do
+    [[ $name =~ ^[A-Za-z_][A-Za-z0-9_]*$ && -n ${!name+set} ]] || continue
+    # shellcheck disable=SC2163 # exporting the variable named by $name
+    export "$name"
+  done
+  local lock_fd=${GG_LOCK_FD:-1023}
+  exec python3 -S "$GPUGUARD_ROOT/python/$script" "$@" {lock_fd}>&-
 }
 
 # Creates the state folder (mode 700) and its outbox and history folders, or
@@ -392,20 +404,30 @@ gg_now() {
 gg_proc_scan() {
   declare -gA GG_PROC_PPID=() GG_PROC_KIDS=() GG_PROC_START=() GG_PROC_TICKS=() \
   GG_PROC_RSS=() GG_PROC_COMM=()
-  local f line pid rest comm IFS=$' \t\n'
+  local f line pid rest comm width IFS=$' \t\n'
   local -a a
+  # A stat line split at blanks has as many fields as ours unless the
+  # process name (comm) holds blanks: then the fields are found after the
+  # last ") " instead. read -a splits in one step (no expansions): this
+  # runs for every process on the box every cycle.
+  read -r -a a </proc/self/stat
+  width=${#a[@]}
   for f in /proc/[0-9]*/stat; do
-    { read -r line <"$f"; } 2>/dev/null || continue
-    pid=${line%% *}
-    comm=${line#*(}
-    comm=${comm%)*}
-    # after the last ") ": state ppid pgrp ... (comm may hold spaces)
-    rest=${line##*) }
-    # split by assignment, not `read <<<`: a here-string per process was a
-    # third of the scan's CPU (the fields are numbers and a state letter,
-    # nothing a glob would expand)
-    # shellcheck disable=SC2206
-    a=($rest)
+    { read -r -a a <"$f"; } 2>/dev/null || continue
+    if ((${#a[@]} == width)) && [[ ${a[1]} == '('*')' ]]; then
+      pid=${a[0]} comm=${a[1]:1:-1}
+      # from the state on, as in the other branch
+      a=("${a[@]:2}")
+    else
+      { read -r line <"$f"; } 2>/dev/null || continue
+      pid=${line%% *}
+      comm=${line#*(}
+      comm=${comm%)*}
+      # after the last ") ": state ppid pgrp ... (comm may hold spaces)
+      rest=${line##*) }
+      # shellcheck disable=SC2206 # numbers and a state letter: nothing to glob
+      a=($rest)
+    fi
     GG_PROC_PPID[$pid]=${a[1]}
     GG_PROC_KIDS[${a[1]}]+=" $pid"
     GG_PROC_TICKS[$pid]=$((a[11] + a[12]))

@@ -16,6 +16,8 @@ leak_init() {
   declare -g LEAK_INSTANCE='' LEAK_JOB_PID='' LEAK_JOB_SIGNALLED=0 LEAK_LAST_SIGNAL=''
   declare -g LEAK_PENDING_SIGNAL='' LEAK_LOCK_FILE='' LEAK_WATCH_DONE=0 LEAK_JOB_OWN_GROUP=1
   declare -g LEAK_UNWATCHED=''
+  # 1 while the detector coprocess this watcher started should be running
+  declare -g LEAK_DETECTOR_STARTED=0
   declare -g LEAK_MATCH_WAIT_SINCE=0 LEAK_MATCH_NOTICE_AT=0
   # what the caller ignored (SigIgn mask): the job gets the same
   declare -g LEAK_IGNORED_AT_START=0
@@ -93,14 +95,22 @@ leak_cycle() {
   local samples='' root pid used free total cpu rss key name cmd ticks members mlines mfree mtotal rank
   local -a tree holders
   for root in "${LEAK_ROOT_PIDS[@]}"; do
-    # a PID not visible here (another PID namespace) is a tree of one
-    gg_proc_tree_into "$root" tree
+    # a PID not visible here (another PID namespace) is a tree of one; so
+    # is a process without children (no function call for it: this loop
+    # runs for every watched process every cycle)
+    if [[ -n ${GG_PROC_KIDS[$root]:-} ]]; then
+      gg_proc_tree_into "$root" tree
+    else
+      tree=("$root")
+    fi
     used=0 free='' total='' ticks=0 rss=0 holders=()
     for pid in "${tree[@]}"; do
       used=$((used + ${SMI_PIDS_MEM[$pid]:-0}))
       ticks=$((ticks + ${GG_PROC_TICKS[$pid]:-0}))
       rss=$((rss + ${GG_PROC_RSS[$pid]:-0}))
       ((${SMI_PIDS_MEM[$pid]:-0} > 0)) && holders+=("$pid")
+      # launchers are on no GPU
+      [[ -n ${SMI_PID_UUIDS[$pid]:-} ]] || continue
       leak_gpu_room_into "$pid" mfree mtotal
       if [[ -n $mfree ]] && [[ -z $free || $mfree -lt $free ]]; then
         free=$mfree total=$mtotal
@@ -114,7 +124,9 @@ leak_cycle() {
     LEAK_CPU_PREV[$root]="$ticks $now"
     key="$root-${GG_PROC_START[$root]:-0}"
     name=${GG_PROC_COMM[$root]:-pid$root}
-    leak_cmdline_into "$root" cmd
+    cmd=''
+    # no command line to read for a PID /proc does not show
+    [[ -z ${GG_PROC_PPID[$root]:-} ]] || leak_cmdline_into "$root" cmd
     cmd=${cmd:-$name}
     # tabs and newlines would break the protocol's fields
     name=${name//[$'\t\n']/ } cmd=${cmd//[$'\t\n']/ }
@@ -186,20 +198,107 @@ leak_rank_into() {
   rank_ref=${LEAK_RANKS[$1]}
 }
 
+# The detector's settings, passed to its process by gg_python.
+LEAK_DETECTOR_VARS="LEAK_INSTANCE LEAK_THRESHOLD_MIB_H LEAK_BUCKET_S LEAK_RULES LEAK_HISTORY_MAX_ROWS LEAK_GPU_TOTAL_MIB LEAK_LOSS_LOG"
+# Seconds to wait for the detector's answer before it is taken for hung
+# and restarted (a cycle of thousands of series takes well under one).
+LEAK_DETECTOR_WAIT_S=300
+
+# Starts the detector (python/gpuguard_leak.py serve) as a coprocess: one
+# Python process for the watcher's life instead of one per cycle, which was
+# most of a live cycle's CPU (interpreter and imports, ~30 ms). Its pipes
+# are close-on-exec, so nothing the watcher starts holds them: when the
+# watcher ends, however it ends, the detector reads end of input and exits.
+leak_detector_start() {
+  # shellcheck disable=SC2034 # LEAK_DETECTOR_PID and the fds are set by coproc
+  coproc LEAK_DETECTOR { gg_python --exec gpuguard_leakcheck.py "$LEAK_DETECTOR_VARS" serve; }
+  LEAK_DETECTOR_STARTED=1
+}
+
+# Ends the detector: closing its input lets it finish the cycle it may be
+# in and exit; one that does not answer is killed. Its exit is waited for.
+# (Bash itself closes a coprocess's pipes and unsets its variables when it
+# reaps one that ended on its own: then there is nothing left to do.)
+# Arguments:
+#   $1 kill to kill it at once (it did not answer)
+leak_detector_stop() {
+  local pid=${LEAK_DETECTOR_PID:-} wfd=${LEAK_DETECTOR[1]:-}
+  LEAK_DETECTOR_STARTED=0
+  [[ -n $pid ]] || return 0
+  if [[ ${1:-} == kill ]]; then
+    kill -KILL "$pid" 2>/dev/null || true
+  fi
+  if [[ -n $wfd ]]; then
+    exec {wfd}>&- || true
+  fi
+  wait "$pid" 2>/dev/null || true
+  return 0
+}
+
+# Sends one cycle's request ($1: the sample lines) to the detector,
+# starting it if it is not running; a detector found dead (killed, or
+# crashed on the last cycle) is restarted once. SIGPIPE is ignored around
+# the write only: a dead reader makes it fail instead of ending the watcher.
+leak_detector_send() {
+  local _ rc wfd
+  for _ in 1 2; do
+    wfd=${LEAK_DETECTOR[1]:-}
+    if [[ -z $wfd ]]; then
+      # bash forgets a coprocess once it has ended on its own
+      ((LEAK_DETECTOR_STARTED)) && gg_log warn "the leak detector process had ended; starting it again"
+      leak_detector_stop
+      leak_detector_start
+      wfd=${LEAK_DETECTOR[1]:-}
+    fi
+    rc=1
+    if [[ -n $wfd ]]; then
+      trap '' PIPE
+      rc=0
+      printf '%sE\n' "$1" 1>&"$wfd" 2>/dev/null || rc=1
+      trap - PIPE
+    fi
+    ((rc == 0)) && return 0
+    gg_log warn "the leak detector process had ended; starting it again"
+    leak_detector_stop kill
+  done
+  return 1
+}
+
 # Feeds the samples to the detector and handles what it prints
 # (tab-separated):
 #   event STATE PID JSON   -> events_emit, then the --on-leak action
 #   status PID SLOPE FIRING USED SEVERITY OOM_S NAME -> LEAK_STATUS
 #     (by PID, the fields after it), for metrics and status
+# A failed cycle (no answer, or "F": the detector said why on stderr) is
+# one log line; the next cycle starts a new detector if this one ended.
 # shellcheck disable=SC2034 # LEAK_STATUS is read by textfile_write_leak
 leak_run_detector() {
-  local out kind state pid rest
-  out=$(gg_python gpuguard_leakcheck.py "LEAK_INSTANCE LEAK_THRESHOLD_MIB_H LEAK_BUCKET_S LEAK_RULES LEAK_HISTORY_MAX_ROWS LEAK_GPU_TOTAL_MIB LEAK_LOSS_LOG" check <<<"$1") || {
-    gg_log error "leak detector failed (exit $?)"
+  local head='' count='' line kind state pid rest rfd
+  local -a reply=()
+  if ! leak_detector_send "$1"; then
+    gg_log error "leak detector failed (could not start it)"
     return 0
-  }
+  fi
+  # gone when the detector died since (bash closed its pipes)
+  rfd=${LEAK_DETECTOR[0]:-}
+  if [[ -z $rfd ]] || ! read -r -t "$LEAK_DETECTOR_WAIT_S" -u "$rfd" head count 2>/dev/null; then
+    gg_log error "leak detector failed (no answer)"
+    leak_detector_stop kill
+    return 0
+  fi
+  if [[ $head != R || ! $count =~ ^[0-9]+$ ]]; then
+    gg_log error "leak detector failed (exit ${count:-?})"
+    return 0
+  fi
+  if ((count > 0)); then
+    mapfile -t -n "$count" -u "$rfd" reply 2>/dev/null || true
+  fi
   LEAK_STATUS=()
-  while IFS=$'\t' read -r kind state pid rest; do
+  for line in "${reply[@]}"; do
+    # fields by expansion, not a here-string per line (no field is empty)
+    kind=${line%%$'\t'*} rest=${line#*$'\t'}
+    state=${rest%%$'\t'*} rest=${rest#*$'\t'}
+    pid=${rest%%$'\t'*} rest=${rest#*$'\t'}
     case $kind in
       event)
         events_emit "$rest"
@@ -211,7 +310,7 @@ leak_run_detector() {
       # for status lines the second field is the PID
       status) LEAK_STATUS[$state]="$pid"$'\t'"$rest" ;;
     esac
-  done <<<"$out"
+  done
   return 0
 }
 
@@ -551,6 +650,7 @@ leak_job_watch() {
   if [[ -n $sleeper ]]; then
     kill "$sleeper" 2>/dev/null || true
   fi
+  leak_detector_stop
   LEAK_WATCH_DONE=1
   return 0
 }
@@ -642,6 +742,7 @@ leak_watch_loop() {
     leak_match_notice "$now"
     if leak_all_targets_gone; then
       gg_log info "every watched process has ended; stopping"
+      leak_detector_stop
       return 0
     fi
     sleep "$LEAK_INTERVAL" {GG_LOCK_FD}>&- &
@@ -649,6 +750,7 @@ leak_watch_loop() {
     wait "$sleeper" || true
   done
   kill "$sleeper" 2>/dev/null || true
+  leak_detector_stop
   gg_log info "stopped"
   return 0
 }

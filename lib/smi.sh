@@ -29,58 +29,82 @@ SMI_PLACEHOLDERS='|N/A|Not Supported|Insufficient Permissions|Requested function
 # group (TERM, then KILL 1 s later), and its output is read with a deadline,
 # so a child that escaped the group (setsid) and still holds the pipe cannot
 # keep us waiting either. No temporary file: this works on a full disk.
+# The output goes into a variable, not to stdout: a `$(...)` around the call
+# would fork the whole shell once more per call (a live cycle makes two),
+# so the process substitution that becomes `timeout` is the only fork here.
 # Globals:
 #   NVIDIA_SMI (command line, may be "ssh node7 nvidia-smi"), SMI_TIMEOUT
-# Outputs:
-#   nvidia-smi's stdout and stderr, merged (it writes errors to stdout);
-#   NUL bytes dropped
+# Arguments:
+#   $1 name of the variable to receive nvidia-smi's stdout and stderr,
+#   merged (it writes errors to stdout), NUL bytes and trailing newlines
+#   dropped; the rest: nvidia-smi's arguments
 # Returns:
 #   nvidia-smi's status; 124 when it timed out; 127 when it is missing
-smi_run() {
-  local -a cmd
-  read -r -a cmd <<<"${NVIDIA_SMI:-nvidia-smi}"
+smi_run_into() {
+  local -n _smi_run_out=$1
+  shift
+  local -a _sr_cmd
+  read -r -a _sr_cmd <<<"${NVIDIA_SMI:-nvidia-smi}"
+  _smi_run_out=''
   if ! smi_available; then
-    printf '%s: command not found\n' "${cmd[0]}"
+    _smi_run_out="${_sr_cmd[0]}: command not found"
     return 127
   fi
-  local limit=${SMI_TIMEOUT:-10} fd pid chunk output='' rc=0 now left timed_out=0 deadline
-  deadline=${EPOCHREALTIME/[.,]/}
-  deadline=$((deadline + (limit + 1) * 1000000))
-  local lock_fd=${GG_LOCK_FD:-1023}
-  exec {fd}< <(exec timeout -k 1 "$limit" "${cmd[@]}" "$@" 2>&1 {lock_fd}>&-)
-  pid=$!
+  local _sr_limit=${SMI_TIMEOUT:-10} _sr_fd _sr_pid _sr_chunk _sr_output='' _sr_rc=0 _sr_now _sr_left _sr_timed_out=0 _sr_deadline _sr_frac
+  _sr_deadline=${EPOCHREALTIME/[.,]/}
+  _sr_deadline=$((_sr_deadline + (_sr_limit + 1) * 1000000))
+  local _sr_lock_fd=${GG_LOCK_FD:-1023}
+  exec {_sr_fd}< <(exec timeout -k 1 "$_sr_limit" "${_sr_cmd[@]}" "$@" 2>&1 {_sr_lock_fd}>&-)
+  _sr_pid=$!
   while :; do
-    now=${EPOCHREALTIME/[.,]/}
-    left=$((deadline - now))
-    if ((left <= 0)); then
-      timed_out=1
+    _sr_now=${EPOCHREALTIME/[.,]/}
+    _sr_left=$((_sr_deadline - _sr_now))
+    if ((_sr_left <= 0)); then
+      _sr_timed_out=1
       break
     fi
-    chunk=''
-    IFS= read -r -d '' -t "$((left / 1000000)).$(printf '%06d' $((left % 1000000)))" -u "$fd" chunk
-    rc=$?
-    output+=$chunk
-    # 0: a NUL, read on; above 128: the deadline or a signal (SIGHUP to
-    # the daemon), which the deadline check above tells apart
-    ((rc == 0 || rc > 128)) && continue
+    _sr_chunk=''
+    printf -v _sr_frac '%06d' $((_sr_left % 1000000))
+    # -N: up to 1 MiB at once, NUL bytes dropped (a -d '' read costs a
+    # few system calls per byte: 10 ms of CPU for a 64-process list)
+    _sr_rc=0
+    IFS= read -r -N 1048576 -t "$((_sr_left / 1000000)).$_sr_frac" -u "$_sr_fd" _sr_chunk || _sr_rc=$?
+    _sr_output+=$_sr_chunk
+    # 0: a full 1 MiB, read on; 1: end of output; above 128: the deadline
+    # or a signal (SIGHUP to the daemon), which the deadline check above
+    # tells apart
+    ((_sr_rc == 0 || _sr_rc > 128)) && continue
     break
   done
-  exec {fd}<&-
-  if ((timed_out)); then
+  exec {_sr_fd}<&-
+  # as `$(...)` did for the callers: no trailing newlines
+  while [[ $_sr_output == *$'\n' ]]; do
+    _sr_output=${_sr_output%$'\n'}
+  done
+  _smi_run_out=$_sr_output
+  if ((_sr_timed_out)); then
     # timeout(1) leads its group: take the whole group down, then reap it
-    kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
-    printf '%s' "$output"
+    kill -KILL -- "-$_sr_pid" 2>/dev/null || kill -KILL "$_sr_pid" 2>/dev/null || true
+    wait "$_sr_pid" 2>/dev/null || true
     return 124
   fi
   while :; do
-    rc=0
-    wait "$pid" || rc=$?
+    _sr_rc=0
+    wait "$_sr_pid" || _sr_rc=$?
     # a trapped signal interrupts wait (status > 128) while timeout runs on
-    ((rc > 128)) && kill -0 "$pid" 2>/dev/null && continue
+    ((_sr_rc > 128)) && kill -0 "$_sr_pid" 2>/dev/null && continue
     break
   done
-  printf '%s' "$output"
+  return "$_sr_rc"
+}
+
+# smi_run_into for callers that want the output on stdout (doctor).
+# Arguments:
+#   nvidia-smi's arguments
+smi_run() {
+  local out rc=0
+  smi_run_into out "$@" || rc=$?
+  printf '%s' "$out"
   return "$rc"
 }
 
@@ -145,7 +169,7 @@ smi_forget_apps() {
 smi_sample() {
   smi_reset
   local output rc=0
-  output=$(smi_run --query-gpu="$SMI_GPU_FIELDS" --format=csv,noheader,nounits) || rc=$?
+  smi_run_into output --query-gpu="$SMI_GPU_FIELDS" --format=csv,noheader,nounits || rc=$?
   if ((rc != 0)); then
     SMI_ERROR=$(smi_describe_failure "$rc" "$output")
     return 1
@@ -160,7 +184,7 @@ smi_sample() {
     return 1
   fi
   rc=0
-  output=$(smi_run --query-compute-apps="$SMI_APP_FIELDS" --format=csv,noheader,nounits) || rc=$?
+  smi_run_into output --query-compute-apps="$SMI_APP_FIELDS" --format=csv,noheader,nounits || rc=$?
   # An unreadable process list leaves SMI_NPROCS at 0 and SMI_APPS_OK at 0:
   # consumers must not read it as "no processes".
   if ((rc != 0)); then
@@ -173,6 +197,20 @@ smi_sample() {
     SMI_APPS_OK=1
   fi
   return 0
+}
+
+# Splits text into its non-empty lines, into the array named $1. One word
+# split instead of a `read` per line from a here-string: bash reads a pipe
+# a byte per system call, which was most of the parsing's CPU.
+# Arguments:
+#   $1 array variable, $2 text
+smi_lines_into() {
+  local -n _smi_lines=$1
+  # no globbing of the lines (local -: the option comes back on return)
+  local - IFS=$'\n'
+  set -f
+  # shellcheck disable=SC2206 # splitting at newlines is the point
+  _smi_lines=($2)
 }
 
 # Reads one value of a GPU line: a placeholder gives '', a device fault
@@ -208,12 +246,13 @@ smi_parse_gpus() {
   local start='^ *([0-9]+), *((GPU|MIG)-[0-9A-Za-z/-]+|\[[^],]*\])'
   local re="$start"', *([^,]*), *([^,]*), *([^,]*), *([^,]*), *([^,]*)(, *(.*))?$'
   local text=${1#$'\xef\xbb\xbf'} line uuid index name fault
-  local -a raw
+  local -a raw lines
   local util used total power limit
   # callers that declare the arrays themselves (tests) may predate these
   declare -gA SMI_NAME SMI_GPU_FAULT
   SMI_TRUNCATED=${SMI_TRUNCATED:-0} SMI_BAD_VALUES=${SMI_BAD_VALUES:-0}
-  while IFS= read -r line; do
+  smi_lines_into lines "$text"
+  for line in "${lines[@]}"; do
     line=${line%$'\r'}
     [[ -z ${line//[[:space:]]/} ]] && continue
     if [[ ! $line =~ $re ]]; then
@@ -266,7 +305,7 @@ smi_parse_gpus() {
     SMI_GPU_FAULT[$uuid]=$fault
     SMI_NPROCS[$uuid]=0
     SMI_PROCS[$uuid]=''
-  done <<<"$text"
+  done
 }
 
 # Parses `--query-compute-apps=pid,process_name,used_memory,gpu_uuid` CSV.
@@ -277,14 +316,25 @@ smi_parse_gpus() {
 #   1 when any non-empty line is not a process line (garbage, truncated,
 #   also inside the UUID)
 smi_parse_apps() {
-  local re='^ *([0-9]+), (.*), *([^,]*), *((GPU|MIG)-[0-9A-Za-z/-]+) *$'
-  local text=${1#$'\xef\xbb\xbf'} line pid name mem uuid fault
-  while IFS= read -r line; do
+  # the line's shape as a pattern, fields by expansion: bash compiles a
+  # regular expression at every use (~0.1 ms a line, most of a 64-process
+  # sample's parsing), a pattern costs next to nothing
+  local shape='*([ ])+([0-9]),\ *,*([^,]),*([ ])@(GPU|MIG)-+([0-9A-Za-z/-])*([ ])'
+  local text=${1#$'\xef\xbb\xbf'} line rest pid name mem uuid fault
+  local -a lines
+  smi_lines_into lines "$text"
+  for line in "${lines[@]}"; do
     line=${line%$'\r'}
     [[ -z ${line//[[:space:]]/} ]] && continue
-    [[ $line =~ $re ]] || return 1
-    name=${BASH_REMATCH[2]} mem=${BASH_REMATCH[3]} uuid=${BASH_REMATCH[4]}
-    gg_number_into pid "${BASH_REMATCH[1]}" int 1 "$SMI_MAX_PID" || return 1
+    # shellcheck disable=SC2053 # $shape is a pattern on purpose
+    [[ $line == $shape ]] || return 1
+    # the last two fields hold no comma: PID, NAME (any text), MiB, UUID
+    uuid=${line##*,} rest=${line%,*}
+    mem=${rest##*,} rest=${rest%,*}
+    pid=${rest%%,*} name=${rest#*, }
+    uuid=${uuid#"${uuid%%[! ]*}"} mem=${mem#"${mem%%[! ]*}"} pid=${pid#"${pid%%[! ]*}"}
+    uuid=${uuid%"${uuid##*[! ]}"}
+    gg_number_into pid "$pid" int 1 "$SMI_MAX_PID" || return 1
     if [[ -z ${SMI_INDEX[$uuid]+set} ]]; then
       # a cut last line can end inside a UUID, which still reads as one
       smi_uuid_is_cut "$uuid" && return 1
@@ -292,13 +342,19 @@ smi_parse_apps() {
     fi
     mem=${mem%"${mem##*[![:space:]]}"}
     fault=''
-    smi_value_into mem "$mem" int 0 "${SMI_MEM_TOTAL[$uuid]:-$SMI_MAX_MIB}" fault
+    # digits (nearly every line) go straight to the number check, the rest
+    # (placeholders, faults) through smi_value_into
+    if [[ $mem == +([0-9]) ]]; then
+      gg_number_into mem "$mem" int 0 "${SMI_MEM_TOTAL[$uuid]:-$SMI_MAX_MIB}" || SMI_BAD_VALUES=$((SMI_BAD_VALUES + 1))
+    else
+      smi_value_into mem "$mem" int 0 "${SMI_MEM_TOTAL[$uuid]:-$SMI_MAX_MIB}" fault
+    fi
     name=${name//$'\t'/ }
     SMI_NPROCS[$uuid]=$((SMI_NPROCS[$uuid] + 1))
     SMI_PROCS[$uuid]+="${pid}"$'\t'"${name}"$'\t'"${mem}"$'\n'
     SMI_PIDS_MEM[$pid]=$((${SMI_PIDS_MEM[$pid]:-0} + ${mem:-0}))
     SMI_PID_UUIDS[$pid]+="${SMI_PID_UUIDS[$pid]:+ }$uuid"
-  done <<<"$text"
+  done
   return 0
 }
 

@@ -15,6 +15,13 @@ Commands:
                   state in $GPUGUARD_STATE_DIR/leak-state-$LEAK_INSTANCE.json,
                   appends to history/<key>.csv, prints tab-separated "event"
                   and "status" lines on stdout.
+  serve           `check` for every cycle of a watcher, in one long-lived
+                  process (lib/leak.sh runs it as a coprocess, so a cycle
+                  pays no Python start): reads a cycle's lines up to a line
+                  "E", answers "R<TAB>N" and the N lines `check` prints, or
+                  "F<TAB>2" when the cycle failed (the reason on stderr).
+                  The state is read and written each cycle exactly as by
+                  `check`, so a kill -9 loses nothing; ends at end of input.
   report          write one self-contained HTML file charting the history
   loss FILE       say whether the loss in an ms-swift logging.jsonl plateaued
   slopes          print "PID SLOPE FIRING" for every watched process tree
@@ -103,10 +110,16 @@ def read_csv_columns(path, gpu_total=None):
     import csv  # replay only: a live cycle does not pay for it
     with open(path, newline="", encoding="utf-8-sig") as f:
         text = f.read()
-    lines = text.splitlines()
-    if not lines or not lines[0].strip():
+    # the header alone first: a clean body is never split into lines
+    head, _, body = text.partition("\n")
+    first = head.splitlines()
+    lines = None
+    if len(first) != 1:             # another line break in the first line
+        lines = text.splitlines()
+        first, body = lines[:1], "\n".join(lines[1:])
+    if not first or not first[0].strip():
         raise ValueError("%s: empty file (need the header timestamp,pid,used_memory_mib)" % path)
-    header = [h.strip() for h in next(csv.reader([lines[0]]))]
+    header = [h.strip() for h in next(csv.reader([first[0]]))]
     missing = {"timestamp", "pid", "used_memory_mib"} - set(header)
     if missing:
         raise ValueError("%s: missing column(s) %s (need timestamp,pid,used_memory_mib)"
@@ -117,10 +130,12 @@ def read_csv_columns(path, gpu_total=None):
     itot = header.index("gpu_total_mib") if "gpu_total_mib" in header else None
     quoted = '"' in text
     if not quoted:
-        cols = fast_columns(lines, width, it, ip, iu, ig, itot, gpu_total)
+        cols = fast_columns(body, width, it, ip, iu, ig, itot, gpu_total)
         if cols is not None:
             return cols
     # the careful way, which names the first bad line
+    if lines is None:
+        lines = text.splitlines()
     cols = {}
     last_ts = None
     isfinite = math.isfinite
@@ -166,38 +181,54 @@ def numbers(cells):
         return list(map(float, cells))
 
 
-def fast_columns(lines, width, it, ip, iu, ig, itot, gpu_total):
+# str.splitlines' line breaks besides "\n" (and "\r\n"), as "\n"
+LINE_BREAKS = {ord(c): "\n" for c in "\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"}
+
+
+def fast_columns(body, width, it, ip, iu, ig, itot, gpu_total):
     """read_csv_columns for a clean file, a column at a time (a 7-day
-    1-second trace is 600,000 lines): one split of the whole body and
-    columns taken by slicing, so no per-line Python work but a comma count
-    (a line with a wrong field count would shift every column after it).
-    None when anything is off: the careful reader then names the line."""
-    body = [line for line in lines[1:] if line] if "" in lines else lines[1:]
+    1-second trace is 600,000 lines): the body (the text after the header
+    line) is split once, at commas and line ends together, a line end
+    marked by a cell of its own, so no per-line Python work: columns are
+    taken by slicing, and a line with a wrong field count shows as a data
+    cell where a line-end mark should be (it would shift every column after
+    it). None when anything is off: the careful reader then names the line."""
+    # the lines of str.splitlines (the careful reader's), blank ones
+    # dropped: every line break becomes "\n" (int() would take the others
+    # for blanks around a number), runs of them one
+    body = body.replace("\r\n", "\n")
+    if any(chr(c) in body for c in LINE_BREAKS):
+        body = body.translate(LINE_BREAKS)
+    while "\n\n" in body:
+        body = body.replace("\n\n", "\n")
+    body = body.strip("\n")
     if not body:
         return {}
-    commas = width - 1
-    if any(c != commas for c in map(str.count, body, [","] * len(body))):
+    n_lines = body.count("\n") + 1
+    step = width + 1
+    cells = (body + "\n").replace("\n", ",\n,").split(",")
+    end = n_lines * step
+    if len(cells) != end + 1 or set(cells[width:end:step]) != {"\n"}:
         return None
-    cells = ",".join(body).split(",")
     try:
-        ts, used = numbers(cells[it::width]), numbers(cells[iu::width])
+        ts, used = numbers(cells[it:end:step]), numbers(cells[iu:end:step])
         total = sum(ts) + sum(used)
         if not math.isfinite(total) or min(used) < 0:
             return None
         if ts != sorted(ts):
             return None                 # a step back: the careful reader decides
         if itot is not None:
-            tot_cells = cells[itot::width]
+            tot_cells = cells[itot:end:step]
             if "" in tot_cells or "-" in tot_cells:
                 return None
             tot = list(map(float, tot_cells))
-            gu = list(map(float, cells[ig::width])) if ig is not None else used
+            gu = list(map(float, cells[ig:end:step])) if ig is not None else used
             free = [a - b for a, b in zip(tot, gu)]
         elif gpu_total:
             free = [gpu_total - u for u in used]
         else:
             free = [None] * len(used)
-        pid_cells = cells[ip::width]
+        pid_cells = cells[ip:end:step]
         distinct = set(pid_cells)
         pid_of = {c: int(c) for c in distinct}
     except ValueError:
@@ -463,6 +494,37 @@ def check(env, stdin, stdout):
                             separators=(",", ":")))
 
 
+def serve(env, stdin, stdout, err=sys.stderr):
+    """`check` once per request on stdin (the module docstring's `serve`);
+    returns at end of input. Nothing is kept between cycles but the
+    imported code: every cycle reads and writes the state as `check` does.
+    Ctrl-C and SIGHUP are for the watcher, which ends the detector by
+    closing its input (a detector killed mid-cycle would lose that cycle)."""
+    import io
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    while True:
+        lines = []
+        line = stdin.readline()
+        while line and line != "E\n":
+            lines.append(line)
+            line = stdin.readline()
+        if not line:
+            return 0
+        out = io.StringIO()
+        try:
+            check(env, lines, out)
+        except (OSError, ValueError) as e:
+            err.write("gpu-leak-watch: %s\n" % e)
+            err.flush()
+            stdout.write("F\t2\n")
+        else:
+            text = out.getvalue()
+            stdout.write("R\t%d\n%s" % (text.count("\n"), text))
+        stdout.flush()
+
+
 def emit_event(stdout, pid, ev):
     # the command line stays out of events: it may hold tokens
     stdout.write("event\t%s\t%d\t%s\n" % (ev["state"], pid, json.dumps(ev)))
@@ -602,6 +664,8 @@ def main(argv):
         if cmd == "check":
             check(env, sys.stdin, sys.stdout)
             return 0
+        if cmd == "serve":
+            return serve(env, sys.stdin, sys.stdout)
         if cmd == "report" and len(argv) >= 3:
             n = report(env.get("GPUGUARD_STATE_DIR") or ".", argv[2], params_from(env))
             print("wrote %s (%d processes)" % (argv[2], n))
@@ -618,7 +682,7 @@ def main(argv):
     except (OSError, ValueError) as e:
         print("gpu-leak-watch: %s" % e, file=sys.stderr)
         return 2
-    print("usage: gpuguard_leak.py replay FILE | check | report OUT.html | loss FILE | slopes", file=sys.stderr)
+    print("usage: gpuguard_leak.py replay FILE | check | serve | report OUT.html | loss FILE | slopes", file=sys.stderr)
     return 2
 
 

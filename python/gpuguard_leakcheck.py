@@ -1,9 +1,10 @@
-"""Entry point of gpu-leak-watch's live cycle: `gpuguard_leakcheck.py check`.
+"""Entry point of gpu-leak-watch's live detector: `gpuguard_leakcheck.py
+serve` (the watcher's coprocess) or `check` (one cycle).
 
 A script run directly is compiled on every start; a module imported is read
-from its cached bytecode. The watcher starts Python once a cycle, so the
-cycle runs this 3-line file and imports the detector (gpuguard_leak.py,
-~25 ms less CPU per cycle on the bench machine)."""
+from its cached bytecode. So the watcher runs this 3-line file, which
+imports the detector (gpuguard_leak.py): a restarted detector starts
+~25 ms of CPU faster on the bench machine."""
 import sys
 
 import gpuguard_leak

@@ -452,7 +452,8 @@ class Series:
                 i += 1
                 continue
             if int(pts // fs) == fine:
-                fmin = min(fmin, pv)
+                if pv < fmin:  # noqa: PLR1730 -- not min(): no call per sample
+                    fmin = pv
                 fed_ts = pts
                 prev = prev_fed = pv
                 pts, pv = ts, mib

@@ -434,3 +434,42 @@ def test_warm_up_after_a_quick_restart_on_a_nearly_full_gpu_is_not_a_leak():
         return [ev for ev in (s.add(t, v, total - v) for t, v in flat + ramp) if ev]
 
     assert alerts() == []
+
+
+def detector_of(watcher_pid):
+    """PID of a watcher's detector process (its coprocess), or None."""
+    r = subprocess.run(["pgrep", "-P", str(watcher_pid), "-f", "gpuguard_leakcheck.py serve"],
+                       capture_output=True, text=True)
+    return int(r.stdout.split()[0]) if r.stdout.split() else None
+
+
+def test_a_killed_detector_is_started_again_and_the_watch_goes_on(box, tmp_path):
+    """The detector is one long-lived process beside the watcher (no Python
+    start per cycle): killed, the next cycle starts a new one from the saved
+    state; stopping the watcher leaves no detector behind."""
+    job = Job(tmp_path)
+    leak_scenario(box, job.child(), steps=200, per_step=0)
+    err_path = tmp_path / "watch.err"
+    with open(err_path, "w") as err:
+        proc = subprocess.Popen([str(ROOT / "bin/gpu-leak-watch"), "--all", "--interval", "1", "--bucket", "1"],
+                                env=dict(box.env), stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        def rows():
+            files = list((box.state / "history").glob("*.csv"))
+            return len(files[0].read_text().splitlines()) if files else 0
+        assert wait_for(lambda: rows() >= 3 and detector_of(proc.pid), timeout=30)
+        first = detector_of(proc.pid)
+        os.kill(first, signal.SIGKILL)
+        before = rows()
+        assert wait_for(lambda: rows() >= before + 3, timeout=30), err_path.read_text()
+        second = detector_of(proc.pid)
+        assert proc.poll() is None and second not in (None, first)
+        log = err_path.read_text()
+        assert "leak detector" in log and "Traceback" not in log
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+        job.stop()
+    assert proc.returncode == 0
+    # the watcher waited for its detector to end
+    assert not os.path.exists("/proc/%d" % second)

@@ -167,6 +167,18 @@ setup() {
   assert_equal "${#SMI_PIDS_MEM[@]}" 0
 }
 
+@test "smi_run_into reads a long answer whole, NUL bytes dropped, trailing newlines gone" {
+  local big="$BATS_TEST_TMPDIR/big"
+  # 2.5 MB: more than one read of at most 1 MiB
+  printf '#!/bin/sh\nhead -c 2500000 /dev/zero | tr "\\\\0" x\nprintf "a\\\\0b\\\\n\\\\n"\n' >"$big"
+  chmod +x "$big"
+  NVIDIA_SMI=$big
+  local out
+  smi_run_into out -q
+  assert_equal "${#out}" 2500002
+  assert_equal "${out: -4}" xxab
+}
+
 @test "smi_run bounds a hanging command with the timeout" {
   local hang="$BATS_TEST_TMPDIR/hang"
   printf '#!/bin/sh\nsleep 30\n' >"$hang"
