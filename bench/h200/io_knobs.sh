@@ -15,8 +15,9 @@
 # logs to stdout. Restores the disk's scheduler and io.cost; about 3 min.
 # Environment: IO_S (8), WARM_S (2), ROUNDS (1), KNOBS (scenario names).
 
+KNOBS_HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=lowprio_io.sh
-source "$(dirname "${BASH_SOURCE[0]}")/lowprio_io.sh"
+source "$KNOBS_HERE/lowprio_io.sh"
 
 main() {
   local out=${1:-${OUT:?set OUT or give a folder}}

@@ -10,9 +10,14 @@
 # lowprio_io.sh again, beside a second fault soak.
 # Each step's files are packed into OUT/STEP.tgz; OUT/round3.txt is the log.
 
+R3_HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # step (one step under a time limit, logged) comes from all.sh
 # shellcheck source=all.sh
-source "$(dirname "${BASH_SOURCE[0]}")/all.sh"
+source "$R3_HERE/all.sh"
+# shellcheck source=../../lib/common.sh
+source "$R3_HERE/../../lib/common.sh"
+# shellcheck source=../../lib/smi.sh
+source "$R3_HERE/../../lib/smi.sh"
 
 main() {
   local mode=${1:?explore or confirm} out=${OUT:?set OUT} here work
@@ -20,7 +25,7 @@ main() {
   work=$(mktemp -d)
   WORK=$work
   export PYTHONUNBUFFERED=1
-  nvidia-smi --query-gpu=name,memory.total,memory.used,power.draw --format=csv,noheader
+  smi_run --query-gpu=name,memory.total,memory.used,power.draw --format=csv,noheader
   case $mode in
     explore)
       mkdir -p "$work"/{spin,faults,knobs,lowprio}
