@@ -235,11 +235,20 @@ def wait_for(pred, timeout=15.0, step=0.05):
     return False
 
 
+def default_signals():
+    """In the child before exec: the dispositions a user's terminal gives.
+    A test suite started in the background of a script inherits SIGINT and
+    SIGQUIT ignored, and bash can neither trap nor reset a signal ignored
+    on entry, so a Ctrl-C test would test the harness, not the command."""
+    for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def start_daemon(box, env=None, cmd="bin/yichuidingyin.sh", args=()):
     full = dict(box.env)
     full.update(env or {})
     return subprocess.Popen([str(ROOT / cmd)] + list(args), env=full, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=default_signals)
 
 
 def stop_daemon(proc, sig=signal.SIGTERM, timeout=15):
