@@ -272,7 +272,7 @@ class Series:
     """One process (or process tree) incarnation: floors and alert state."""
 
     FIELDS = ("fs", "dts", "pend", "prev_v", "fed_ts", "prev_fed", "bucket", "fine", "fine_min", "fine_cur",
-              "fines", "floors", "cut", "streak", "fstreak", "calm", "firing", "last", "noise", "meds")
+              "fines", "floors", "cut", "streak", "fstreak", "calm", "firing", "last", "noise", "meds", "regap")
 
     def __init__(self, params, key, pid):
         self.p = params
@@ -295,6 +295,7 @@ class Series:
         self.meds = []              # [bucket_index, median of its fine floors] (noisy series)
         self.noise = None           # running median successive difference / level
         self.cut = None             # bucket index where the segment starts
+        self.regap = None           # [ts, level, slope] after a gap that did not cut (see feed)
         self.streak = 0
         self.fstreak = 0
         self.calm = 0
@@ -407,6 +408,7 @@ class Series:
         self.cut = int(ts // self.p["bucket_s"])
         self.fines = []
         self.fstreak = 0
+        self.regap = None
 
     def add(self, ts, mib, free_mib=None):
         """Adds a sample; returns an event dict when the alert state changes.
@@ -492,6 +494,15 @@ class Series:
             self.fine_min = min(self.fine_min, mib)
             self.prev_fed = mib
             return None
+        if self.regap is not None:
+            gts, level, slope = self.regap
+            if ts - gts > p["bucket_s"]:
+                self.regap = None
+            elif self.moved(mib - level - slope * (ts - gts) / 3600.0, level):
+                # the job restarted during the gap: the segment starts there
+                self.regap = None
+                self.cut = int(gts // p["bucket_s"])
+                self.fstreak = self.streak = 0
         restarted = False
         if prev_ts is not None and ts - prev_ts > p["gap_check_s"] and self.prev_fed is not None:
             # a gap and a different level after it: the process restarted
@@ -501,7 +512,16 @@ class Series:
             # and dropped dips leave gaps: only a change far beyond it counts)
             noise = self.noise or 0.0
             if noise < p["noise_min"]:
-                restarted = abs(mib - self.prev_fed - grown) > max(p["step_mib"], 0.02 * self.prev_fed)
+                restarted = self.moved(mib - self.prev_fed - grown, self.prev_fed)
+                # a restarted job's first sample can land near the old
+                # level by chance; its warm-up leaves it within minutes:
+                # the next bucket's fine floors are held to the same test
+                # (a dropped empty_cache dip leaves a 2-sample gap: only
+                # longer ones, the job absent, are watched; and not before
+                # the noise is known: a noisy series moves by its noise)
+                long_gap = ts - prev_ts > 2 * p["gap_check_s"] and self.noise is not None
+                self.regap = [ts, self.prev_fed, max(0.0, self.last.get("slope") or 0.0)] \
+                    if long_gap and not restarted else None
             elif ts - prev_ts > p["bucket_s"]:
                 level = self.meds[-1][1] if isinstance(self.meds, list) and self.meds else self.prev_fed
                 restarted = abs(mib - level - grown) > max(p["step_mib"], 6 * noise * level)
@@ -524,6 +544,17 @@ class Series:
             ev = self.close_bucket() or ev
             self.bucket = b
         return ev
+
+    def moved(self, change, level):
+        """After a gap: is the level somewhere else (a restart)? Up by more
+        than step_mib and 2 % (a leak the slope did not yet show may have
+        grown while the watcher was away), or down by more than step_mib: a
+        leak never lowers the floor, a restarted job often comes back a
+        little lower (the tidy restarts: 740 and 1120 MiB under a 53-61 GB
+        level, under 2 %)."""
+        if change < 0:
+            return -change > self.p["step_mib"]
+        return change > max(self.p["step_mib"], 0.02 * level)
 
     def close_fine(self):
         if self.fine is None:
