@@ -11,10 +11,11 @@ evaluation peaks and checkpoint saves that last less than a bucket.
 
 Segments. A series restarts (cut, then 30 minutes of warm-up skipped) on a
 new PID for the same key (the caller says so), a gap of more than 90 s
-followed by another level (256 MiB and 2 % away, the expected growth
-aside), a gap longer than 6 h, or a floor collapse below half the recent
-level that stays for an hour. Other gaps (the watcher away, the box busy)
-and single low floors do not cut.
+followed by another level (256 MiB and 2 % above, or 256 MiB below, the
+expected growth aside; after a longer gap, also in the bucket after it:
+a restarted job's warm-up), a gap longer than 6 h, or a floor collapse
+below half the recent level that stays for an hour. Other gaps (the
+watcher away, the box busy) and single low floors do not cut.
 
 Level shifts. Inside a segment, jumps between buckets (>= 256 MiB and far
 outside the bucket-to-bucket noise) are level shifts: a one-time jump (new
