@@ -26,8 +26,9 @@ Persistent up-shifts of similar size at regular intervals (>= 3, still
 coming; >= 4 after an unlike one) are a step leak (the allocator leaking
 in blocks), rated size / interval.
 
-Slow tier. On the de-shifted floors, windows of 2, 3, 6, 12 and 24 h are
-tested: net growth >= 64 MiB spread over >= 4 rising buckets (alike in
+Slow tier. On the de-shifted floors (from the first hour the floor holds
+still, when it rose before: the end of a long warm-up), windows of 2, 3,
+6, 12 and 24 h are tested: net growth >= 64 MiB spread over >= 4 rising buckets (alike in
 size when fewer than 8: a few unlike rises are new record lengths), no
 single jump carrying more than 40 %, one-sided Mann-Kendall Z >= 2.326, Theil-Sen slope
 >= the threshold (50 MiB/h), and the growth not decelerating: the window's
@@ -631,6 +632,26 @@ class Series:
             seg = seg[skip:]
         return seg
 
+    def settled(self, seg):
+        """The segment from the first hour its floor holds still (moves
+        less than half the threshold's hourly growth), when it rose before
+        that hour: a warm-up that outlasts the skipped half hour (a 20
+        minute time constant, new record lengths coming often at first)
+        has ended there. Its tail in a long window, with a few record
+        rises hours later, read as a steady 64-111 MiB/h (tidy records 41,
+        records@full 49). A leak at the threshold in small blocks never
+        holds still for an hour; one in big blocks does, and the step test
+        sees it on the whole segment."""
+        p = self.p
+        k = max(1, round(3600.0 / p["bucket_s"]))
+        still = 0.5 * p["threshold"]
+        vals = [v for _, v in seg]
+        for j in range(1, len(vals) - k):
+            hour = vals[j:j + k + 1]
+            if max(hour) - min(hour) < still:
+                return seg[j:] if vals[j] - min(vals[:j]) >= p["min_growth"] else seg
+        return seg
+
     def level_shifts(self, ys):
         """De-shifted floors and the persistent up-shifts [(index, size)]."""
         p = self.p
@@ -919,6 +940,13 @@ class Series:
             leaking, slope, z, trend, span = self.windows_verdict([x for x, _ in main], [y for _, y in main])
             trend = trend if trend != "steady" else "steady (phase-aware)"
         else:
+            # the windows start where a long warm-up settled (the step test
+            # above keeps the whole segment: a run of steps after an unlike
+            # one needs one more)
+            settled = self.settled(seg)
+            if len(settled) < len(seg):
+                cut = len(seg) - len(settled)
+                xs, ys = xs[cut:], [y - ys[cut] + raw[cut] for y in ys[cut:]]
             leaking, slope, z, trend, span = self.windows_verdict(xs, ys)
         if not leaking and seg and (self.noise or 0.0) >= p["noise_min"]:
             ok = self.noisy_verdict(seg[0][0])

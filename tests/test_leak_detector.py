@@ -138,6 +138,15 @@ def test_restart_during_a_gap_near_the_old_level_is_a_new_segment(kind, seed):
     assert tidy_firing(kind, seed) == []
 
 
+@pytest.mark.parametrize("kind,seed", [("records", 41), ("records@full", 49)])
+def test_warm_up_tail_then_new_record_lengths_is_not_a_leak(kind, seed):
+    """A warm-up that outlasts the skipped half hour (its tail adds 80-400
+    MiB per bucket), an hour or more still, then a few longer sequences
+    (+120, +220, +160 MiB) hours later: a 6 h window over both read a
+    steady 64-111 MiB/h."""
+    assert tidy_firing(kind, seed) == []
+
+
 def test_three_alike_jumps_at_an_unsteady_pace_are_not_a_step_leak():
     """+3.8, +3.5 and +3.7 GiB one-time jumps 4.2 h and then 2.5 h apart
     (tidy mixed 29) were rated a 1122 MiB/h step leak."""
