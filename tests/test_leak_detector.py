@@ -147,6 +147,13 @@ def test_warm_up_tail_then_new_record_lengths_is_not_a_leak(kind, seed):
     assert tidy_firing(kind, seed) == []
 
 
+def test_warm_up_with_one_record_jump_on_a_nearly_full_gpu_is_not_a_fast_leak():
+    """A warm-up from the first minute 11 GB under capacity (17 GB/h,
+    slowing) with one +2 GB record length 15 minutes in: the jump kept the
+    second half's rate up, so the fast tier saw no deceleration."""
+    assert tidy_firing("records@full", 47) == []
+
+
 def test_three_alike_jumps_at_an_unsteady_pace_are_not_a_step_leak():
     """+3.8, +3.5 and +3.7 GiB one-time jumps 4.2 h and then 2.5 h apart
     (tidy mixed 29) were rated a 1122 MiB/h step leak."""
