@@ -2,10 +2,13 @@
 from bench/leakcorpus.py, a few seeds per kind), the replay CLI on the
 watcher's own history and on 1-second H200-style traces, and the live
 protocol (tab-separated, ranks of a data-parallel tree, instance state)."""
+import importlib.util
 import io
 import json
+import random
 import subprocess
 import sys
+import zlib
 
 import gpuguard_leak as leak
 import pytest
@@ -110,6 +113,51 @@ def test_new_record_lengths_are_not_a_leak():
              (7.25, 36660)]
     rows = [(1796206508 + i * 60.0, 7, [lv for t, lv in steps if t <= i / 60.0][-1]) for i in range(24 * 60)]
     assert leak.replay_rows(rows, leak.params_from({}), gpu_total=39732) == []
+
+
+def tidy_firing(kind, seed):
+    """Alerts on one clean 24 h trace of bench/leak.py's tidy corpus, one
+    PID throughout (a restart there keeps its PID and leaves a gap)."""
+    spec = importlib.util.spec_from_file_location("tidy_bench", ROOT / "bench" / "leak.py")
+    tidy = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tidy)
+    rng = random.Random(zlib.crc32(repr((kind, None, seed)).encode()))
+    trace = tidy.base_trace(rng, tidy.CLEAN_HOURS, kind.split("@")[0])
+    total = max(v for _, v in trace) + (tidy.NEAR_FULL if kind.endswith("@full") else 20 * 1024)
+    rows = [(1796206200 + t, 7, v) for t, v in trace]     # bucket-aligned, as in the bench
+    events = leak.replay_rows(rows, leak.params_from({}), gpu_total=total)
+    return [e for e in events if e["state"] == "firing"]
+
+
+@pytest.mark.parametrize("kind,seed", [("restart", 36), ("restart", 59), ("restart@full", 53)])
+def test_restart_during_a_gap_near_the_old_level_is_a_new_segment(kind, seed):
+    """A job restarted in a 9-14 minute gap under the same PID and came
+    back 740 or 1120 MiB lower (under 2 % of 53-61 GB), or 240 MiB higher
+    and 1 GB higher two minutes later: its warm-up was read as growth (the
+    slow tier at 120-506 MiB/h; the fast tier on a GPU 3 GiB from full)."""
+    assert tidy_firing(kind, seed) == []
+
+
+@pytest.mark.parametrize("kind,seed", [("records", 41), ("records@full", 49)])
+def test_warm_up_tail_then_new_record_lengths_is_not_a_leak(kind, seed):
+    """A warm-up that outlasts the skipped half hour (its tail adds 80-400
+    MiB per bucket), an hour or more still, then a few longer sequences
+    (+120, +220, +160 MiB) hours later: a 6 h window over both read a
+    steady 64-111 MiB/h."""
+    assert tidy_firing(kind, seed) == []
+
+
+def test_warm_up_with_one_record_jump_on_a_nearly_full_gpu_is_not_a_fast_leak():
+    """A warm-up from the first minute 11 GB under capacity (17 GB/h,
+    slowing) with one +2 GB record length 15 minutes in: the jump kept the
+    second half's rate up, so the fast tier saw no deceleration."""
+    assert tidy_firing("records@full", 47) == []
+
+
+def test_three_alike_jumps_at_an_unsteady_pace_are_not_a_step_leak():
+    """+3.8, +3.5 and +3.7 GiB one-time jumps 4.2 h and then 2.5 h apart
+    (tidy mixed 29) were rated a 1122 MiB/h step leak."""
+    assert tidy_firing("mixed", 29) == []
 
 
 def test_step_leak_after_an_unlike_warm_up_step_is_caught_at_its_fourth_step():
