@@ -1097,13 +1097,15 @@ class Series:
         """(slope, firing, severity, oom_h) for status lines and metrics."""
         slope = self.last.get("slope", 0.0) or 0.0
         free = self.last.get("free")
-        oom = round(free / slope, 1) if free is not None and slope > 0 else None
+        # unrounded: the status line carries it in seconds (a fast leak's
+        # 96 s to OOM is not "0.0 h")
+        oom = free / slope if free is not None and slope > 0 else None
         return slope, self.firing, (severity_for(oom, self.p) if self.firing else "none"), oom
 
     def event(self, state):
         slope = round(self.last.get("slope", 0.0) or 0.0, 1)
         free = self.last.get("free")
-        oom = round(free / slope, 1) if free is not None and slope > 0 else None
+        oom = round(free / slope, 3) if free is not None and slope > 0 else None
         ev = {"ts": int(self.last["ts"]), "event": "gpu_memory_leak", "state": state, "pid": self.pid,
               "slope_mib_per_hour": slope, "used_memory_mib": self.last["used"],
               "free_memory_mib": free, "projected_oom_hours": oom,

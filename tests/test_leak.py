@@ -109,6 +109,23 @@ def test_replay_prints_one_json_line_per_event(tmp_path):
     assert not (tmp_path / "s" / "events.jsonl").exists()       # a replay pages nobody
 
 
+def test_a_fast_fill_projects_its_oom_in_seconds_not_zero_hours(tmp_path):
+    """The H200 fill (600 MiB/s) alerted 96 s before OOM with
+    projected_oom_hours 0.0: the figure must say how little time is left."""
+    rows = [(t, 600 + 600 * t) for t in range(236)]
+    csv_path = tmp_path / "fill.csv"
+    write_csv(csv_path, rows)
+    r = run(["--replay", str(csv_path), "--gpu-total-mib", "143771"],
+            env={"GPUGUARD_STATE_DIR": str(tmp_path / "s")})
+    assert r.returncode == 0, r.stderr
+    first = json.loads(r.stdout.splitlines()[0])
+    assert first["state"] == "firing" and first["severity"] == "critical"
+    free = 143771 - first["used_memory_mib"]
+    seconds_left = 3600 * free / first["slope_mib_per_hour"]
+    assert 30 < seconds_left < 200
+    assert 3600 * first["projected_oom_hours"] == pytest.approx(seconds_left, rel=0.05)
+
+
 def test_replay_of_clean_trace_prints_no_event_and_a_summary(tmp_path):
     csv_path = tmp_path / "clean.csv"
     write_csv(csv_path, bench.base_trace(random.Random(4), 24, "mixed"))
