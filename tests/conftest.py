@@ -235,6 +235,45 @@ def wait_for(pred, timeout=15.0, step=0.05):
     return False
 
 
+def run_killed_after(cmd, env, seconds):
+    """Runs cmd and kills it with SIGKILL when it still runs after `seconds`
+    (None: never), as a crash or an OOM kill lands at a random point.
+    Returns (killed, exit status)."""
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        return False, proc.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGKILL)
+        return True, proc.wait()
+
+
+def stop_processes(procs):
+    """Stops servers a test started (prometheus, node_exporter...): TERM to
+    each still running, then up to 10 s for each before KILL."""
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+def fill_filesystem(folder):
+    """Fills the file system holding folder with one file; returns its path."""
+    filler = Path(folder) / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        while True:
+            os.write(fd, b"\0" * 4096)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    return filler
+
+
 def default_signals():
     """In the child before exec: the dispositions a user's terminal gives.
     A test suite started in the background of a script inherits SIGINT and

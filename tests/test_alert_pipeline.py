@@ -4,7 +4,6 @@ that overlap, a full disk, links planted at state paths, odd bytes."""
 import json
 import os
 import random
-import signal
 import subprocess
 import sys
 import time
@@ -12,7 +11,7 @@ import time
 import gpuguard_alert as alert
 import pytest
 import webhook_sink
-from conftest import ROOT, free_port, require
+from conftest import ROOT, fill_filesystem, free_port, require, run_killed_after
 
 HELPER = str(ROOT / "python" / "gpuguard_alert.py")
 
@@ -206,13 +205,8 @@ def test_kill_9_at_random_points_misses_nothing_and_duplicates_at_most_one_per_k
         for _ in range(rng.randint(1, 3)):
             queue(env, idle_event(gpu))
             gpu += 1
-        p = subprocess.Popen([sys.executable, "-S", HELPER, "flush"], env=env,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(rng.uniform(0.05, 0.6))
-        if p.poll() is None:
-            p.send_signal(signal.SIGKILL)
-            kills += 1
-        p.wait()
+        killed, _ = run_killed_after([sys.executable, "-S", HELPER, "flush"], env, rng.uniform(0.05, 0.6))
+        kills += killed
     env["NOTIFY_RATE_PER_MIN"] = "100000"
     state = os.path.join(env["GPUGUARD_STATE_DIR"], "alert-state.json")
     if os.path.exists(state):
@@ -265,17 +259,6 @@ def tiny_fs(tmp_path):
     subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
-def fill(folder):
-    fd = os.open(os.path.join(folder, "filler"), os.O_WRONLY | os.O_CREAT, 0o600)
-    try:
-        while True:
-            os.write(fd, b"\0" * 4096)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def test_disk_full_delivers_keeps_state_whole_and_logs_one_line(tiny_fs, tmp_path):
     sink = serve()
     state = tiny_fs / "state"
@@ -287,7 +270,7 @@ def test_disk_full_delivers_keeps_state_whole_and_logs_one_line(tiny_fs, tmp_pat
     assert alert.flush(env) == 1                       # writes alert-state.json
     before = (state / "alert-state.json").read_bytes()
     queue(env, idle_event(1), idle_event(2))
-    fill(str(tiny_fs))
+    fill_filesystem(str(tiny_fs))
     r = subprocess.run([sys.executable, "-S", HELPER, "flush"], env=env, capture_output=True, text=True, check=False,
                        timeout=60)
     assert r.returncode == 0 and "Traceback" not in r.stderr + log_text(env)

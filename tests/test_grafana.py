@@ -12,7 +12,7 @@ import urllib.parse
 import urllib.request
 
 import pytest
-from conftest import ROOT, app, free_port, idle_gpu, require, wait_for
+from conftest import ROOT, app, free_port, idle_gpu, require, stop_processes, wait_for
 
 DASHBOARD = ROOT / "etc" / "grafana" / "gpuguard-dashboard.json"
 
@@ -163,10 +163,4 @@ def test_every_panel_query_returns_data_from_real_prometheus(box, tmp_path):
         for metric in ("gpuguard_gpu_stuck", "gpuguard_gpu_fault"):
             assert sorted(r["metric"]["gpu"] for r in instant(ports["prom"], metric)) == ["0", "1"]
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_processes(procs)

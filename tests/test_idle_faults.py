@@ -12,7 +12,7 @@ import subprocess
 import time
 
 import pytest
-from conftest import H200_UUID, ROOT, app, busy_gpu, idle_gpu, uuid_for, wait_for
+from conftest import H200_UUID, ROOT, app, busy_gpu, idle_gpu, run_killed_after, uuid_for, wait_for
 
 IDLE = {"gpus": [idle_gpu()], "apps": [app(1410)]}
 BUSY = {"gpus": [busy_gpu()], "apps": [app(1410)]}
@@ -186,13 +186,8 @@ def test_kill_9_at_random_points_never_loses_nor_repeats_an_incident(box):
     kills = 0
     for i in range(100):
         env["GPUGUARD_NOW"] = str(1000 + i)
-        p = subprocess.Popen([str(ROOT / "bin/yichuidingyin.sh"), "--once"], env=env,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(rng.uniform(0.0, 0.25))
-        if p.poll() is None:
-            p.send_signal(signal.SIGKILL)
-            kills += 1
-        p.wait()
+        killed, _ = run_killed_after([str(ROOT / "bin/yichuidingyin.sh"), "--once"], env, rng.uniform(0.0, 0.25))
+        kills += killed
     # a killed run's children (nvidia-smi) may hold the lock a moment longer
     assert wait_for(lambda: lock_free(box.state / "yichuidingyin.lock"))
     for i in range(12):

@@ -12,7 +12,7 @@ import urllib.request
 
 import pytest
 import webhook_sink
-from conftest import ROOT, app, busy_gpu, free_port, idle_gpu, wait_for
+from conftest import ROOT, app, busy_gpu, free_port, idle_gpu, stop_processes, wait_for
 
 PROMTOOL = shutil.which("promtool")
 STACK = [shutil.which(b) for b in ("prometheus", "prometheus-node-exporter", "prometheus-alertmanager")]
@@ -137,13 +137,7 @@ def test_end_to_end_idle_alert_through_the_real_stack(box, tmp_path):
         box.once(now=3, env=env)                                     # busy again
         assert wait_for(lambda: status_of("resolved"), timeout=90), "no resolved webhook"
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_processes(procs)
         server.shutdown()
 
 
@@ -250,12 +244,5 @@ def test_alertmanager_silence_from_the_rules_labels_holds_for_gpuguards_own_aler
         assert resolved_hooks("1")[0]["endsAt"] <= time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 1))
         assert not resolved_hooks("0")                               # silenced
     finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.terminate()
-        for p in procs.values():
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_processes(procs.values())
         server.shutdown()

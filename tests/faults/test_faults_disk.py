@@ -9,7 +9,7 @@ import time
 
 import flaky_receiver
 import pytest
-from conftest import ROOT, app, require, stop_daemon, uuid_for
+from conftest import ROOT, app, fill_filesystem, require, stop_daemon, uuid_for
 from faultlib import LONG, base_env, record, scenario_file, wait_until
 
 GPU0 = uuid_for(0)
@@ -34,20 +34,6 @@ def tiny_fs(tmp_path):
     subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
-def fill(folder):
-    """Fills the filesystem of folder; returns the filler's path."""
-    filler = folder / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        while True:
-            os.write(fd, b"\0" * 4096)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-    return filler
-
-
 def state_is_intact(path):
     text = path.read_text()
     return bool(text) and all(line.split(" ", 1)[0] in ("monitor", "gpu", "history")
@@ -64,7 +50,7 @@ def test_full_disk_daemon_keeps_watching_logs_once_and_catches_up(tmp_path, tiny
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         assert wait_until(lambda: (tiny_fs / "state" / "idle.state").exists(), 20)
-        filler = fill(tiny_fs)
+        filler = fill_filesystem(tiny_fs)
         full_since = time.time()
         time.sleep(8)                                 # the GPU turns idle-held while the disk is full
         alive = proc.poll() is None
@@ -99,7 +85,7 @@ def test_full_disk_alert_is_not_lost(tmp_path, tiny_fs):
     r = subprocess.run([str(ROOT / "bin/yichuidingyin.sh"), "--once"], env=dict(env, GPUGUARD_NOW="0"),
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    filler = fill(tiny_fs)
+    filler = fill_filesystem(tiny_fs)
     for t in (60, 120, 180):
         subprocess.run([str(ROOT / "bin/yichuidingyin.sh"), "--once"], env=dict(env, GPUGUARD_NOW=str(t)),
                        capture_output=True, text=True)

@@ -7,7 +7,6 @@ request went out counts as maybe delivered."""
 import json
 import os
 import random
-import signal
 import subprocess
 import threading
 import time
@@ -15,7 +14,7 @@ from collections import Counter
 
 import flaky_receiver
 import pytest
-from conftest import ROOT, app, uuid_for
+from conftest import ROOT, app, run_killed_after, uuid_for
 from faultlib import LONG, base_env, events_of, record, scenario_file
 
 T0 = 1_800_000_000
@@ -65,20 +64,14 @@ def kill_run(tmp_path_factory):
         e = dict(env, GPUGUARD_NOW=str(T0 + 60 * i), FAKE_SMI_STATE=str(step_file))
         if i >= cycles:
             rx.mix = {"ok": 1}                # the receiver recovers: catch up
-        proc = subprocess.Popen([str(ROOT / "bin/yichuidingyin.sh"), "--once"], env=e,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        killed = False
-        started = time.time()
+        limit = None
         if i < cycles and rng.random() < kill_p:
             # a random point within a typical cycle, so most tries land
             typical = sorted(durations)[len(durations) // 2] if durations else 0.5
-            try:
-                proc.wait(timeout=rng.uniform(0.0, 0.95 * typical))
-            except subprocess.TimeoutExpired:
-                proc.send_signal(signal.SIGKILL)
-                killed = True
-                kills += 1
-        rc = proc.wait()
+            limit = rng.uniform(0.0, 0.95 * typical)
+        started = time.time()
+        killed, rc = run_killed_after([str(ROOT / "bin/yichuidingyin.sh"), "--once"], e, limit)
+        kills += killed
         if not killed:
             durations.append(time.time() - started)
             durations = durations[-50:]
