@@ -107,8 +107,28 @@ gg_is_number() {
 # Returns:
 #   0 and the value set; 1 (variable set to '') when invalid or out of range
 gg_number_into() {
+  local _num_max=${5:-1000000000000000} _num_whole=${2%%.*}
+  # Nearly every value read is a number without leading zeros that has
+  # fewer digits than MAX (so is below it) and is not below MIN: one test
+  # and done. The rest is
+  # a function of its own because bash copies a function's body at every
+  # call: a small one is cheap, and this one runs for every value read.
+  if [[ $2 == @(0|[1-9]*([0-9])) || ($3 == dec && $2 == @(0|[1-9]*([0-9])).+([0-9])) ]] &&
+    ((${#_num_whole} < ${#_num_max} && ${#_num_max} <= 18 && _num_whole >= $4)); then
+    local -n _num_out=$1
+    # shellcheck disable=SC2034 # nameref: assigns the caller's variable
+    _num_out=$2
+    return 0
+  fi
+  gg_number_checked_into "$@"
+}
+
+# gg_number_into for the values that are not plain (leading zeros,
+# decimals of an int, out of range, garbage); same arguments.
+gg_number_checked_into() {
   local -n _num_out=$1
-  local _num_text=$2 _num_kind=$3 _num_min=$4 _num_max=${5:-1000000000000000} _num_whole _num_frac='' _num_zeros
+  local _num_max=${5:-1000000000000000} _num_whole
+  local _num_text=$2 _num_kind=$3 _num_min=$4 _num_frac='' _num_zeros
   _num_out=''
   # patterns, not regular expressions: bash compiles a regular expression
   # at every use (~0.05 ms), and this runs for every number of every sample
@@ -133,6 +153,22 @@ gg_number_into() {
   fi
   # shellcheck disable=SC2034 # nameref: assigns the caller's variable
   _num_out=$_num_whole$_num_frac
+}
+
+# Reads exactly $3 bytes from fd $2 into the variable named $1, NUL bytes
+# dropped, in one call: for an answer written whole right after a header
+# the caller waited for (nvidia-smi's, the leak detector's), so no
+# deadline is needed; a `read -t`, like mapfile, reads a pipe a byte per
+# system call. Byte counts need the C locale.
+# Returns:
+#   1 when fewer bytes came (the writer ended mid-answer)
+gg_read_bytes_into() {
+  local -n _bytes_out=$1
+  local LC_ALL=C
+  _bytes_out=''
+  (($3 > 0)) || return 0
+  IFS= read -r -N "$3" -u "$2" _bytes_out 2>/dev/null || true
+  ((${#_bytes_out} == $3))
 }
 
 # Runs a Python helper with only what it needs in its environment: the
@@ -408,16 +444,15 @@ gg_proc_scan() {
   local -a a
   # A stat line split at blanks has as many fields as ours unless the
   # process name (comm) holds blanks: then the fields are found after the
-  # last ") " instead. read -a splits in one step (no expansions): this
-  # runs for every process on the box every cycle.
+  # last ") " instead, behind two placeholders so that both ways number
+  # them alike. read -a splits in one step (no expansions): this runs for
+  # every process on the box every cycle.
   read -r -a a </proc/self/stat
   width=${#a[@]}
   for f in /proc/[0-9]*/stat; do
     { read -r -a a <"$f"; } 2>/dev/null || continue
     if ((${#a[@]} == width)) && [[ ${a[1]} == '('*')' ]]; then
       pid=${a[0]} comm=${a[1]:1:-1}
-      # from the state on, as in the other branch
-      a=("${a[@]:2}")
     else
       { read -r line <"$f"; } 2>/dev/null || continue
       pid=${line%% *}
@@ -426,13 +461,14 @@ gg_proc_scan() {
       # after the last ") ": state ppid pgrp ... (comm may hold spaces)
       rest=${line##*) }
       # shellcheck disable=SC2206 # numbers and a state letter: nothing to glob
-      a=($rest)
+      a=("$pid" "($comm)" $rest)
     fi
-    GG_PROC_PPID[$pid]=${a[1]}
-    GG_PROC_KIDS[${a[1]}]+=" $pid"
-    GG_PROC_TICKS[$pid]=$((a[11] + a[12]))
-    GG_PROC_START[$pid]=${a[19]}
-    GG_PROC_RSS[$pid]=${a[21]}
+    # fields as proc(5) numbers them, less one
+    GG_PROC_PPID[$pid]=${a[3]}
+    GG_PROC_KIDS[${a[3]}]+=" $pid"
+    GG_PROC_TICKS[$pid]=$((a[13] + a[14]))
+    GG_PROC_START[$pid]=${a[21]}
+    GG_PROC_RSS[$pid]=${a[23]}
     GG_PROC_COMM[$pid]=$comm
   done
 }

@@ -10,6 +10,7 @@
 leak_init() {
   declare -ga LEAK_ROOT_PIDS=() LEAK_PIDS=()
   declare -gA LEAK_CPU_PREV=() LEAK_STATUS=() LEAK_CMDLINES=() LEAK_CMDLINE_IDS=() LEAK_RANKS=()
+  declare -gA LEAK_GPU_FREE=() LEAK_GPU_TOTAL=()
   declare -g LEAK_MATCH='' LEAK_ALL=0 LEAK_FAILS=0 LEAK_ACTION=notify LEAK_GRACE=30
   # option values for the Python helper, set by leak_apply_options
   declare -gA LEAK_OPT_ENV=()
@@ -92,8 +93,9 @@ leak_cycle() {
   LEAK_FAILS=0
   gg_proc_scan
   leak_select_roots
-  local samples='' root pid used free total cpu rss key name cmd ticks members mlines mfree mtotal rank
+  local samples='' root pid used free total cpu rss key name cmd ticks members mlines mfree mtotal rank uuids
   local -a tree holders
+  leak_gpu_rooms
   for root in "${LEAK_ROOT_PIDS[@]}"; do
     # a PID not visible here (another PID namespace) is a tree of one; so
     # is a process without children (no function call for it: this loop
@@ -105,13 +107,17 @@ leak_cycle() {
     fi
     used=0 free='' total='' ticks=0 rss=0 holders=()
     for pid in "${tree[@]}"; do
-      used=$((used + ${SMI_PIDS_MEM[$pid]:-0}))
-      ticks=$((ticks + ${GG_PROC_TICKS[$pid]:-0}))
-      rss=$((rss + ${GG_PROC_RSS[$pid]:-0}))
+      used=$((used + ${SMI_PIDS_MEM[$pid]:-0})) ticks=$((ticks + ${GG_PROC_TICKS[$pid]:-0})) rss=$((rss + ${GG_PROC_RSS[$pid]:-0}))
       ((${SMI_PIDS_MEM[$pid]:-0} > 0)) && holders+=("$pid")
       # launchers are on no GPU
-      [[ -n ${SMI_PID_UUIDS[$pid]:-} ]] || continue
-      leak_gpu_room_into "$pid" mfree mtotal
+      uuids=${SMI_PID_UUIDS[$pid]:-}
+      [[ -n $uuids ]] || continue
+      if [[ $uuids == *' '* ]]; then
+        leak_gpu_room_into "$pid" mfree mtotal
+      else
+        # one GPU (nearly always): no function call in this loop
+        mfree=${LEAK_GPU_FREE[$uuids]:-} mtotal=${LEAK_GPU_TOTAL[$uuids]:-}
+      fi
       if [[ -n $mfree ]] && [[ -z $free || $mfree -lt $free ]]; then
         free=$mfree total=$mtotal
       fi
@@ -129,7 +135,7 @@ leak_cycle() {
     [[ -z ${GG_PROC_PPID[$root]:-} ]] || leak_cmdline_into "$root" cmd
     cmd=${cmd:-$name}
     # tabs and newlines would break the protocol's fields
-    name=${name//[$'\t\n']/ } cmd=${cmd//[$'\t\n']/ }
+    [[ $name$cmd == *[$'\t\n']* ]] && name=${name//[$'\t\n']/ } cmd=${cmd//[$'\t\n']/ }
     members='' mlines=''
     for pid in "${holders[@]}"; do
       members+="${members:+,}$pid"
@@ -157,19 +163,31 @@ leak_cycle() {
   fi
 }
 
+# Reads each GPU's free and total MiB from the sample into LEAK_GPU_FREE
+# and LEAK_GPU_TOTAL (by UUID; none for a GPU whose figures nvidia-smi did
+# not give), once per cycle.
+leak_gpu_rooms() {
+  declare -gA LEAK_GPU_FREE=() LEAK_GPU_TOTAL=()
+  local uuid
+  for uuid in "${SMI_UUIDS[@]}"; do
+    [[ -n ${SMI_MEM_TOTAL[$uuid]:-} && -n ${SMI_MEM_USED[$uuid]:-} ]] || continue
+    LEAK_GPU_TOTAL[$uuid]=${SMI_MEM_TOTAL[$uuid]%.*}
+    LEAK_GPU_FREE[$uuid]=$((${SMI_MEM_TOTAL[$uuid]%.*} - ${SMI_MEM_USED[$uuid]%.*}))
+  done
+}
+
 # Puts the free and total MiB of the fullest GPU a PID uses into $2 and $3
-# ('' when unknown: a GPU whose figures nvidia-smi did not give).
+# ('' when unknown), from leak_gpu_rooms.
 # shellcheck disable=SC2034 # nameref: assigns the caller's variables
 leak_gpu_room_into() {
   local -n room_free=$2 room_total=$3
-  local uuid f
+  local uuid
   room_free='' room_total=''
   for uuid in ${SMI_PID_UUIDS[$1]:-}; do
-    [[ -n ${SMI_MEM_TOTAL[$uuid]:-} && -n ${SMI_MEM_USED[$uuid]:-} ]] || continue
-    f=$((${SMI_MEM_TOTAL[$uuid]%.*} - ${SMI_MEM_USED[$uuid]%.*}))
-    if [[ -z $room_free ]] || ((f < room_free)); then
-      room_free=$f
-      room_total=${SMI_MEM_TOTAL[$uuid]%.*}
+    [[ -n ${LEAK_GPU_FREE[$uuid]:-} ]] || continue
+    if [[ -z $room_free ]] || ((LEAK_GPU_FREE[$uuid] < room_free)); then
+      room_free=${LEAK_GPU_FREE[$uuid]}
+      room_total=${LEAK_GPU_TOTAL[$uuid]}
     fi
   done
   return 0
@@ -268,12 +286,13 @@ leak_detector_send() {
 # (tab-separated):
 #   event STATE PID JSON   -> events_emit, then the --on-leak action
 #   status PID SLOPE FIRING USED SEVERITY OOM_S NAME -> LEAK_STATUS
-#     (by PID, the fields after it), for metrics and status
+#     (by PID, the fields after it), for the textfile metrics: read only
+#     when they are written (status lines come after the events)
 # A failed cycle (no answer, or "F": the detector said why on stderr) is
 # one log line; the next cycle starts a new detector if this one ended.
 # shellcheck disable=SC2034 # LEAK_STATUS is read by textfile_write_leak
 leak_run_detector() {
-  local head='' count='' line kind state pid rest rfd
+  local head='' count='' size='' body='' line kind state pid rest rfd
   local -a reply=()
   if ! leak_detector_send "$1"; then
     gg_log error "leak detector failed (could not start it)"
@@ -281,22 +300,28 @@ leak_run_detector() {
   fi
   # gone when the detector died since (bash closed its pipes)
   rfd=${LEAK_DETECTOR[0]:-}
-  if [[ -z $rfd ]] || ! read -r -t "$LEAK_DETECTOR_WAIT_S" -u "$rfd" head count 2>/dev/null; then
+  if [[ -z $rfd ]] || ! read -r -t "$LEAK_DETECTOR_WAIT_S" -u "$rfd" head count size 2>/dev/null; then
     gg_log error "leak detector failed (no answer)"
     leak_detector_stop kill
     return 0
   fi
-  if [[ $head != R || ! $count =~ ^[0-9]+$ ]]; then
+  if [[ $head != R || ! $count =~ ^[0-9]+$ || ! $size =~ ^[0-9]+$ ]]; then
     gg_log error "leak detector failed (exit ${count:-?})"
     return 0
   fi
-  if ((count > 0)); then
-    mapfile -t -n "$count" -u "$rfd" reply 2>/dev/null || true
+  # written whole right after the header: no deadline needed
+  if ! gg_read_bytes_into body "$rfd" "$size"; then
+    gg_log error "leak detector failed (a cut answer)"
+    leak_detector_stop kill
+    return 0
   fi
+  smi_lines_into reply "$body"
   LEAK_STATUS=()
   for line in "${reply[@]}"; do
     # fields by expansion, not a here-string per line (no field is empty)
     kind=${line%%$'\t'*} rest=${line#*$'\t'}
+    # status lines come after the events and only feed the metrics
+    [[ $kind == status && -z ${GPUGUARD_TEXTFILE_DIR:-} ]] && break
     state=${rest%%$'\t'*} rest=${rest#*$'\t'}
     pid=${rest%%$'\t'*} rest=${rest#*$'\t'}
     case $kind in

@@ -24,14 +24,25 @@ SMI_MAX_PID=2147483647
 # [GPU is lost], ...) is a fault of that device, kept in SMI_GPU_FAULT.
 SMI_PLACEHOLDERS='|N/A|Not Supported|Insufficient Permissions|Requested functionality has been deprecated|Not Available|'
 
+# The script that runs nvidia-smi under `timeout` (as sh -c SCRIPT sh CMD
+# ARGS...): it keeps the whole answer and writes it once the command has
+# ended, after a header "STATUS BYTES". Its output goes to a pipe of its
+# own, so a child that escaped the process group (setsid) and still holds
+# it keeps nobody waiting; bytes are counted in the C locale, after the
+# command ran in the caller's.
+# shellcheck disable=SC2016 # expanded by that sh, not here
+SMI_CAPTURE_SCRIPT='out=$("$@" 2>&1); rc=$?; LC_ALL=C; printf "%d %d\n%s" "$rc" "${#out}" "$out"'
+
 # Runs nvidia-smi with the given arguments, bounded by SMI_TIMEOUT + 1 s
 # whatever it does: `timeout` runs it in its own process group and kills the
-# group (TERM, then KILL 1 s later), and its output is read with a deadline,
-# so a child that escaped the group (setsid) and still holds the pipe cannot
-# keep us waiting either. No temporary file: this works on a full disk.
-# The output goes into a variable, not to stdout: a `$(...)` around the call
-# would fork the whole shell once more per call (a live cycle makes two),
-# so the process substitution that becomes `timeout` is the only fork here.
+# group (TERM, then KILL 1 s later), and the answer's header is waited for
+# with a deadline. The answer itself is then read in one call: a `read -t`
+# reads a pipe a byte per system call and blocks signals around each byte,
+# which was most of a 64-process sample's cost. No temporary file: this
+# works on a full disk. The output goes into a variable, not to stdout: a
+# `$(...)` around the call would fork the whole shell once more per call
+# (a live cycle makes two), so the process substitution that becomes
+# `timeout` is the only fork of this shell.
 # Globals:
 #   NVIDIA_SMI (command line, may be "ssh node7 nvidia-smi"), SMI_TIMEOUT
 # Arguments:
@@ -39,7 +50,8 @@ SMI_PLACEHOLDERS='|N/A|Not Supported|Insufficient Permissions|Requested function
 #   merged (it writes errors to stdout), NUL bytes and trailing newlines
 #   dropped; the rest: nvidia-smi's arguments
 # Returns:
-#   nvidia-smi's status; 124 when it timed out; 127 when it is missing
+#   nvidia-smi's status; 124 when it timed out (nothing of its output is
+#   kept then); 127 when it is missing
 smi_run_into() {
   local -n _smi_run_out=$1
   shift
@@ -50,44 +62,38 @@ smi_run_into() {
     _smi_run_out="${_sr_cmd[0]}: command not found"
     return 127
   fi
-  local _sr_limit=${SMI_TIMEOUT:-10} _sr_fd _sr_pid _sr_chunk _sr_output='' _sr_rc=0 _sr_now _sr_left _sr_timed_out=0 _sr_deadline _sr_frac
+  local _sr_limit=${SMI_TIMEOUT:-10} _sr_fd _sr_pid _sr_rc _sr_status='' _sr_size='' _sr_now _sr_left _sr_deadline _sr_frac
   _sr_deadline=${EPOCHREALTIME/[.,]/}
   _sr_deadline=$((_sr_deadline + (_sr_limit + 1) * 1000000))
   local _sr_lock_fd=${GG_LOCK_FD:-1023}
-  exec {_sr_fd}< <(exec timeout -k 1 "$_sr_limit" "${_sr_cmd[@]}" "$@" 2>&1 {_sr_lock_fd}>&-)
+  exec {_sr_fd}< <(exec timeout -k 1 "$_sr_limit" sh -c "$SMI_CAPTURE_SCRIPT" sh "${_sr_cmd[@]}" "$@" 2>/dev/null {_sr_lock_fd}>&-)
   _sr_pid=$!
   while :; do
     _sr_now=${EPOCHREALTIME/[.,]/}
     _sr_left=$((_sr_deadline - _sr_now))
-    if ((_sr_left <= 0)); then
-      _sr_timed_out=1
-      break
-    fi
-    _sr_chunk=''
+    ((_sr_left > 0)) || break
     printf -v _sr_frac '%06d' $((_sr_left % 1000000))
-    # -N: up to 1 MiB at once, NUL bytes dropped (a -d '' read costs a
-    # few system calls per byte: 10 ms of CPU for a 64-process list)
     _sr_rc=0
-    IFS= read -r -N 1048576 -t "$((_sr_left / 1000000)).$_sr_frac" -u "$_sr_fd" _sr_chunk || _sr_rc=$?
-    _sr_output+=$_sr_chunk
-    # 0: a full 1 MiB, read on; 1: end of output; above 128: the deadline
-    # or a signal (SIGHUP to the daemon), which the deadline check above
-    # tells apart
-    ((_sr_rc == 0 || _sr_rc > 128)) && continue
+    read -r -t "$((_sr_left / 1000000)).$_sr_frac" -u "$_sr_fd" _sr_status _sr_size || _sr_rc=$?
+    # above 128: the deadline or a signal (SIGHUP to the daemon), which
+    # the deadline check above tells apart
+    ((_sr_rc > 128)) && continue
     break
   done
-  exec {_sr_fd}<&-
-  # as `$(...)` did for the callers: no trailing newlines
-  while [[ $_sr_output == *$'\n' ]]; do
-    _sr_output=${_sr_output%$'\n'}
-  done
-  _smi_run_out=$_sr_output
-  if ((_sr_timed_out)); then
+  # no header (killed at the deadline, or no time left), or a cut answer:
+  # timed out
+  if ((_sr_rc != 0)) || [[ ! $_sr_status =~ ^[0-9]+$ || ! $_sr_size =~ ^[0-9]+$ ]] ||
+    ! gg_read_bytes_into _smi_run_out "$_sr_fd" "$_sr_size"; then
+    _smi_run_out=''
+    exec {_sr_fd}<&-
     # timeout(1) leads its group: take the whole group down, then reap it
     kill -KILL -- "-$_sr_pid" 2>/dev/null || kill -KILL "$_sr_pid" 2>/dev/null || true
     wait "$_sr_pid" 2>/dev/null || true
     return 124
   fi
+  exec {_sr_fd}<&-
+  # the status is the command's (timeout's own is 124 when it fired, and
+  # then there was no header); timeout is reaped
   while :; do
     _sr_rc=0
     wait "$_sr_pid" || _sr_rc=$?
@@ -95,7 +101,8 @@ smi_run_into() {
     ((_sr_rc > 128)) && kill -0 "$_sr_pid" 2>/dev/null && continue
     break
   done
-  return "$_sr_rc"
+  # sh says 127 for a command it cannot find or run
+  return "$_sr_status"
 }
 
 # smi_run_into for callers that want the output on stdout (doctor).
@@ -213,25 +220,41 @@ smi_lines_into() {
   _smi_lines=($2)
 }
 
+# Splits a line at its commas into the array named $1 (globs not expanded,
+# empty fields kept).
+smi_fields_into() {
+  local -n _smi_fields=$1
+  local - IFS=,
+  set -f
+  # shellcheck disable=SC2206 # splitting at commas is the point
+  _smi_fields=($2)
+}
+
 # Reads one value of a GPU line: a placeholder gives '', a device fault
 # gives '' and is recorded for the GPU, a number is checked by gg_number_into.
+# Kept small (bash copies a function's body at every call) with the
+# bracketed texts in smi_bracket_into.
 # Arguments:
 #   $1 variable for the value, $2 text, $3 int|dec, $4 MIN, $5 MAX,
 #   $6 variable collecting the fault text
 smi_value_into() {
-  local -n _smi_out=$1 _smi_fault=$6
+  case $2 in
+    '' | N/A | '['*']') smi_bracket_into "$1" "$2" "$6" ;;
+    *) gg_number_into "$1" "$2" "$3" "$4" "$5" || SMI_BAD_VALUES=$((SMI_BAD_VALUES + 1)) ;;
+  esac
+  return 0
+}
+
+# smi_value_into for a text that is no number: empty, N/A or bracketed (a
+# placeholder, or a device fault recorded in the variable named $3).
+smi_bracket_into() {
+  local -n _smi_out=$1 _smi_fault=$3
   local _smi_text=$2
   _smi_out=''
-  case $_smi_text in
-    '' | N/A) return 0 ;;
-    '['*']')
-      _smi_text=${_smi_text:1:-1}
-      [[ $SMI_PLACEHOLDERS == *"|$_smi_text|"* ]] || _smi_fault=${_smi_fault:-$_smi_text}
-      return 0
-      ;;
-  esac
-  gg_number_into _smi_out "$_smi_text" "$3" "$4" "$5" || SMI_BAD_VALUES=$((SMI_BAD_VALUES + 1))
-  return 0
+  if [[ $_smi_text == '['*']' ]]; then
+    _smi_text=${_smi_text:1:-1}
+    [[ $SMI_PLACEHOLDERS == *"|$_smi_text|"* ]] || _smi_fault=${_smi_fault:-$_smi_text}
+  fi
 }
 
 # Parses `--query-gpu` CSV (noheader, nounits) into the SMI_* arrays.
@@ -240,12 +263,11 @@ smi_value_into() {
 # line (a warning, garbage) is skipped; both count in SMI_BAD_LINES. A value
 # that is not a valid number in range is unknown (''), counted in
 # SMI_BAD_VALUES. A second line for the same GPU is skipped.
-# One regular expression a line and no forks: it runs every cycle for every
-# GPU.
+# Lines are split at commas by the shell in one step and each field is
+# checked by a pattern (a regular expression a line cost three times as
+# much); no forks: it runs every cycle for every GPU.
 smi_parse_gpus() {
-  local start='^ *([0-9]+), *((GPU|MIG)-[0-9A-Za-z/-]+|\[[^],]*\])'
-  local re="$start"', *([^,]*), *([^,]*), *([^,]*), *([^,]*), *([^,]*)(, *(.*))?$'
-  local text=${1#$'\xef\xbb\xbf'} line uuid index name fault
+  local text=${1#$'\xef\xbb\xbf'} line uuid index name fault nfields joined i
   local -a raw lines
   local util used total power limit
   # callers that declare the arrays themselves (tests) may predate these
@@ -254,24 +276,46 @@ smi_parse_gpus() {
   smi_lines_into lines "$text"
   for line in "${lines[@]}"; do
     line=${line%$'\r'}
-    [[ -z ${line//[[:space:]]/} ]] && continue
-    if [[ ! $line =~ $re ]]; then
+    [[ $line == *[![:space:]]* ]] || continue
+    # index, uuid, five values and the name (which may hold commas); the
+    # index and uuid end at their comma, the other fields lose the blanks
+    # around them
+    smi_fields_into raw "$line"
+    # the split drops an empty last field
+    nfields=${#raw[@]}
+    [[ $line == *, ]] && nfields=$((nfields + 1))
+    if [[ ${raw[0]} != *( )+([0-9]) || ${raw[1]} != *( )@(@(GPU|MIG)-+([0-9A-Za-z/-])|\[*([!],])\]) ]]; then
       SMI_BAD_LINES=$((SMI_BAD_LINES + 1))
-      [[ $line =~ $start ]] && SMI_TRUNCATED=$((SMI_TRUNCATED + 1))
       continue
     fi
-    raw=("${BASH_REMATCH[@]}")
-    # trailing spaces of each field
-    local i
-    for i in 4 5 6 7 8 10; do
-      raw[i]=${raw[i]%"${raw[i]##*[![:space:]]}"}
-    done
+    if ((nfields < 7)); then
+      SMI_BAD_LINES=$((SMI_BAD_LINES + 1)) SMI_TRUNCATED=$((SMI_TRUNCATED + 1))
+      continue
+    fi
+    name=''
+    if ((nfields > 7)); then
+      # the name is all that follows the seventh comma
+      printf -v name '%s,' "${raw[@]:0:7}"
+      name=${line:${#name}}
+    fi
+    raw[7]=$name
+    # nvidia-smi puts one blank after each comma; other blanks around the
+    # fields (rare) are trimmed one field at a time
+    raw=("${raw[@]:0:8}")
+    raw=("${raw[@]# }")
+    printf -v joined ',%s,' "${raw[@]}"
+    if [[ $joined == *[[:space:]],* || $joined == *,[[:space:]]* ]]; then
+      for ((i = 0; i < 8; i++)); do
+        raw[i]=${raw[i]#"${raw[i]%%[! ]*}"}
+        raw[i]=${raw[i]%"${raw[i]##*[![:space:]]}"}
+      done
+    fi
     fault=''
-    gg_number_into index "${raw[1]}" int 0 65535 || {
+    gg_number_into index "${raw[0]}" int 0 65535 || {
       SMI_BAD_LINES=$((SMI_BAD_LINES + 1))
       continue
     }
-    uuid=${raw[2]}
+    uuid=${raw[1]}
     if [[ $uuid == '['* ]]; then
       # no UUID to key it by: the index stands in, so the fault still shows
       fault=${uuid:1:-1}
@@ -281,12 +325,12 @@ smi_parse_gpus() {
       SMI_BAD_LINES=$((SMI_BAD_LINES + 1))
       continue
     fi
-    smi_value_into total "${raw[6]}" int 1 "$SMI_MAX_MIB" fault
-    smi_value_into util "${raw[4]}" dec 0 100 fault
-    smi_value_into used "${raw[5]}" int 0 "${total:-$SMI_MAX_MIB}" fault
-    smi_value_into power "${raw[7]}" dec 0 "$SMI_MAX_WATTS" fault
-    smi_value_into limit "${raw[8]}" dec 0 "$SMI_MAX_WATTS" fault
-    name=${raw[10]}
+    smi_value_into total "${raw[4]}" int 1 "$SMI_MAX_MIB" fault
+    smi_value_into util "${raw[2]}" dec 0 100 fault
+    smi_value_into used "${raw[3]}" int 0 "${total:-$SMI_MAX_MIB}" fault
+    smi_value_into power "${raw[5]}" dec 0 "$SMI_MAX_WATTS" fault
+    smi_value_into limit "${raw[6]}" dec 0 "$SMI_MAX_WATTS" fault
+    name=${raw[7]}
     case $name in
       '[N/A]' | N/A) name='' ;;
       '['*']')
@@ -316,42 +360,51 @@ smi_parse_gpus() {
 #   1 when any non-empty line is not a process line (garbage, truncated,
 #   also inside the UUID)
 smi_parse_apps() {
-  # the line's shape as a pattern, fields by expansion: bash compiles a
-  # regular expression at every use (~0.1 ms a line, most of a 64-process
-  # sample's parsing), a pattern costs next to nothing
-  local shape='*([ ])+([0-9]),\ *,*([^,]),*([ ])@(GPU|MIG)-+([0-9A-Za-z/-])*([ ])'
-  local text=${1#$'\xef\xbb\xbf'} line rest pid name mem uuid fault
+  local text=${1#$'\xef\xbb\xbf'} line rest head pid name mem uuid fault total
   local -a lines
   smi_lines_into lines "$text"
+  # Each field is cut by expansion and checked on its own: a whole-line
+  # pattern or a regular expression cost several times as much, and this
+  # runs for every process every cycle.
   for line in "${lines[@]}"; do
     line=${line%$'\r'}
-    [[ -z ${line//[[:space:]]/} ]] && continue
-    # shellcheck disable=SC2053 # $shape is a pattern on purpose
-    [[ $line == $shape ]] || return 1
-    # the last two fields hold no comma: PID, NAME (any text), MiB, UUID
-    uuid=${line##*,} rest=${line%,*}
-    mem=${rest##*,} rest=${rest%,*}
-    pid=${rest%%,*} name=${rest#*, }
-    uuid=${uuid#"${uuid%%[! ]*}"} mem=${mem#"${mem%%[! ]*}"} pid=${pid#"${pid%%[! ]*}"}
-    uuid=${uuid%"${uuid##*[! ]}"}
-    gg_number_into pid "$pid" int 1 "$SMI_MAX_PID" || return 1
+    [[ $line == *[![:space:]]* ]] || continue
+    # the last two fields hold no comma: PID, NAME (any text), MiB, UUID.
+    # Cut from the end by length (${line##*,} would try every prefix).
+    head=${line%,*}
+    uuid=${line:${#head}+1}
+    rest=${head%,*}
+    mem=${head:${#rest}+1}
+    pid=${rest%%,*} name=${rest:${#pid}+1}
+    # the PID's comma is followed by a blank
+    [[ $name == ' '* ]] || return 1
+    name=${name:1}
+    # blanks around the fields: nvidia-smi puts one after each comma; the
+    # full trim is for anything else
+    uuid=${uuid# } mem=${mem# }
+    if [[ $uuid == *[[:space:]]* || $mem == *[[:space:]]* || $pid == *[[:space:]]* ]]; then
+      uuid=${uuid#"${uuid%%[! ]*}"} mem=${mem#"${mem%%[! ]*}"} pid=${pid#"${pid%%[! ]*}"}
+      uuid=${uuid%"${uuid##*[! ]}"} mem=${mem%"${mem##*[![:space:]]}"} pid=${pid%"${pid##*[! ]}"}
+    fi
+    [[ $uuid == @(GPU|MIG)-+([0-9A-Za-z/-]) ]] || return 1
+    # a PID of up to 9 digits is within pid_t; longer ones get the full check
+    if [[ $pid != [1-9]*([0-9]) ]] || ((${#pid} > 9)); then
+      gg_number_into pid "$pid" int 1 "$SMI_MAX_PID" || return 1
+    fi
     if [[ -z ${SMI_INDEX[$uuid]+set} ]]; then
       # a cut last line can end inside a UUID, which still reads as one
       smi_uuid_is_cut "$uuid" && return 1
       continue
     fi
-    mem=${mem%"${mem##*[![:space:]]}"}
-    fault=''
-    # digits (nearly every line) go straight to the number check, the rest
-    # (placeholders, faults) through smi_value_into
-    if [[ $mem == +([0-9]) ]]; then
-      gg_number_into mem "$mem" int 0 "${SMI_MEM_TOTAL[$uuid]:-$SMI_MAX_MIB}" || SMI_BAD_VALUES=$((SMI_BAD_VALUES + 1))
-    else
-      smi_value_into mem "$mem" int 0 "${SMI_MEM_TOTAL[$uuid]:-$SMI_MAX_MIB}" fault
+    total=${SMI_MEM_TOTAL[$uuid]:-$SMI_MAX_MIB}
+    # plain MiB below the GPU's total (nearly every line) needs no call;
+    # placeholders, faults and anything else go through smi_value_into
+    if [[ $mem != [1-9]*([0-9]) ]] || ((${#mem} > 9 || mem > total)); then
+      fault=''
+      smi_value_into mem "$mem" int 0 "$total" fault
     fi
-    name=${name//$'\t'/ }
     SMI_NPROCS[$uuid]=$((SMI_NPROCS[$uuid] + 1))
-    SMI_PROCS[$uuid]+="${pid}"$'\t'"${name}"$'\t'"${mem}"$'\n'
+    SMI_PROCS[$uuid]+="${pid}"$'\t'"${name//$'\t'/ }"$'\t'"${mem}"$'\n'
     SMI_PIDS_MEM[$pid]=$((${SMI_PIDS_MEM[$pid]:-0} + ${mem:-0}))
     SMI_PID_UUIDS[$pid]+="${SMI_PID_UUIDS[$pid]:+ }$uuid"
   done

@@ -322,6 +322,51 @@ def test_names_and_command_lines_with_spaces_survive_the_protocol(tmp_path):
     assert (tmp_path / "leak-state.json").exists()
 
 
+def serve_cycle(proc, lines):
+    """One request to `gpuguard_leak.py serve` and its answer, read as the
+    watcher reads it: the header, then exactly BYTES bytes."""
+    proc.stdin.write(("".join(lines) + "E\n").encode())
+    proc.stdin.flush()
+    head = proc.stdout.readline().decode().split("\t")
+    assert head[0] == "R", head
+    body = proc.stdout.read(int(head[2]))
+    assert body.count(b"\n") == int(head[1])
+    return body.decode().splitlines()
+
+
+def test_serve_answers_in_bytes_and_reads_a_state_changed_behind_its_back(tmp_path):
+    """The watcher reads the detector's answer by its size in bytes (a
+    non-ASCII name counts as its UTF-8 bytes), and the detector, which keeps
+    last cycle's state in memory, notices a state file that another hand
+    replaced: the series then goes on from that file, not from memory."""
+    env = {"GPUGUARD_STATE_DIR": str(tmp_path), "GPUGUARD_HOST": "h", "PYTHONPATH": str(ROOT / "python")}
+    proc = subprocess.Popen([sys.executable, str(ROOT / "python/gpuguard_leak.py"), "serve"], env=env,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        t0 = 1796206508
+        state = tmp_path / "leak-state.json"
+        for i in range(3):
+            (status,) = serve_cycle(proc, [tree_line(t0 + 60 * i, 5000, name="训练 job", members="11")])
+            assert status.split("\t")[-1] == "训练 job"
+        saved = state.read_text()
+        # meta.rows: the history rows the state knows of
+        assert json.loads(saved)["meta"]["10-99"]["rows"] == 3
+        for i in range(3, 5):
+            serve_cycle(proc, [tree_line(t0 + 60 * i, 5000, name="训练 job", members="11")])
+        # a restore of the older file: the next cycle builds on it
+        state.write_text(saved)
+        serve_cycle(proc, [tree_line(t0 + 60 * 5, 5000, name="训练 job", members="11")])
+        assert json.loads(state.read_text())["meta"]["10-99"]["rows"] == 4
+        # a file removed: nothing known, so the history file is counted
+        # (7 rows with this cycle's), where memory would have said 5
+        state.unlink()
+        serve_cycle(proc, [tree_line(t0 + 60 * 6, 5000, name="训练 job", members="11")])
+        assert json.loads(state.read_text())["meta"]["10-99"]["rows"] == 7
+    finally:
+        proc.stdin.close()
+        assert proc.wait(timeout=10) == 0
+
+
 def test_state_file_is_named_after_the_instance(tmp_path):
     check(tmp_path, [tree_line(1796206508, 5000, members="11")], env={"LEAK_INSTANCE": "job-4242"})
     assert (tmp_path / "leak-state-job-4242.json").exists() and not (tmp_path / "leak-state.json").exists()

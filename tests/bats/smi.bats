@@ -197,8 +197,28 @@ setup() {
   SECONDS=0
   run -124 smi_run -L
   ((SECONDS < 6))
-  assert_output partial
+  # a cut answer is no answer: nothing of it is kept
+  assert_output ''
   kill "$(cat "$hang.child")" 2>/dev/null || true
+}
+
+@test "smi_run_into keeps the exit status, and an answer in UTF-8 whole under LANG=C and a UTF-8 locale" {
+  local fake="$BATS_TEST_TMPDIR/fake"
+  printf '#!/bin/sh
+printf "0, 训练进程, 5, GPU-x\\n1, b, 6, GPU-y\\n"
+exit 3
+' >"$fake"
+  chmod +x "$fake"
+  NVIDIA_SMI=$fake
+  local out rc loc
+  for loc in C C.UTF-8; do
+    rc=0
+    LC_ALL=$loc smi_run_into out -q || rc=$?
+    assert_equal "$rc" 3
+    assert_equal "$out" $'0, 训练进程, 5, GPU-x\n1, b, 6, GPU-y'
+  done
+  NVIDIA_SMI=$BATS_TEST_TMPDIR/none
+  run -127 smi_run -q
 }
 
 @test "smi_describe_failure says what happened in one line" {
