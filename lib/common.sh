@@ -436,26 +436,98 @@ gg_now() {
 # Globals (set):
 #   GG_PROC_PPID, GG_PROC_KIDS (" pid pid ..."), GG_PROC_START,
 #   GG_PROC_TICKS, GG_PROC_RSS, GG_PROC_COMM (assoc, by PID)
-# shellcheck disable=SC2034 # GG_PROC_* are read by leak.sh and lowprio.sh
 gg_proc_scan() {
-  declare -gA GG_PROC_PPID=() GG_PROC_KIDS=() GG_PROC_START=() GG_PROC_TICKS=() \
-  GG_PROC_RSS=() GG_PROC_COMM=()
-  local f line pid rest comm width IFS=$' \t\n'
+  declare -gA GG_PROC_PPID=() GG_PROC_START=() GG_PROC_TICKS=() GG_PROC_RSS=() GG_PROC_COMM=()
+  local -a pids=(/proc/[0-9]*)
+  gg_proc_read "${pids[@]#/proc/}"
+  gg_proc_link
+  GG_PROC_UPDATES=0
+}
+
+# How many gg_proc_update calls may follow a full scan before the next one.
+GG_PROC_FULL_EVERY=10
+
+# gg_proc_scan at the cost of the processes that are new since the last
+# call, for a watcher that asks every cycle: PIDs are listed, the gone
+# ones forgotten and only the new ones read (a full scan read every
+# process on the box, ~50 us each: most of a cycle on a host with hundreds
+# of processes). A process that exec'd or a PID taken by a new process
+# reads as before until the process is read again: by gg_proc_read (the
+# caller's watched trees, every cycle) or by the full scan every
+# GG_PROC_FULL_EVERY calls.
+gg_proc_update() {
+  if ((${GG_PROC_UPDATES:--1} < 0 || GG_PROC_UPDATES >= GG_PROC_FULL_EVERY)); then
+    gg_proc_scan
+    return 0
+  fi
+  GG_PROC_UPDATES=$((GG_PROC_UPDATES + 1))
+  local pid
+  local -a pids=(/proc/[0-9]*) new=()
+  pids=("${pids[@]#/proc/}")
+  for pid in "${pids[@]}"; do
+    [[ -n ${GG_PROC_PPID[$pid]:-} ]] || new+=("$pid")
+  done
+  # as many known processes listed as known: none is gone
+  if ((${#pids[@]} - ${#new[@]} != ${#GG_PROC_PPID[@]})); then
+    local -A alive=()
+    for pid in "${pids[@]}"; do
+      alive[$pid]=1
+    done
+    for pid in "${!GG_PROC_PPID[@]}"; do
+      [[ -n ${alive[$pid]:-} ]] || gg_proc_forget "$pid"
+    done
+    gg_proc_read "${new[@]}"
+    gg_proc_link
+    return 0
+  fi
+  ((${#new[@]} > 0)) || return 0
+  gg_proc_read "${new[@]}"
+  for pid in "${new[@]}"; do
+    [[ -n ${GG_PROC_PPID[$pid]:-} ]] && GG_PROC_KIDS[${GG_PROC_PPID[$pid]}]+=" $pid"
+  done
+  return 0
+}
+
+# Drops a process from GG_PROC_* (its children's links stay until the next
+# gg_proc_link).
+gg_proc_forget() {
+  unset "GG_PROC_PPID[$1]" "GG_PROC_START[$1]" "GG_PROC_TICKS[$1]" "GG_PROC_RSS[$1]" "GG_PROC_COMM[$1]"
+}
+
+# Builds GG_PROC_KIDS from GG_PROC_PPID.
+gg_proc_link() {
+  declare -gA GG_PROC_KIDS=()
+  local pid
+  for pid in "${!GG_PROC_PPID[@]}"; do
+    GG_PROC_KIDS[${GG_PROC_PPID[$pid]}]+=" $pid"
+  done
+}
+
+# Reads /proc/PID/stat of each PID given into GG_PROC_* (all but
+# GG_PROC_KIDS); a process that is gone is forgotten.
+# shellcheck disable=SC2034 # GG_PROC_* are read by leak.sh and lowprio.sh
+gg_proc_read() {
+  local f line pid rest comm IFS=$' \t\n'
   local -a a
   # A stat line split at blanks has as many fields as ours unless the
   # process name (comm) holds blanks: then the fields are found after the
   # last ") " instead, behind two placeholders so that both ways number
   # them alike. read -a splits in one step (no expansions): this runs for
-  # every process on the box every cycle.
-  read -r -a a </proc/self/stat
-  width=${#a[@]}
-  for f in /proc/[0-9]*/stat; do
-    { read -r -a a <"$f"; } 2>/dev/null || continue
-    if ((${#a[@]} == width)) && [[ ${a[1]} == '('*')' ]]; then
-      pid=${a[0]} comm=${a[1]:1:-1}
+  # many processes every cycle.
+  if [[ -z ${GG_PROC_STAT_WIDTH:-} ]]; then
+    read -r -a a </proc/self/stat
+    GG_PROC_STAT_WIDTH=${#a[@]}
+  fi
+  for pid in "$@"; do
+    f=/proc/$pid/stat
+    if ! { read -r -a a <"$f"; } 2>/dev/null; then
+      gg_proc_forget "$pid"
+      continue
+    fi
+    if ((${#a[@]} == GG_PROC_STAT_WIDTH)) && [[ ${a[1]} == '('*')' ]]; then
+      comm=${a[1]:1:-1}
     else
       { read -r line <"$f"; } 2>/dev/null || continue
-      pid=${line%% *}
       comm=${line#*(}
       comm=${comm%)*}
       # after the last ") ": state ppid pgrp ... (comm may hold spaces)
@@ -465,7 +537,6 @@ gg_proc_scan() {
     fi
     # fields as proc(5) numbers them, less one
     GG_PROC_PPID[$pid]=${a[3]}
-    GG_PROC_KIDS[${a[3]}]+=" $pid"
     GG_PROC_TICKS[$pid]=$((a[13] + a[14]))
     GG_PROC_START[$pid]=${a[21]}
     GG_PROC_RSS[$pid]=${a[23]}

@@ -91,11 +91,30 @@ leak_cycle() {
   fi
   ((LEAK_FAILS > 0)) && gg_log info "nvidia-smi answers again after $LEAK_FAILS failed cycles"
   LEAK_FAILS=0
-  gg_proc_scan
+  # a --match pattern is looked for in every command line, which an exec
+  # changes: every process is read then; otherwise only new ones and the
+  # watched trees (below)
+  if [[ -n $LEAK_MATCH ]]; then
+    gg_proc_scan
+  else
+    gg_proc_update
+  fi
   leak_select_roots
   local samples='' root pid used free total cpu rss key name cmd ticks members mlines mfree mtotal rank uuids
-  local -a tree holders
+  local -a tree holders visible=()
   leak_gpu_rooms
+  # this cycle's CPU ticks, RSS, name and start time of the watched trees,
+  # in one call (gg_proc_update read only the processes new since the last)
+  for root in "${LEAK_ROOT_PIDS[@]}"; do
+    [[ -n ${GG_PROC_PPID[$root]:-} ]] || continue
+    if [[ -n ${GG_PROC_KIDS[$root]:-} ]]; then
+      gg_proc_tree_into "$root" tree
+      visible+=("${tree[@]}")
+    else
+      visible+=("$root")
+    fi
+  done
+  ((${#visible[@]} == 0)) || gg_proc_read "${visible[@]}"
   for root in "${LEAK_ROOT_PIDS[@]}"; do
     # a PID not visible here (another PID namespace) is a tree of one; so
     # is a process without children (no function call for it: this loop

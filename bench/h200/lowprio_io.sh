@@ -22,7 +22,9 @@
 # SLOW_DELAY_MS (5), IO_MAX_FAST (200M), IO_MAX_SLOW (40M), TESTS_S (60);
 # LP_EXTRA (more batch-tier scenarios, ";"-separated flags, DISK = the disk,
 # e.g. "--mem-high 1G;--mem-high 1G --io-max DISK:wbps=200M");
-# BENCH_CGROUP (a v2 mount to use instead, for a smoke run elsewhere).
+# BENCH_CGROUP (a v2 mount to use instead, for a smoke run elsewhere);
+# LOOP_FS (xfs or ext4-writeback: the I/O phases again on such a file
+# system made on a loop device over the disk, see bench_loop_fs).
 
 CG=${BENCH_CGROUP:-/sys/fs/cgroup}
 
@@ -61,6 +63,15 @@ main() {
     bench_scenarios "$SLOW_KIND" "$SLOW_MNT" "$disk" "${IO_MAX_SLOW:-40M}" ''
   else
     echo "== no slow device could be made (null_blk and dm-delay unavailable): disk figures only"
+  fi
+  if [[ -n ${LOOP_FS:-} && -z $SLOW_MNT ]]; then
+    if bench_loop_fs "$LOOP_FS"; then
+      disk=$(bench_disk_of "$SLOW_MNT")
+      echo "== $SLOW_KIND ($disk): I/O phases only"
+      bench_scenarios "$SLOW_KIND" "$SLOW_MNT" "$disk" "${IO_MAX_FAST:-200M}" ''
+    else
+      echo "== no $LOOP_FS file system on a loop device could be made"
+    fi
   fi
   python3 "$root/bench/h200/lowprio_io.py" table "$out/lowprio_io.tsv" | tee "$out/lowprio_io.md"
   bench_tests "$root" "$out"
@@ -208,6 +219,33 @@ bench_slow_device() {
   }
 }
 
+# A file system of another kind on the same disk, mounted at SLOW_MNT: a
+# loop device (direct I/O, so the disk sees its writes at once) over a
+# file written in full on the disk's file system. xfs: no ordered-data
+# journal, so a service's fsync does not wait for the job's data;
+# ext4-writeback: ext4 mounted data=writeback (the same effect).
+# Arguments: $1 xfs or ext4-writeback
+bench_loop_fs() {
+  local kind=$1 img=$WORK/fs.img
+  case $kind in
+    xfs) command -v mkfs.xfs >/dev/null || return 1 ;;
+    ext4-writeback) command -v mkfs.ext4 >/dev/null || return 1 ;;
+    *) return 1 ;;
+  esac
+  dd if=/dev/zero of="$img" bs=1M count="${LOOP_FS_MIB:-4096}" conv=fsync status=none || return 1
+  SLOW_LOOP=$(losetup -f --show --direct-io=on "$img") || return 1
+  SLOW_MNT=$WORK/loopfs
+  mkdir -p "$SLOW_MNT"
+  case $kind in
+    xfs) mkfs.xfs -q -f "$SLOW_LOOP" && mount "$SLOW_LOOP" "$SLOW_MNT" ;;
+    *) mkfs.ext4 -q -F "$SLOW_LOOP" && mount -o data=writeback "$SLOW_LOOP" "$SLOW_MNT" ;;
+  esac || {
+    SLOW_MNT=''
+    return 1
+  }
+  SLOW_KIND="$kind on a loop device over the disk"
+}
+
 # The lowprio test suite, with pytest when it can be imported.
 bench_tests() {
   local root=$1 out=$2 limit=${TESTS_S:-60}
@@ -244,6 +282,7 @@ bench_cleanup() {
     dmsetup remove "ggslow$$" 2>/dev/null
     losetup -d "$SLOW_LOOP" 2>/dev/null
   }
+  [[ -n $SLOW_MNT ]] && umount "$SLOW_MNT" 2>/dev/null
   [[ -n $SLOW_NULLB ]] && {
     echo 0 >"$SLOW_NULLB/power" 2>/dev/null
     rmdir "$SLOW_NULLB" 2>/dev/null

@@ -74,6 +74,18 @@ setup() {
   run -1 gg_number_into v 5000.5 dec 0 5000
   run -1 gg_number_into v 0x10 int 0 100
   run -1 gg_number_into v '' int 0 100
+  # the quick path (no leading zero, fewer digits than MAX) and its edges
+  gg_number_into v 0 int 0 10 && assert_equal "$v" 0
+  run -1 gg_number_into v 0 int 1 10
+  run -1 gg_number_into v 5 int 6 10
+  gg_number_into v 4999.5 dec 0 5000 && assert_equal "$v" 4999.5
+  gg_number_into v 0.5 dec 0 5000 && assert_equal "$v" 0.5
+  run -1 gg_number_into v 12.5 int 0 100
+  gg_number_into v 16777216 int 0 16777216 && assert_equal "$v" 16777216
+  run -1 gg_number_into v 16777217 int 0 16777216
+  gg_number_into v 1000000000000000 int 0 '' && assert_equal "$v" 1000000000000000
+  run -1 gg_number_into v 1000000000000001 int 0 ''
+  run -1 gg_number_into v 12. dec 0 100
 }
 
 @test "gg_python exports exactly the listed keys, never the rest of the configuration" {
@@ -103,4 +115,63 @@ setup() {
   assert_equal "$THRESHOLD" 20
   GPUGUARD_CONFIG=$BATS_TEST_TMPDIR run -2 config_load
   assert_output "gpuguard: config file $BATS_TEST_TMPDIR is a folder, not a file"
+}
+
+@test "gg_proc_scan reads a process whose name holds blanks and parentheses" {
+  local odd="$BATS_TEST_TMPDIR/a b) c"
+  cp "$(command -v sleep)" "$odd"
+  "$odd" 30 &
+  local pid=$!
+  gg_proc_scan
+  kill "$pid"
+  assert_equal "${GG_PROC_COMM[$pid]}" 'a b) c'
+  assert_equal "${GG_PROC_PPID[$pid]}" "$$"
+  [[ " ${GG_PROC_KIDS[$$]} " == *" $pid "* ]]
+  local -a stat
+  read -r -a stat </proc/self/stat
+  # the start time is field 22 as proc(5) counts: the same for both ways of reading
+  ((GG_PROC_START[$pid] >= stat[21]))
+  [[ ${GG_PROC_RSS[$pid]} =~ ^[0-9]+$ && ${GG_PROC_TICKS[$pid]} =~ ^[0-9]+$ ]]
+}
+
+@test "gg_proc_update: new processes appear, gone ones go, a watched one is read again; a full scan every GG_PROC_FULL_EVERY" {
+  gg_proc_update
+  sleep 30 &
+  local p_first=$!
+  gg_proc_update
+  assert_equal "${GG_PROC_PPID[$p_first]}" "$$"
+  [[ " ${GG_PROC_KIDS[$$]} " == *" $p_first "* ]]
+  local before=${GG_PROC_COMM[$p_first]}
+  kill "$p_first"
+  wait "$p_first" || true
+  sleep 30 &
+  local p_second=$!
+  gg_proc_update
+  [[ -z ${GG_PROC_PPID[$p_first]:-} ]]
+  [[ " ${GG_PROC_KIDS[$$]} " != *" $p_first "* ]]
+  assert_equal "${GG_PROC_PPID[$p_second]}" "$$"
+  # a process that exec'd reads as before until it is read again
+  bash -c 'sleep 0.3; exec sleep 30' &
+  local p_exec=$!
+  gg_proc_update
+  assert_equal "${GG_PROC_COMM[$p_exec]}" bash
+  sleep 0.6
+  gg_proc_update
+  assert_equal "${GG_PROC_COMM[$p_exec]}" bash
+  gg_proc_read "$p_exec"
+  assert_equal "${GG_PROC_COMM[$p_exec]}" sleep
+  # ... or by the next full scan
+  bash -c 'sleep 0.3; exec sleep 30' &
+  local p_exec2=$!
+  GG_PROC_FULL_EVERY=3
+  gg_proc_scan
+  sleep 0.6
+  gg_proc_update
+  gg_proc_update
+  gg_proc_update
+  assert_equal "${GG_PROC_COMM[$p_exec2]}" bash
+  gg_proc_update
+  assert_equal "${GG_PROC_COMM[$p_exec2]}" sleep
+  kill "$p_second" "$p_exec" "$p_exec2"
+  assert_equal "$before" sleep
 }
