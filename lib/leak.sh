@@ -100,7 +100,7 @@ leak_cycle() {
     gg_proc_update
   fi
   leak_select_roots
-  local samples='' root pid used free total cpu rss key name cmd ticks members mlines mfree mtotal rank uuids
+  local samples='' root pid used free total cpu rss key name cmd ticks members mlines mfree mtotal rank uuids prev
   local -a tree holders visible=()
   leak_gpu_rooms
   # this cycle's CPU ticks, RSS, name and start time of the watched trees,
@@ -142,16 +142,23 @@ leak_cycle() {
       fi
     done
     cpu=0
-    if [[ -n ${LEAK_CPU_PREV[$root]:-} ]]; then
-      local prev_ticks=${LEAK_CPU_PREV[$root]% *} prev_time=${LEAK_CPU_PREV[$root]#* }
-      ((now > prev_time)) && cpu=$(((ticks - prev_ticks) * 100 / LEAK_CLK_TCK / (now - prev_time)))
+    prev=${LEAK_CPU_PREV[$root]:-}
+    if [[ -n $prev ]] && ((now > ${prev#* })); then
+      cpu=$(((ticks - ${prev% *}) * 100 / LEAK_CLK_TCK / (now - ${prev#* })))
     fi
     LEAK_CPU_PREV[$root]="$ticks $now"
     key="$root-${GG_PROC_START[$root]:-0}"
     name=${GG_PROC_COMM[$root]:-pid$root}
     cmd=''
-    # no command line to read for a PID /proc does not show
-    [[ -z ${GG_PROC_PPID[$root]:-} ]] || leak_cmdline_into "$root" cmd
+    # no command line to read for a PID /proc does not show; one read
+    # before is kept (the check is leak_cmdline_into's, here without a call)
+    if [[ -n ${GG_PROC_PPID[$root]:-} ]]; then
+      if [[ ${LEAK_CMDLINE_IDS[$root]:-} == "${GG_PROC_START[$root]:-}-$name" ]]; then
+        cmd=${LEAK_CMDLINES[$root]}
+      else
+        leak_cmdline_into "$root" cmd
+      fi
+    fi
     cmd=${cmd:-$name}
     # tabs and newlines would break the protocol's fields
     [[ $name$cmd == *[$'\t\n']* ]] && name=${name//[$'\t\n']/ } cmd=${cmd//[$'\t\n']/ }

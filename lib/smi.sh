@@ -24,27 +24,131 @@ SMI_MAX_PID=2147483647
 # [GPU is lost], ...) is a fault of that device, kept in SMI_GPU_FAULT.
 SMI_PLACEHOLDERS='|N/A|Not Supported|Insufficient Permissions|Requested functionality has been deprecated|Not Available|'
 
-# The script that runs nvidia-smi under `timeout` (as sh -c SCRIPT sh CMD
-# ARGS...): it keeps the whole answer and writes it once the command has
-# ended, after a header "STATUS BYTES". Its output goes to a pipe of its
-# own, so a child that escaped the process group (setsid) and still holds
-# it keeps nobody waiting; bytes are counted in the C locale, after the
-# command ran in the caller's.
+# The script that runs nvidia-smi under `timeout`, as
+#   sh -c SCRIPT sh 0 CMD [ARGS...]          CMD ARGS once, or
+#   sh -c SCRIPT sh K QUERY1 [QUERY2] FORMAT CMD
+# (K 1 or 2): CMD QUERY1 FORMAT, then CMD QUERY2 FORMAT when the first
+# exited 0. It keeps each whole answer and writes it once that command has
+# ended, after a header "STATUS BYTES". The commands' output goes to a pipe
+# of the script's own, so a child that escaped the process group (setsid)
+# and still holds it keeps nobody waiting. Bytes are counted in the C
+# locale; the commands run in the caller's.
 # shellcheck disable=SC2016 # expanded by that sh, not here
-SMI_CAPTURE_SCRIPT='out=$("$@" 2>&1); rc=$?; LC_ALL=C; printf "%d %d\n%s" "$rc" "${#out}" "$out"'
+SMI_CAPTURE_SCRIPT='k=$1; shift
+answer() {
+  out=$("$@" 2>&1); rc=$?
+  saved=${LC_ALL-}; was=${LC_ALL+set}; LC_ALL=C; n=${#out}
+  if [ -n "$was" ]; then LC_ALL=$saved; else unset LC_ALL; fi
+  printf "%d %d\n%s" "$rc" "$n" "$out"
+}
+if [ "$k" = 0 ]; then answer "$@"; exit 0; fi
+q1=$1; q2=; [ "$k" = 2 ] && { q2=$2; shift; }
+fmt=$2; shift 2
+answer "$@" "$q1" "$fmt"
+if [ "$rc" = 0 ] && [ "$k" = 2 ]; then answer "$@" "$q2" "$fmt"; fi
+exit 0'
+
+# Starts nvidia-smi through SMI_CAPTURE_SCRIPT under `timeout`, which runs
+# it in its own process group and kills the group (TERM, then KILL 1 s
+# later) past SMI_TIMEOUT a command. Answers are read with smi_answer_into
+# and the run ended with smi_end. No temporary file: this works on a full
+# disk; the process substitution that becomes `timeout` is the only fork
+# of this shell (a `$(...)` would fork the whole shell once more).
+# Globals:
+#   NVIDIA_SMI (command line, may be "ssh node7 nvidia-smi"), SMI_TIMEOUT;
+#   SMI_RUN_FD, SMI_RUN_PID, SMI_RUN_DEADLINE (set)
+# Arguments:
+#   0 and nvidia-smi's arguments, or K QUERY1 [QUERY2] FORMAT, as for
+#   SMI_CAPTURE_SCRIPT
+# Returns:
+#   127 when nvidia-smi is missing (nothing started)
+smi_start() {
+  local -a cmd
+  read -r -a cmd <<<"${NVIDIA_SMI:-nvidia-smi}"
+  smi_available || return 127
+  local limit=${SMI_TIMEOUT:-10} k=$1 lock_fd=${GG_LOCK_FD:-1023}
+  local -a words
+  if ((k == 0)); then
+    words=(0 "${cmd[@]}" "${@:2}")
+  else
+    words=("$@" "${cmd[@]}")
+  fi
+  exec {SMI_RUN_FD}< <(exec timeout -k 1 $((limit * (k > 1 ? k : 1))) sh -c "$SMI_CAPTURE_SCRIPT" sh \
+    "${words[@]}" 2>/dev/null {lock_fd}>&-)
+  SMI_RUN_PID=$!
+  SMI_RUN_DEADLINE=${EPOCHREALTIME/[.,]/}
+}
+
+# Reads the next answer of the run smi_start began into the variable named
+# $1, waiting for its header at most SMI_TIMEOUT + 1 s from the last
+# answer (or the start); the answer itself is then read in one call (a
+# `read -t` reads a pipe a byte per system call and blocks signals around
+# each byte: most of a 64-process sample's cost once).
+# Returns:
+#   the command's status; 124 when no answer came in time or it was cut
+#   (nothing of it is kept; the run is killed)
+smi_answer_into() {
+  local -n _smi_answer=$1
+  local _sa_rc _sa_status='' _sa_size='' _sa_left _sa_frac _sa_deadline
+  _smi_answer=''
+  _sa_deadline=$((SMI_RUN_DEADLINE + (${SMI_TIMEOUT:-10} + 1) * 1000000))
+  while :; do
+    _sa_left=${EPOCHREALTIME/[.,]/}
+    _sa_left=$((_sa_deadline - _sa_left))
+    _sa_rc=142
+    ((_sa_left > 0)) || break
+    printf -v _sa_frac '%06d' $((_sa_left % 1000000))
+    _sa_rc=0
+    read -r -t "$((_sa_left / 1000000)).$_sa_frac" -u "$SMI_RUN_FD" _sa_status _sa_size || _sa_rc=$?
+    # above 128: the deadline or a signal (SIGHUP to the daemon), which
+    # the deadline check above tells apart
+    ((_sa_rc > 128)) && continue
+    break
+  done
+  # no header (killed at the deadline, or no time left), or a cut answer
+  if ((_sa_rc != 0)) || [[ ! $_sa_status =~ ^[0-9]+$ || ! $_sa_size =~ ^[0-9]+$ ]] ||
+    ! gg_read_bytes_into _smi_answer "$SMI_RUN_FD" "$_sa_size"; then
+    _smi_answer=''
+    smi_end kill
+    return 124
+  fi
+  SMI_RUN_DEADLINE=${EPOCHREALTIME/[.,]/}
+  # sh says 127 for a command it cannot find or run
+  return "$_sa_status"
+}
+
+# Ends the run smi_start began: closes its pipe and reaps `timeout`
+# ($1 kill: kills its whole group first).
+smi_end() {
+  [[ -n ${SMI_RUN_FD:-} ]] || return 0
+  exec {SMI_RUN_FD}<&-
+  SMI_RUN_FD=''
+  if [[ ${1:-} == kill ]]; then
+    # timeout(1) leads its group: take the whole group down, then reap it
+    kill -KILL -- "-$SMI_RUN_PID" 2>/dev/null || kill -KILL "$SMI_RUN_PID" 2>/dev/null || true
+  fi
+  local rc
+  while :; do
+    rc=0
+    wait "$SMI_RUN_PID" 2>/dev/null || rc=$?
+    # a trapped signal interrupts wait (status > 128) while timeout runs on
+    ((rc > 128)) && kill -0 "$SMI_RUN_PID" 2>/dev/null && continue
+    break
+  done
+  return 0
+}
+
+# Puts what a shell says of a missing nvidia-smi into the variable named $1.
+smi_not_found_into() {
+  local -n _smi_nf=$1
+  local -a cmd
+  read -r -a cmd <<<"${NVIDIA_SMI:-nvidia-smi}"
+  # shellcheck disable=SC2034 # nameref: assigns the caller's variable
+  _smi_nf="${cmd[0]}: command not found"
+}
 
 # Runs nvidia-smi with the given arguments, bounded by SMI_TIMEOUT + 1 s
-# whatever it does: `timeout` runs it in its own process group and kills the
-# group (TERM, then KILL 1 s later), and the answer's header is waited for
-# with a deadline. The answer itself is then read in one call: a `read -t`
-# reads a pipe a byte per system call and blocks signals around each byte,
-# which was most of a 64-process sample's cost. No temporary file: this
-# works on a full disk. The output goes into a variable, not to stdout: a
-# `$(...)` around the call would fork the whole shell once more per call
-# (a live cycle makes two), so the process substitution that becomes
-# `timeout` is the only fork of this shell.
-# Globals:
-#   NVIDIA_SMI (command line, may be "ssh node7 nvidia-smi"), SMI_TIMEOUT
+# whatever it does.
 # Arguments:
 #   $1 name of the variable to receive nvidia-smi's stdout and stderr,
 #   merged (it writes errors to stdout), NUL bytes and trailing newlines
@@ -55,54 +159,15 @@ SMI_CAPTURE_SCRIPT='out=$("$@" 2>&1); rc=$?; LC_ALL=C; printf "%d %d\n%s" "$rc" 
 smi_run_into() {
   local -n _smi_run_out=$1
   shift
-  local -a _sr_cmd
-  read -r -a _sr_cmd <<<"${NVIDIA_SMI:-nvidia-smi}"
+  local _sr_rc=0
   _smi_run_out=''
-  if ! smi_available; then
-    _smi_run_out="${_sr_cmd[0]}: command not found"
+  if ! smi_start 0 "$@"; then
+    smi_not_found_into _smi_run_out
     return 127
   fi
-  local _sr_limit=${SMI_TIMEOUT:-10} _sr_fd _sr_pid _sr_rc _sr_status='' _sr_size='' _sr_now _sr_left _sr_deadline _sr_frac
-  _sr_deadline=${EPOCHREALTIME/[.,]/}
-  _sr_deadline=$((_sr_deadline + (_sr_limit + 1) * 1000000))
-  local _sr_lock_fd=${GG_LOCK_FD:-1023}
-  exec {_sr_fd}< <(exec timeout -k 1 "$_sr_limit" sh -c "$SMI_CAPTURE_SCRIPT" sh "${_sr_cmd[@]}" "$@" 2>/dev/null {_sr_lock_fd}>&-)
-  _sr_pid=$!
-  while :; do
-    _sr_now=${EPOCHREALTIME/[.,]/}
-    _sr_left=$((_sr_deadline - _sr_now))
-    ((_sr_left > 0)) || break
-    printf -v _sr_frac '%06d' $((_sr_left % 1000000))
-    _sr_rc=0
-    read -r -t "$((_sr_left / 1000000)).$_sr_frac" -u "$_sr_fd" _sr_status _sr_size || _sr_rc=$?
-    # above 128: the deadline or a signal (SIGHUP to the daemon), which
-    # the deadline check above tells apart
-    ((_sr_rc > 128)) && continue
-    break
-  done
-  # no header (killed at the deadline, or no time left), or a cut answer:
-  # timed out
-  if ((_sr_rc != 0)) || [[ ! $_sr_status =~ ^[0-9]+$ || ! $_sr_size =~ ^[0-9]+$ ]] ||
-    ! gg_read_bytes_into _smi_run_out "$_sr_fd" "$_sr_size"; then
-    _smi_run_out=''
-    exec {_sr_fd}<&-
-    # timeout(1) leads its group: take the whole group down, then reap it
-    kill -KILL -- "-$_sr_pid" 2>/dev/null || kill -KILL "$_sr_pid" 2>/dev/null || true
-    wait "$_sr_pid" 2>/dev/null || true
-    return 124
-  fi
-  exec {_sr_fd}<&-
-  # the status is the command's (timeout's own is 124 when it fired, and
-  # then there was no header); timeout is reaped
-  while :; do
-    _sr_rc=0
-    wait "$_sr_pid" || _sr_rc=$?
-    # a trapped signal interrupts wait (status > 128) while timeout runs on
-    ((_sr_rc > 128)) && kill -0 "$_sr_pid" 2>/dev/null && continue
-    break
-  done
-  # sh says 127 for a command it cannot find or run
-  return "$_sr_status"
+  smi_answer_into _smi_run_out || _sr_rc=$?
+  smi_end
+  return "$_sr_rc"
 }
 
 # smi_run_into for callers that want the output on stdout (doctor).
@@ -175,8 +240,21 @@ smi_forget_apps() {
 #   truncated one (a GPU missing from a sample must not read as released)
 smi_sample() {
   smi_reset
-  local output rc=0
-  smi_run_into output --query-gpu="$SMI_GPU_FIELDS" --format=csv,noheader,nounits || rc=$?
+  local output apps_output rc=0 apps_rc=0
+  # both queries in one run (one fork, one `timeout`, one sh): the process
+  # list is asked for only when the GPU query exited 0, and each has its
+  # own deadline
+  if smi_start 2 --query-gpu="$SMI_GPU_FIELDS" --query-compute-apps="$SMI_APP_FIELDS" \
+    --format=csv,noheader,nounits; then
+    smi_answer_into output || rc=$?
+    if ((rc == 0)); then
+      smi_answer_into apps_output || apps_rc=$?
+    fi
+    smi_end
+  else
+    rc=127
+    smi_not_found_into output
+  fi
   if ((rc != 0)); then
     SMI_ERROR=$(smi_describe_failure "$rc" "$output")
     return 1
@@ -190,14 +268,12 @@ smi_sample() {
     SMI_ERROR="nvidia-smi printed no valid GPU line (${SMI_BAD_LINES} unparseable)"
     return 1
   fi
-  rc=0
-  smi_run_into output --query-compute-apps="$SMI_APP_FIELDS" --format=csv,noheader,nounits || rc=$?
   # An unreadable process list leaves SMI_NPROCS at 0 and SMI_APPS_OK at 0:
   # consumers must not read it as "no processes".
-  if ((rc != 0)); then
-    SMI_ERROR="process list: $(smi_describe_failure "$rc" "$output")"
+  if ((apps_rc != 0)); then
+    SMI_ERROR="process list: $(smi_describe_failure "$apps_rc" "$apps_output")"
     smi_forget_apps
-  elif ! smi_parse_apps "$output"; then
+  elif ! smi_parse_apps "$apps_output"; then
     SMI_ERROR="process list: unparseable output"
     smi_forget_apps
   else

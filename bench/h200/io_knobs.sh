@@ -10,7 +10,9 @@
 # sets knobs on the job's (or the service's) cgroup directly, then measures:
 # none, plain, io.prio.class=idle, io.max, memory.high (a bound on the job's
 # dirty page cache), their combinations, io.cost with io.weight 1, and
-# io.latency on the service; then the BFQ scheduler with the I/O idle class.
+# io.latency on the service; then the BFQ scheduler with the I/O idle class;
+# on request (KNOBS) io.max at 50 and 20 MB/s and iocost with latency
+# targets (iocost-qos).
 # Writes OUTDIR/io_knobs.tsv (raw rows) and io_knobs.md (the table), and
 # logs to stdout. Restores the disk's scheduler and io.cost; about 3 min.
 # Environment: IO_S (8), WARM_S (2), ROUNDS (1), KNOBS (scenario names).
@@ -36,7 +38,7 @@ main() {
     grep -qw "$c" "$CG/cgroup.subtree_control" || echo "+$c" >"$CG/cgroup.subtree_control"
   done
   echo "== kernel $(uname -r); $WORK on $(findmnt -no SOURCE,FSTYPE,OPTIONS --target "$WORK")"
-  echo "== disk $DISK: scheduler $(<"$DISK_SYS/queue/scheduler"); io files at the root: $(echo "$CG"/io.*)"
+  echo "== disk $DISK: scheduler $(<"$DISK_SYS/queue/scheduler"); write cache: $(cat "$DISK_SYS/queue/write_cache" 2>/dev/null); io files at the root: $(echo "$CG"/io.*)"
   echo "== dirty: ratio $(</proc/sys/vm/dirty_ratio) % background $(</proc/sys/vm/dirty_background_ratio) % bytes $(</proc/sys/vm/dirty_bytes); memory $(awk '/MemTotal/ {print $2 " kB"}' /proc/meminfo)"
   bench_job_script >"$WORK/job.sh"
   local helper=$root/bench/h200/lowprio_io.py
@@ -77,6 +79,14 @@ knobs_scenario() {
       idle | plain) ;;
       prio-idle) knobs_write "$JOB/io.prio.class" idle ;;
       io-max) knobs_write "$JOB/io.max" "$DISK wbps=$((200 * 1024 * 1024))" ;;
+      io-max50) knobs_write "$JOB/io.max" "$DISK wbps=$((50 * 1024 * 1024))" ;;
+      io-max20) knobs_write "$JOB/io.max" "$DISK wbps=$((20 * 1024 * 1024))" ;;
+      iocost-qos)
+        # latency targets: iocost slows every cgroup down, the job first
+        # (weight 1), while the disk's p95 exceeds 5 ms
+        knobs_write "$CG/io.cost.qos" "$DISK enable=1 ctrl=user rpct=95.00 rlat=5000 wpct=95.00 wlat=5000 min=1.00 max=100.00"
+        knobs_write "$JOB/io.weight" "default 1"
+        ;;
       mem-high) knobs_write "$JOB/memory.high" $((512 * 1024 * 1024)) ;;
       iocost)
         knobs_write "$CG/io.cost.qos" "$DISK enable=1"

@@ -228,3 +228,46 @@ exit 3
   run -0 smi_describe_failure 124 ""
   assert_output "nvidia-smi timed out after 10s (driver wedged?)"
 }
+
+@test "smi_sample: one run for both queries; each has its own deadline, in the caller's locale" {
+  local fake="$BATS_TEST_TMPDIR/fake" log="$BATS_TEST_TMPDIR/calls"
+  # a GPU line, then (second call) a process list that hangs when told to
+  cat >"$fake" <<SH
+#!/bin/sh
+printf '%s LC_ALL=%s\n' "\$1" "\${LC_ALL-unset}" >>"$log"
+case \$1 in
+  --query-gpu=*) [ -e "$BATS_TEST_TMPDIR/gpu-fails" ] && { echo "No devices were found"; exit 6; }
+    echo "0, $H200, 0, 2556, 143771, 76.61, 700.00, NVIDIA H200" ;;
+  *) [ -e "$BATS_TEST_TMPDIR/apps-hang" ] && sleep 30
+    echo "1410, python3, 2556, $H200" ;;
+esac
+SH
+  chmod +x "$fake"
+  NVIDIA_SMI=$fake SMI_TIMEOUT=1
+  smi_sample
+  assert_equal "$SMI_APPS_OK" 1
+  assert_equal "${SMI_PIDS_MEM[1410]}" 2556
+  # the caller's locale reaches both calls (the byte count's C locale does not)
+  assert_equal "$(cut -d' ' -f2 "$log" | sort -u)" "LC_ALL=unset"
+  LC_ALL=C.UTF-8 smi_sample
+  assert_equal "$(tail -2 "$log" | cut -d' ' -f2 | sort -u)" "LC_ALL=C.UTF-8"
+  # the process list hangs: the GPU figures stay, the list is unknown,
+  # within the process list's own deadline
+  touch "$BATS_TEST_TMPDIR/apps-hang"
+  SECONDS=0
+  smi_sample
+  ((SECONDS < 5))
+  assert_equal "$SMI_APPS_OK" 0
+  assert_equal "${SMI_MEM_USED[$H200]}" 2556
+  [[ $SMI_ERROR == "process list: nvidia-smi timed out after 1s"* ]]
+  # the GPU query fails: no process list is asked for
+  : >"$log"
+  touch "$BATS_TEST_TMPDIR/gpu-fails"
+  run -1 smi_sample
+  assert_equal "$(wc -l <"$log")" 1
+  smi_sample || true
+  assert_equal "$SMI_ERROR" "nvidia-smi exited 6: No devices were found"
+  NVIDIA_SMI=$BATS_TEST_TMPDIR/none
+  smi_sample || true
+  [[ $SMI_ERROR == "nvidia-smi not found ("*"none: command not found)" ]]
+}
