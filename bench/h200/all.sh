@@ -36,6 +36,16 @@ main() {
   done
 }
 
+# Packs each folder under $1 into $2/FOLDER.tgz (what comes back from the
+# device).
+pack_steps() {
+  local d
+  for d in "$1"/*/; do
+    d=$(basename "$d")
+    tar -C "$1/$d" -czf "$2/$d.tgz" .
+  done
+}
+
 # Runs one step under a time limit and logs its start, end and status.
 step() {
   local name=$1 limit=$2 rc=0

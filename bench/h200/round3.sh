@@ -54,11 +54,7 @@ main() {
       printf 'soak exit %s\n' "$?"
       ;;
   esac
-  local d
-  for d in "$work"/*/; do
-    d=$(basename "$d")
-    tar -C "$work/$d" -czf "$out/$d.tgz" .
-  done
+  pack_steps "$work" "$out"
   cat "$work/faults/summary.txt" 2>/dev/null
 }
 
