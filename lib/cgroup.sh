@@ -390,6 +390,12 @@ cg_set() {
   esac
 }
 
+# Records that the I/O class ($1) cannot reach the job's buffered writes,
+# and why ($2), for the report.
+cg_io_prio_missing() {
+  CG_MISSING+=("I/O $1 class for buffered writes: $2 (ionice covers reads and direct writes only)")
+}
+
 # Records a write's outcome for the report.
 cg_record() {
   local label=$1 file=$2 value=$3
@@ -471,7 +477,7 @@ cg_set_v1() {
         esac
       done
       ;;
-    io_prio) CG_MISSING+=("I/O $value class for buffered writes: cgroup v1 has no io.prio.class (ionice covers reads and direct writes only)") ;;
+    io_prio) cg_io_prio_missing "$value" "cgroup v1 has no io.prio.class" ;;
     pids_max)
       if [[ -n $pids ]]; then
         cg_record "at most $value tasks" "$pids/pids.max" "$value"
@@ -779,7 +785,7 @@ cg_systemd_command_into() {
     done
   fi
   if [[ -n ${set_ref[io_prio]:-} ]]; then
-    CG_MISSING+=("I/O ${set_ref[io_prio]} class for buffered writes: systemd has no property for io.prio.class (ionice covers reads and direct writes only)")
+    cg_io_prio_missing "${set_ref[io_prio]}" "systemd has no property for io.prio.class"
   fi
   cmd_ref+=(--)
 }

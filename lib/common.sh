@@ -110,9 +110,9 @@ gg_number_into() {
   local _num_max=${5:-1000000000000000} _num_whole=${2%%.*}
   # Nearly every value read is a number without leading zeros that has
   # fewer digits than MAX (so is below it) and is not below MIN: one test
-  # and done. The rest is
-  # a function of its own because bash copies a function's body at every
-  # call: a small one is cheap, and this one runs for every value read.
+  # and done. The rest is a function of its own because bash copies a
+  # function's body at every call: a small one is cheap, and this one runs
+  # for every value read.
   if [[ $2 == @(0|[1-9]*([0-9])) || ($3 == dec && $2 == @(0|[1-9]*([0-9])).+([0-9])) ]] &&
     ((${#_num_whole} < ${#_num_max} && ${#_num_max} <= 18 && _num_whole >= $4)); then
     local -n _num_out=$1

@@ -102,25 +102,28 @@ leak_cycle() {
   leak_select_roots
   local samples='' root pid used free total cpu rss key name cmd ticks members mlines mfree mtotal rank uuids prev
   local -a tree holders visible=()
+  local -A tree_of=()
   leak_gpu_rooms
-  # this cycle's CPU ticks, RSS, name and start time of the watched trees,
-  # in one call (gg_proc_update read only the processes new since the last)
+  # The watched trees, kept for the loop below; this cycle's CPU ticks,
+  # RSS, name and start time of their processes, read in one call
+  # (gg_proc_update read only the processes new since the last cycle). A
+  # PID not visible here (another PID namespace) is a tree of one; so is a
+  # process without children (no function call for it: these loops run for
+  # every watched process every cycle).
   for root in "${LEAK_ROOT_PIDS[@]}"; do
-    [[ -n ${GG_PROC_PPID[$root]:-} ]] || continue
     if [[ -n ${GG_PROC_KIDS[$root]:-} ]]; then
       gg_proc_tree_into "$root" tree
+      tree_of[$root]=${tree[*]}
       visible+=("${tree[@]}")
-    else
+    elif [[ -n ${GG_PROC_PPID[$root]:-} ]]; then
       visible+=("$root")
     fi
   done
   ((${#visible[@]} == 0)) || gg_proc_read "${visible[@]}"
   for root in "${LEAK_ROOT_PIDS[@]}"; do
-    # a PID not visible here (another PID namespace) is a tree of one; so
-    # is a process without children (no function call for it: this loop
-    # runs for every watched process every cycle)
-    if [[ -n ${GG_PROC_KIDS[$root]:-} ]]; then
-      gg_proc_tree_into "$root" tree
+    if [[ -n ${tree_of[$root]:-} ]]; then
+      # shellcheck disable=SC2206 # PIDs, split at the blanks that joined them
+      tree=(${tree_of[$root]})
     else
       tree=("$root")
     fi
