@@ -216,18 +216,20 @@ status_colours() {
 # matched to the series of its nearest watched ancestor) and job names.
 # Globals (set):
 #   SMI_* (the sample), IDLE_* (watchdog state), STATUS_LEAK (by PID:
-#   "slope firing"), STATUS_SPARK (by PID: recent memory, comma separated)
+#   "slope firing verdict"), STATUS_SPARK (by PID: recent memory, comma
+#   separated)
 status_collect() {
   idle_init
   idle_state_load
-  declare -gA STATUS_LEAK=() STATUS_SPARK=() STATUS_USERS=()
+  declare -gA STATUS_LEAK=() STATUS_SPARK=()
+  jobinfo_reset
   smi_sample || return 1
   # GPU names come with a newer smi.sh; until then they are unknown
   declare -p SMI_NAME >/dev/null 2>&1 || declare -gA SMI_NAME=()
-  local pid slope firing values
-  while IFS=$'\t' read -r pid slope firing values; do
+  local pid slope firing verdict values
+  while IFS=$'\t' read -r pid slope firing verdict values; do
     [[ -n $pid ]] || continue
-    STATUS_LEAK[$pid]="$slope $firing"
+    STATUS_LEAK[$pid]="$slope $firing $verdict"
     STATUS_SPARK[$pid]=$values
   done < <(gg_python gpuguard_report.py "LEAK_THRESHOLD_MIB_H" leaks 2>/dev/null)
   gg_proc_scan
@@ -249,89 +251,90 @@ status_leak_root() {
   return 0
 }
 
-# Puts a short job name for a PID into the variable named $2: the program,
-# and for interpreters and launchers the script or module they run
-# ("python3 train.py", "torchrun -m trainer"), then the user. Option values
-# may hold tokens, so they are never shown.
-status_job_into() {
-  local pid=$1
-  local -n job_ref=$2
-  job_ref=''
-  local -a argv=()
-  { mapfile -d '' -t argv <"/proc/$pid/cmdline"; } 2>/dev/null || return 0
-  ((${#argv[@]})) || return 0
-  local prog=${argv[0]##*/} arg script='' next_is_module=0
-  if [[ $prog =~ ^(python[0-9.]*|bash|sh|zsh|node|perl|ruby|torchrun|accelerate|deepspeed|swift|uv|timeout|nohup|env|srun|mpirun)$ ]]; then
-    for arg in "${argv[@]:1}"; do
-      if ((next_is_module)); then
-        script="-m $arg"
-        break
-      fi
-      case $arg in
-        -m) next_is_module=1 ;;
-        -c)
-          script=-c
-          break
-          ;;
-        -* | *=* | [0-9]*) ;;
-        *)
-          script=${arg##*/}
-          break
-          ;;
-      esac
-    done
+# Names the job of a GPU process as the alerts do (lib/jobinfo.sh): its
+# top process's command line with secrets masked, and its user. Fills
+# STATUS_JOB_SHORT (the program and script without their folders, cut to
+# 48 characters: "python3 train.py --run-name exp7 --api-key ***"),
+# STATUS_JOB_CMD (the whole masked command line), STATUS_JOB_USER,
+# STATUS_JOB_PID (the job's top process) and STATUS_JOB_VISIBLE (0 when
+# this PID namespace cannot see the process: a container's or the host's
+# PID; it is then named by its PID alone).
+status_job() {
+  local pid=$1 top rc=0 i
+  # shellcheck disable=SC2034 # filled by jobinfo_stat_into; only its status is used
+  local -a st
+  local -a args
+  STATUS_JOB_SHORT='' STATUS_JOB_CMD='' STATUS_JOB_USER='' STATUS_JOB_PID=$pid STATUS_JOB_VISIBLE=1
+  jobinfo_holds_gpu "$pid" || rc=$?
+  if ((rc == 1)) || ! jobinfo_stat_into "$pid" st; then
+    STATUS_JOB_VISIBLE=0
+    STATUS_JOB_SHORT="pid $pid (not visible here)"
+    return 0
   fi
-  local label="$prog${script:+ $script}"
-  local uid='' line
-  # the process may end at any moment: an unreadable file is no user
-  {
-    while read -r line; do
-      if [[ $line == Uid:* ]]; then
-        read -r _ uid _ <<<"$line"
-        break
-      fi
-    done <"/proc/$pid/status"
-  } 2>/dev/null || true
-  if [[ -n $uid && ${#STATUS_USERS[@]} -eq 0 ]]; then
-    local name _pw id
-    while IFS=: read -r name _pw id _; do
-      STATUS_USERS[$id]=$name
-    done </etc/passwd
-  fi
-  # shellcheck disable=SC2034 # nameref: assigns the caller's variable
-  job_ref="${label:0:32}${uid:+ (${STATUS_USERS[$uid]:-uid $uid})}"
+  jobinfo_top_into "$pid" top
+  STATUS_JOB_PID=$top
+  jobinfo_args_into "$top" args
+  ((${#args[@]})) || jobinfo_args_into "$pid" args
+  ((${#args[@]})) || return 0
+  jobinfo_mask_args_into STATUS_JOB_CMD "${args[@]}"
+  # the folders of the program and of the script it runs say little
+  for i in 0 1; do
+    [[ ${args[i]:-} == */* && ${args[i]} != -* && ${args[i]} != *=* ]] && args[i]=${args[i]##*/}
+  done
+  jobinfo_mask_args_into STATUS_JOB_SHORT "${args[@]}"
+  ((${#STATUS_JOB_SHORT} <= 48)) || STATUS_JOB_SHORT="${STATUS_JOB_SHORT:0:47}…"
+  local uid
+  jobinfo_user_into "$top" uid STATUS_JOB_USER
+  [[ -n $STATUS_JOB_USER || -z $uid ]] || STATUS_JOB_USER="uid $uid"
 }
 
-# Prints the table from the last status_collect.
+# Puts the leak watcher's word on a GPU process into the variables named
+# $2 (text: "LEAK +180 MiB/h", "healthy +2 MiB/h"; '' when unwatched) and
+# $3 (1 when its alert fires), from STATUS_LEAK.
+status_leak_into() {
+  local root=$1 slope firing verdict
+  local -n lk_text=$2 lk_firing=$3
+  lk_text='' lk_firing=0
+  [[ -n $root && -n ${STATUS_LEAK[$root]:-} ]] || return 0
+  read -r slope firing verdict <<<"${STATUS_LEAK[$root]}"
+  # shellcheck disable=SC2034 # nameref: assigns the caller's variable
+  lk_firing=$firing
+  [[ $slope == -* ]] || slope="+$slope"
+  # shellcheck disable=SC2034 # nameref: assigns the caller's variable
+  lk_text="${verdict:-?} $slope MiB/h"
+}
+
+# Prints the table from the last status_collect: a line per GPU (its
+# counters against their limits), then a line per process holding it
+# (its job, the leak watcher's verdict and slope, recent memory).
 status_table() {
-  printf '%s%-4s %5s %17s %6s %6s %-6s %s%s\n' "$C_BOLD" GPU UTIL MEMORY POWER IDLE STATE 'RECENT UTIL' "$C_OFF"
-  local uuid state colour power pid name mem job root slope firing verdict
+  printf '%s%-4s %5s %17s %6s %-9s %-9s %-6s %s%s\n' "$C_BOLD" GPU UTIL MEMORY POWER IDLE STUCK STATE 'RECENT UTIL' "$C_OFF"
+  local uuid state colour power pid name mem root leak firing user
   for uuid in "${SMI_UUIDS[@]}"; do
+    idle_settings_for "$uuid"
     state=ok colour=$C_GRN
     if ((${IDLE_FIRING[$uuid]:-0})); then
       state=IDLE colour=$C_RED
-    elif ((${IDLE_CYCLES[$uuid]:-0} > 0)); then
+      [[ ${IDLE_KIND[$uuid]:-} == gpu_stuck ]] && state=STUCK
+    elif ((${IDLE_CYCLES[$uuid]:-0} > 0 || ${IDLE_SPIN[$uuid]:-0} > 0)); then
       state='idle?' colour=$C_YEL
     fi
     power=${SMI_POWER[$uuid]:-}
     power=${power:+${power%.*}W}
-    printf '%-4s %4s%% %7s/%-6s MiB %6s %6s %s%-6s%s %s\n' "${SMI_INDEX[$uuid]}" "${SMI_UTIL[$uuid]:-n/a}" \
-      "${SMI_MEM_USED[$uuid]:-?}" "${SMI_MEM_TOTAL[$uuid]:-?}" "${power:-n/a}" "${IDLE_CYCLES[$uuid]:-0}" \
+    printf '%-4s %4s%% %7s/%-6s MiB %6s %-9s %-9s %s%-6s%s %s\n' "${SMI_INDEX[$uuid]}" "${SMI_UTIL[$uuid]:-n/a}" \
+      "${SMI_MEM_USED[$uuid]:-?}" "${SMI_MEM_TOTAL[$uuid]:-?}" "${power:-n/a}" \
+      "idle ${IDLE_CYCLES[$uuid]:-0}/$IDLE_T_MAX" "stuck ${IDLE_SPIN[$uuid]:-0}/$IDLE_T_SPIN" \
       "$colour" "$state" "$C_OFF" "$(status_spark "${IDLE_HISTORY[$uuid]:-}" 100)"
     while IFS=$'\t' read -r pid name mem; do
       [[ -n $pid ]] || continue
-      status_job_into "$pid" job
+      status_job "$pid"
       root=$(status_leak_root "$pid")
-      verdict=''
-      if [[ -n $root ]]; then
-        read -r slope firing <<<"${STATUS_LEAK[$root]}"
-        verdict="leak slope ${slope} MiB/h"
-        if ((firing)); then
-          verdict="$C_RED$verdict LEAK$C_OFF"
-        fi
-      fi
-      printf '       pid %-8s %-12s %-28s %7s MiB %s %s%s%s\n' "$pid" "${name##*/}" "$job" "${mem:-?}" \
-        "$verdict" "$C_DIM" "$(status_spark "${STATUS_SPARK[${root:-none}]:-}" 0)" "$C_OFF"
+      status_leak_into "$root" leak firing
+      ((firing)) && leak="$C_RED$leak$C_OFF"
+      user=${STATUS_JOB_USER:+ ($STATUS_JOB_USER)}
+      [[ -n $STATUS_JOB_SHORT ]] || STATUS_JOB_SHORT=${name##*/}
+      printf '       pid %-8s %7s MiB  %s%s  %s %s%s%s\n' "$pid" "${mem:-?}" "$STATUS_JOB_SHORT" "$user" \
+        "$leak" "$C_DIM" "$(status_spark "${STATUS_SPARK[${root:-none}]:-}" 0)" "$C_OFF"
     done <<<"${SMI_PROCS[$uuid]}"
   done
 }
@@ -346,24 +349,27 @@ status_json() {
     printf '{"host":"%s","ts":%s,"error":"%s","gpus":[]}\n' "$host" "$(gg_now)" "$err"
     return 1
   fi
-  local gpus='' uuid procs pid name mem job root slope firing leak name_esc job_esc
+  local gpus='' uuid procs pid name mem root slope firing verdict leak name_esc job_esc cmd user
   for uuid in "${SMI_UUIDS[@]}"; do
+    idle_settings_for "$uuid"
     procs=''
     while IFS=$'\t' read -r pid name mem; do
       [[ -n $pid ]] || continue
-      status_job_into "$pid" job
+      status_job "$pid"
       root=$(status_leak_root "$pid")
       leak=null
       if [[ -n $root ]]; then
-        read -r slope firing <<<"${STATUS_LEAK[$root]}"
-        leak="{\"slope_mib_per_hour\":$slope,\"firing\":$(status_json_bool "$firing")}"
+        read -r slope firing verdict <<<"${STATUS_LEAK[$root]}"
+        leak="{\"slope_mib_per_hour\":$slope,\"firing\":$(status_json_bool "$firing"),\"verdict\":\"${verdict:-unknown}\",\"recent_memory_mib\":[$(status_json_numbers "${STATUS_SPARK[$root]:-}")]}"
       fi
       gg_json_escape_into "${name##*/}" name_esc
-      gg_json_escape_into "$job" job_esc
-      procs+="${procs:+,}{\"pid\":$pid,\"name\":\"$name_esc\",\"job\":\"$job_esc\",\"used_memory_mib\":${mem:-null},\"leak_root_pid\":${root:-null},\"leak\":$leak}"
+      gg_json_escape_into "${STATUS_JOB_SHORT:-${name##*/}}${STATUS_JOB_USER:+ ($STATUS_JOB_USER)}" job_esc
+      jobinfo_json_str_into "$STATUS_JOB_CMD" cmd
+      jobinfo_json_str_into "$STATUS_JOB_USER" user
+      procs+="${procs:+,}{\"pid\":$pid,\"name\":\"$name_esc\",\"job\":\"$job_esc\",\"cmdline\":$cmd,\"user\":$user,\"job_pid\":$STATUS_JOB_PID,\"visible\":$(status_json_bool "$STATUS_JOB_VISIBLE"),\"used_memory_mib\":${mem:-null},\"leak_root_pid\":${root:-null},\"leak\":$leak}"
     done <<<"${SMI_PROCS[$uuid]}"
     gg_json_escape_into "${SMI_NAME[$uuid]:-}" name_esc
-    gpus+="${gpus:+,}{\"index\":${SMI_INDEX[$uuid]},\"uuid\":\"$uuid\",\"name\":\"$name_esc\",\"utilization\":${SMI_UTIL[$uuid]:-null},\"memory_used_mib\":${SMI_MEM_USED[$uuid]:-null},\"memory_total_mib\":${SMI_MEM_TOTAL[$uuid]:-null},\"power_w\":${SMI_POWER[$uuid]:-null},\"idle_cycles\":${IDLE_CYCLES[$uuid]:-0},\"idle_firing\":$(status_json_bool "${IDLE_FIRING[$uuid]:-0}"),\"recent_utilization\":[$(status_json_numbers "${IDLE_HISTORY[$uuid]:-}")],\"processes\":[$procs]}"
+    gpus+="${gpus:+,}{\"index\":${SMI_INDEX[$uuid]},\"uuid\":\"$uuid\",\"name\":\"$name_esc\",\"utilization\":${SMI_UTIL[$uuid]:-null},\"memory_used_mib\":${SMI_MEM_USED[$uuid]:-null},\"memory_total_mib\":${SMI_MEM_TOTAL[$uuid]:-null},\"power_w\":${SMI_POWER[$uuid]:-null},\"idle_cycles\":${IDLE_CYCLES[$uuid]:-0},\"idle_limit\":$IDLE_T_MAX,\"stuck_cycles\":${IDLE_SPIN[$uuid]:-0},\"stuck_limit\":$IDLE_T_SPIN,\"idle_firing\":$(status_json_bool "${IDLE_FIRING[$uuid]:-0}"),\"recent_utilization\":[$(status_json_numbers "${IDLE_HISTORY[$uuid]:-}")],\"processes\":[$procs]}"
   done
   printf '{"host":"%s","ts":%s,"error":null,"gpus":[%s]}\n' "$host" "$(gg_now)" "$gpus"
 }

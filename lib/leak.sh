@@ -11,6 +11,8 @@ leak_init() {
   declare -ga LEAK_ROOT_PIDS=() LEAK_PIDS=()
   declare -gA LEAK_CPU_PREV=() LEAK_STATUS=() LEAK_CMDLINES=() LEAK_CMDLINE_IDS=() LEAK_RANKS=()
   declare -gA LEAK_GPU_FREE=() LEAK_GPU_TOTAL=()
+  # when each series' identity (history/<key>.job.json) was last written or found
+  declare -gA LEAK_NAMED=()
   declare -g LEAK_MATCH='' LEAK_ALL=0 LEAK_FAILS=0 LEAK_ACTION=notify LEAK_GRACE=30
   # option values for the Python helper, set by leak_apply_options
   declare -gA LEAK_OPT_ENV=()
@@ -20,6 +22,7 @@ leak_init() {
   # 1 while the detector coprocess this watcher started should be running
   declare -g LEAK_DETECTOR_STARTED=0
   declare -g LEAK_MATCH_WAIT_SINCE=0 LEAK_MATCH_NOTICE_AT=0
+  declare -g LEAK_ID_LINES='' LEAK_ID_RESET=1
   # what the caller ignored (SigIgn mask): the job gets the same
   declare -g LEAK_IGNORED_AT_START=0
   LEAK_CLK_TCK=100
@@ -100,6 +103,7 @@ leak_cycle() {
     gg_proc_update
   fi
   leak_select_roots
+  LEAK_ID_RESET=1
   local samples='' root pid used free total cpu rss key name cmd ticks members mlines mfree mtotal rank uuids prev
   local -a tree holders visible=()
   local -A tree_of=()
@@ -174,7 +178,14 @@ leak_cycle() {
       mlines+="M"$'\t'"$key/$pid-${GG_PROC_START[$pid]:-0}"$'\t'"$key"$'\t'"$now"$'\t'"$pid"$'\t'"${SMI_PIDS_MEM[$pid]}"$'\t'"$mfree"$'\t'"$mtotal"$'\t'"$rank"$'\n'
     done
     samples+="T"$'\t'"$key"$'\t'"$now"$'\t'"$root"$'\t'"$used"$'\t'"$free"$'\t'"$total"$'\t'"$cpu"$'\t'"$((rss * LEAK_PAGE_KIB / 1024))"$'\t'"$members"$'\t'"$name"$'\t'"$cmd"$'\n'"$mlines"
+    # a series is named once, when it first holds GPU memory; its file is
+    # looked for again hourly (retention removes files by age)
+    if [[ -n ${holders[0]:-} ]] && ((now - ${LEAK_NAMED[$key]:-0} >= LEAK_ID_RECHECK_S)); then
+      leak_identity_lines "$key" "$now" "${holders[@]}"
+    fi
   done
+  samples+=$LEAK_ID_LINES
+  LEAK_ID_LINES=''
   leak_run_detector "$samples"
   # contract 4: events_emit only enqueues; one digest per target a cycle
   events_flush
@@ -187,10 +198,52 @@ leak_cycle() {
   for pid in "${!LEAK_CMDLINES[@]}"; do
     [[ -n ${GG_PROC_PPID[$pid]:-} ]] || unset "LEAK_CMDLINES[$pid]" "LEAK_CMDLINE_IDS[$pid]"
   done
+  for key in "${!LEAK_NAMED[@]}"; do
+    [[ -n ${GG_PROC_PPID[${key%%-*}]:-} || -n ${SMI_PIDS_MEM[${key%%-*}]:-} ]] || unset "LEAK_NAMED[$key]"
+  done
   if [[ -n ${GPUGUARD_TEXTFILE_DIR:-} ]]; then
     textfile_write_leak || gg_log warn "could not write textfile metrics in $GPUGUARD_TEXTFILE_DIR"
   fi
 }
+
+# Adds to LEAK_ID_LINES an "J" line (python/gpuguard_leak.py PROTOCOL)
+# with the identity of a series not named yet: its job as the idle alerts
+# name it (jobinfo_json_into: masked command line, user, start, folder,
+# Slurm job or container, rank), read from the process holding its GPU
+# memory, and one for each rank of a tree of several. A series already
+# named in the state folder (a watcher started again, cron --once) costs
+# one stat. The few forks of jobinfo_json_into are paid once per series.
+# Arguments:
+#   $1 the tree's key, $2 now, $3... its processes holding GPU memory
+leak_identity_lines() {
+  local key=$1 pid job mkey
+  LEAK_NAMED[$key]=$2
+  shift 2
+  leak_identity_known "$key" && return 0
+  # what jobinfo read is kept within a cycle only (PIDs are reused)
+  if ((LEAK_ID_RESET)); then
+    jobinfo_reset
+    LEAK_ID_RESET=0
+  fi
+  jobinfo_json_into "$1" job
+  LEAK_ID_LINES+="J"$'\t'"$key"$'\t'"$job"$'\n'
+  (($# > 1)) || return 0
+  for pid in "$@"; do
+    mkey="$key/$pid-${GG_PROC_START[$pid]:-0}"
+    jobinfo_json_into "$pid" job
+    LEAK_ID_LINES+="J"$'\t'"$mkey"$'\t'"$job"$'\n'
+  done
+}
+
+# True when the identity file of series $1 exists (written by the detector
+# from a "J" line; the name as gpuguard_leak.py's history files).
+leak_identity_known() {
+  local name=${1//[!0-9A-Za-z_.-]/_}
+  [[ -e $GPUGUARD_STATE_DIR/history/$name.job.json ]]
+}
+
+# Seconds between two looks for a named series' identity file.
+LEAK_ID_RECHECK_S=3600
 
 # Reads each GPU's free and total MiB from the sample into LEAK_GPU_FREE
 # and LEAK_GPU_TOTAL (by UUID; none for a GPU whose figures nvidia-smi did

@@ -35,6 +35,11 @@ PROTOCOL (bash -> Python, one line per series, fields separated by tabs):
   M KEY ROOT_KEY TS PID USED_MIB FREE_MIB TOTAL_MIB RANK
       one GPU-holding process of a tree that has several (RANK from its
       environment, '' when unreadable)
+  J KEY JOB_JSON
+      the identity of a series the watcher sees for the first time (the
+      job object of lib/jobinfo.sh: masked command line, user, start,
+      folder, Slurm job or container, rank), kept in history/<key>.job.json
+      beside its history and put into its leak alerts as "job"
   FREE/TOTAL '' or '-' when unknown. Python -> bash (events first):
   event STATE ROOT_PID JSON
   status ROOT_PID SLOPE FIRING USED SEVERITY OOM_S NAME
@@ -393,6 +398,10 @@ def check(env, stdin, stdout, keep=False):
     os.makedirs(os.path.join(state_dir, "history"), exist_ok=True)
     # trees first: members take their settings from the tree's cmdline
     for parts in sorted(lines, key=lambda p: p[0] != "T"):
+        if parts[0] == "J":
+            if len(parts) >= 3:
+                identity_write(state_dir, parts[1], parts[2])
+            continue
         if parts[0] == "T" and len(parts) >= 11:
             key, ts, pid, used, free, total, cpu, rss, members, name = parts[1:11]
             cmdline = parts[11] if len(parts) > 11 and parts[11] else name
@@ -475,11 +484,13 @@ def check(env, stdin, stdout, keep=False):
             if "leaking_pid" not in ev and members:
                 top = max(members, key=lambda s: s.last.get("slope") or 0.0)
                 ev.update({"leaking_pid": top.pid, "rank": meta.get(top.key, {}).get("rank")})
+            with_job(state_dir, key, ev, series)
             emit_event(stdout, pid, ev)
         elif m.get("alerting") and not alerting:
             resolved = [e for e in evs if e["state"] == "resolved"]
             ev = resolved[0] if resolved else series[key].event("resolved")
             ev.setdefault("host", host)
+            with_job(state_dir, key, ev)
             emit_event(stdout, pid, ev)
         m["alerting"] = alerting
         # the tree's verdict: the worst of its own and its ranks'
@@ -496,6 +507,7 @@ def check(env, stdin, stdout, keep=False):
                     ev = {"ts": int(time.time()), "event": "gpu_memory_leak", "state": "resolved",
                           "pid": m.get("pid")}
                 ev.update({"host": host, "reason": "gone"})
+                with_job(state_dir, key, ev)
                 emit_event(stdout, m.get("pid") or 0, ev)
     for key in list(series):
         if key not in seen:
@@ -569,7 +581,8 @@ def write_bytes(stdout, data):
 
 
 def emit_event(stdout, pid, ev):
-    # the command line stays out of events: it may hold tokens
+    # the raw command line stays out of events (it may hold tokens): the
+    # job object (with_job) carries the masked one
     stdout.write("event\t%s\t%d\t%s\n" % (ev["state"], pid, json.dumps(ev)))
 
 
@@ -607,6 +620,72 @@ def all_states(state_dir):
             inst = name[len("leak-state-"):-5] if name.startswith("leak-state-") else ""
             out.update(load_state(state_dir, inst).get("series", {}))
     return out
+
+
+def history_name(state_dir, key, suffix):
+    """history/<key><suffix>, the key made safe for a file name."""
+    return os.path.join(state_dir, "history", re.sub(r"[^0-9A-Za-z_.-]", "_", key) + suffix)
+
+
+# The fields of a job object (lib/jobinfo.sh) kept in an identity file;
+# longer strings are cut, so a file stays under a kilobyte or two.
+IDENTITY_FIELDS = ("user", "uid", "pid", "pids", "cmdline", "cwd", "start_ts", "slurm_job", "container",
+                   "rank", "local_rank", "visible")
+IDENTITY_MAX_CHARS = 400
+
+
+def identity_clean(job):
+    """The known fields of a job object, strings cut and PID lists
+    bounded; None when it is not one."""
+    if not isinstance(job, dict):
+        return None
+    out = {}
+    for k in IDENTITY_FIELDS:
+        v = job.get(k)
+        if isinstance(v, str):
+            v = v[:IDENTITY_MAX_CHARS]
+        elif isinstance(v, list):
+            v = [x for x in v if isinstance(x, int)][:64]
+        elif not (v is None or isinstance(v, (int, float, bool))):
+            v = None
+        out[k] = v
+    return out
+
+
+def identity_write(state_dir, key, text):
+    """Keeps a series' identity (a "J" line's job object) in
+    history/<key>.job.json, written atomically; gg_retention prunes it
+    with the history. A malformed object is dropped."""
+    try:
+        job = identity_clean(json.loads(text))
+    except ValueError:
+        return
+    if job is not None:
+        write_atomic(history_name(state_dir, key, ".job.json"),
+                     json.dumps(job, ensure_ascii=False, separators=(",", ":")) + "\n")
+
+
+def identity_read(state_dir, key):
+    """The job object kept for a series; None when there is none."""
+    try:
+        with open(history_name(state_dir, key, ".job.json"), encoding="utf-8") as f:
+            return identity_clean(json.loads(f.read(65536)))
+    except (OSError, ValueError):
+        return None
+
+
+def with_job(state_dir, key, ev, keys=()):
+    """Puts the series' job into a leak event, as idle events carry theirs
+    (the leaking rank's own when it was kept: `keys` are the series keys,
+    a rank's is KEY/PID-START), so a digest names the job."""
+    job = None
+    if ev.get("leaking_pid") is not None:
+        prefix = "%s/%s-" % (key, ev["leaking_pid"])
+        member = next((k for k in keys if k.startswith(prefix)), None)
+        job = identity_read(state_dir, member) if member else None
+    job = job or identity_read(state_dir, key)
+    if job is not None:
+        ev["job"] = job
 
 
 def history_append(state_dir, key, ts, pid, used, free, total, max_rows, rows=None):

@@ -10,7 +10,7 @@ Commands:
           GPU's capacity and projected OOM; a summary table linking to each
           chart. WHEN: 90m, 24h, 7d, unix seconds or 2026-12-01[T10:00].
   leaks   for `gpuguard status`: one line per watched series,
-          "PID<TAB>SLOPE<TAB>FIRING<TAB>recent,memory,values"
+          "PID<TAB>SLOPE<TAB>FIRING<TAB>VERDICT<TAB>recent,memory,values"
 
 Inputs, all under $GPUGUARD_STATE_DIR: gpu-history.tsv(.1) (the watchdog,
 lib/gpuhistory.sh), history/*.csv (the leak watcher, read through
@@ -71,6 +71,18 @@ def parse_ints(option, text, out):
         out.add(int(part))
 
 
+def parse_gpus(text, out):
+    """--gpu: GPU indexes and UUIDs (GPU-xxxxxxxx-...), comma-separated;
+    a UUID is kept as a string and matched in the GPU history."""
+    for part in text.split(","):
+        if re.fullmatch(r"\d{1,4}", part):
+            out.add(int(part))
+        elif re.fullmatch(r"(GPU|MIG)-[0-9A-Fa-f-]{8,64}", part):
+            out.add(part.lower())
+        else:
+            raise UsageError("--gpu needs a whole number (GPU index) or a GPU UUID (got '%s')" % text)
+
+
 def parse_args(args, now):
     opts = {"out": "gpuguard-report.html", "since": None, "pids": set(), "gpus": set()}
     i = 0
@@ -93,7 +105,7 @@ def parse_args(args, now):
         elif name == "--pid":
             parse_ints("--pid", value, opts["pids"])
         else:
-            parse_ints("--gpu", value, opts["gpus"])
+            parse_gpus(value, opts["gpus"])
         i += 1
     return opts
 
@@ -197,9 +209,21 @@ def tail_values(path, n=24):
     return vals
 
 
-def leaks(state_dir, out):
-    """For gpuguard status: PID, slope, firing and recent memory of every
-    series the detector keeps (newest series of a PID wins)."""
+def leak_word(s, slope, threshold):
+    """The verdict status shows: LEAK (the alert fires), watching (growing
+    at the threshold or faster, not judged a leak yet), healthy, or
+    judging (too short to have a slope)."""
+    if s.get("firing"):
+        return "LEAK"
+    if not isinstance((s.get("last") or {}).get("slope"), (int, float)):
+        return "judging"
+    return "watching" if slope >= threshold else "healthy"
+
+
+def leaks(state_dir, out, threshold=50.0):
+    """For gpuguard status: PID, slope, firing, verdict (leak_word) and
+    recent memory of every series the detector keeps (newest series of a
+    PID wins)."""
     by_pid = {}
     for key, s in read_leak_states(state_dir).items():
         pid = s.get("pid")
@@ -212,8 +236,8 @@ def leaks(state_dir, out):
         if not isinstance(slope, (int, float)) or not math.isfinite(slope):
             slope = 0.0             # status prints it into JSON: a number, always
         path = os.path.join(state_dir, "history", re.sub(r"[^0-9A-Za-z_.-]", "_", str(key)) + ".csv")
-        by_pid[pid] = (last.get("ts", 0), "%d\t%.0f\t%d\t%s\n" % (pid, slope, bool(s.get("firing")),
-                                                                   ",".join(tail_values(path))))
+        by_pid[pid] = (last.get("ts", 0), "%d\t%.0f\t%d\t%s\t%s\n" % (
+            pid, slope, bool(s.get("firing")), leak_word(s, slope, threshold), ",".join(tail_values(path))))
     for pid in sorted(by_pid):
         out.write(by_pid[pid][1])
 
@@ -282,6 +306,32 @@ def job_identity(events):
     return ident
 
 
+def read_identities(state_dir):
+    """{history file name without .csv: job object} from the leak watcher's
+    history/<key>.job.json files (gpuguard_leak.identity_write; the command
+    lines there are already masked)."""
+    folder = os.path.join(state_dir, "history")
+    out = {}
+    for path in glob.glob(os.path.join(glob.escape(folder), "*.job.json")):
+        name = os.path.basename(path)[:-len(".job.json")]
+        job = leak.identity_read(state_dir, name)
+        if job is not None:
+            out[name] = job
+    return out
+
+
+def identity_who(job):
+    """The report's "who" fields of a job object."""
+    who = {"cmdline": job.get("cmdline"), "user": job.get("user"), "slurm": job.get("slurm_job"),
+           "container": job.get("container"), "cwd": job.get("cwd"), "start_ts": job.get("start_ts"),
+           "job_pid": job.get("pid"), "pids": job.get("pids") or []}
+    if job.get("rank") is not None:
+        who["rank"] = str(job["rank"])
+    if job.get("visible") is False:
+        who["hidden"] = True
+    return {k: v for k, v in who.items() if v not in (None, "", [])}
+
+
 def proc_tree():
     """Children and start time of every process, from one pass over /proc."""
     kids, starts = {}, {}
@@ -344,6 +394,7 @@ def build(state_dir, opts, params, now):
     events = read_events(state_dir, since)
     states = read_leak_states(state_dir)
     ident = job_identity(events)
+    identities = read_identities(state_dir)
     history = leak.read_history(os.path.join(state_dir, "history"))
     threshold = params["threshold"]
     holders = {}                # pid -> {gpu index: rows holding it}
@@ -425,17 +476,25 @@ def build(state_dir, opts, params, now):
             oom_h = max(0.0, headroom / slope_h)
         who = dict(proc_identity(pid, start))
         who.update({k: v for k, v in ident.get(pid, {}).items() if v and k != "gpu"})
+        # the watcher's record of the series (a rank's own, else its tree's)
+        # names it best, also long after it ended
+        job = identities.get(key) or identities.get(key.split("_", 1)[0])
+        if job is not None:
+            who.update(identity_who(job))
         procs.append({"key": key, "pid": pid, "rows": rows, "floors": fl, "bucket": bucket, "gpu": gpu, "capacity": capacity,
                       "fit": fit, "fit_from": fit_pts[0][0], "slope_h": slope_h, "judged": judged,
                       "verdict": verdict, "oom_h": oom_h, "events": pev, "who": who, "t0": t0, "t1": t1})
     if opts["pids"]:
-        procs = [p for p in procs if p["pid"] in opts["pids"]]
+        # a job's own PID, the watched root's, or one of its GPU processes
+        procs = [p for p in procs if p["pid"] in opts["pids"] or p["who"].get("job_pid") in opts["pids"]
+                 or set(p["who"].get("pids") or []) & opts["pids"]]
         keep = {p["gpu"] for p in procs}
         gpus = {i: g for i, g in gpus.items() if i in keep or any(
             set(r[6]) & opts["pids"] for r in g["rows"])}
     if opts["gpus"]:
-        gpus = {i: g for i, g in gpus.items() if i in opts["gpus"]}
-        procs = [p for p in procs if p["gpu"] in opts["gpus"]]
+        wanted = {i for i, g in gpus.items() if i in opts["gpus"] or str(g["uuid"]).lower() in opts["gpus"]}
+        gpus = {i: g for i, g in gpus.items() if i in wanted}
+        procs = [p for p in procs if p["gpu"] in wanted]
     order = {"LEAK": 0, "watching": 1, "resolved": 2, "not judged": 3, "healthy": 4}
     procs.sort(key=lambda p: (order.get(p["verdict"], 5), -p["slope_h"], p["key"]))
     return gpus, procs, events
@@ -703,17 +762,46 @@ def span_text(s):
     return "%.0f min" % (s / 60)
 
 
+def short_cmd(cmdline, n=60):
+    """A command line shortened for a table: the program's and the script's
+    folders dropped (/opt/venv/bin/python3 /home/a/train.py -> python3
+    train.py), then cut to n characters."""
+    words = str(cmdline).split(" ")
+    for i, w in enumerate(words[:2]):
+        if "/" in w and "=" not in w and not w.startswith("-"):
+            words[i] = w.rstrip("/").rsplit("/", 1)[-1] or w
+    return short(" ".join(words), n)
+
+
 def proc_label(p):
     who = p["who"]
+    if who.get("hidden"):
+        # the watcher saw only a PID (another PID namespace, a container)
+        return "pid %d (another PID namespace: not visible to the watcher)" % p["pid"]
     name = who.get("name") or "pid %d" % p["pid"]
     bits = ["%s (pid %d)" % (name, p["pid"])]
     if who.get("cmdline"):
-        bits.append(short(who["cmdline"], 60))
+        bits.append(short_cmd(who["cmdline"], 60))
     if who.get("user"):
-        bits.append("user " + who["user"])
+        bits.append("user " + str(who["user"]))
+    if who.get("rank"):
+        bits.append("rank " + who["rank"])
     if who.get("slurm"):
-        bits.append("slurm " + who["slurm"])
+        bits.append("slurm " + str(who["slurm"]))
+    elif who.get("container"):
+        bits.append(str(who["container"]))
     return " · ".join(bits)
+
+
+def proc_title(p):
+    """The whole (masked) command line and where it ran, for a hover."""
+    who = p["who"]
+    bits = [str(who["cmdline"])] if who.get("cmdline") else []
+    if who.get("cwd"):
+        bits.append("in " + str(who["cwd"]))
+    if isinstance(who.get("start_ts"), (int, float)):
+        bits.append("started " + time.strftime("%Y-%m-%d %H:%M", time.localtime(who["start_ts"])))
+    return " · ".join(bits) or proc_label(p)
 
 
 def proc_section(n, p):
@@ -762,15 +850,23 @@ def proc_section(n, p):
     if cap is not None and not cap_in and slope_h > 0:
         cap_note = " · capacity %s MiB is above the chart" % mib(cap)
     trend = "trend %+.0f MiB/h%s" % (slope_h, "" if p["judged"] else " (not judged by the detector: a fit for the eye)")
-    head = ('<section class="proc" id="%s"><h2><span class="verdict v-%s">%s</span> %s <small>GPU %s</small></h2>'
-            '<p class="legend"><span class="sw raw"></span>memory <span class="sw floor"></span>%s floors '
+    head = ('<section class="proc" id="%s"><h2 title="%s"><span class="verdict v-%s">%s</span> %s <small>GPU %s</small></h2>'
+            '%s<p class="legend"><span class="sw raw"></span>memory <span class="sw floor"></span>%s floors '
             '<span class="sw trend"></span>%s <span class="sw proj"></span>projection%s · projected OOM: %s · '
             '%d samples over %s, %s → %s MiB</p>'
-            % (p["anchor"], vclass(p["verdict"]), html.escape(p["verdict"]), html.escape(proc_label(p)),
-               "?" if p["gpu"] is None else p["gpu"], span_text(p["bucket"]),
+            % (p["anchor"], html.escape(proc_title(p)), vclass(p["verdict"]), html.escape(p["verdict"]),
+               html.escape(proc_label(p)), "?" if p["gpu"] is None else p["gpu"], cmd_line(p), span_text(p["bucket"]),
                html.escape(trend), cap_note, html.escape(oom), len(rows), span_text(t1 - t0),
                mib(rows[0][1]), mib(rows[-1][1])))
     return head + c.svg("memory of " + proc_label(p)) + "</section>"
+
+
+def cmd_line(p):
+    """The paragraph under a chart's heading with the whole masked command
+    line (empty when it is not known)."""
+    if not p["who"].get("cmdline"):
+        return ""
+    return "<p class='cmd'><code>%s</code></p>" % html.escape(proc_title(p))
 
 
 def vclass(verdict):
@@ -791,7 +887,7 @@ table{border-collapse:collapse;margin:.6em 0}td,th{border-bottom:1px solid #ddd;
 th{background:#f4f4f4}td.n{text-align:right;font-variant-numeric:tabular-nums}
 .verdict{font-weight:bold;padding:0 5px;border-radius:3px}.v-LEAK{background:#c62828;color:#fff}
 .v-watching{background:#f9a825}.v-healthy{background:#c8e6c9}.v-resolved{background:#bbdefb}.v-not-judged{background:#eee}
-.legend{margin:.1em 0;color:#444;font-size:12px}.sw{display:inline-block;width:18px;height:0;border-top:3px solid;margin:0 3px 3px 8px}
+.legend{margin:.1em 0;color:#444;font-size:12px}.cmd{margin:.1em 0;font-size:12px;overflow-wrap:anywhere}.sw{display:inline-block;width:18px;height:0;border-top:3px solid;margin:0 3px 3px 8px}
 .sw.util{border-color:#1f77b4}.sw.mem{border-color:#9467bd}.sw.raw{border-color:#9ecae1}.sw.floor{border-color:#08519c}
 .sw.trend{border-color:#d62728}.sw.proj{border-color:#d62728;border-top-style:dashed}
 .sw.idle1{border-top:8px solid #ffe0b2}.sw.idle2{border-top:8px solid #ffab91}.mk{margin-left:8px}.mk.firing{color:#c62828}.mk.resolved{color:#2e7d32}
@@ -884,10 +980,11 @@ def render(gpus, procs, events, host, now, opts):
         out.append("<table id='summary-table'><tr><th>verdict</th><th>job</th><th>GPU</th><th>growth MiB/h</th>"
                    "<th>since</th><th>projected OOM</th></tr>")
         for p in procs:
-            out.append("<tr class='row-%s'><td><span class='verdict v-%s'>%s</span></td><td><a href='#%s'>%s</a></td>"
+            out.append("<tr class='row-%s'><td><span class='verdict v-%s'>%s</span></td><td><a href='#%s' title='%s'>%s</a></td>"
                        "<td class='n'>%s</td><td class='n'>%+.0f%s</td><td>%s</td><td>%s</td></tr>"
                        % (vclass(p["verdict"]), vclass(p["verdict"]), html.escape(p["verdict"]),
-                          p["anchor"], html.escape(proc_label(p)), "?" if p["gpu"] is None else p["gpu"],
+                          p["anchor"], html.escape(proc_title(p)), html.escape(proc_label(p)),
+                          "?" if p["gpu"] is None else p["gpu"],
                           p["slope_h"], "" if p["judged"] else "*", tlabel(p["t0"]), html.escape(oom_text(p))))
         out.append("</table>")
         if not all(p["judged"] for p in procs):
@@ -943,7 +1040,24 @@ def report(state_dir, args, env, now=None):
     if os.path.isdir(out):
         raise UsageError("--out %s is a folder; give a file name" % out)
     write_atomic(out, text, mode=0o644)
+    report.unmatched = unmatched(opts, gpus, procs, events)
     return out, len(gpus), len(procs), len(text.encode("utf-8"))
+
+
+def unmatched(opts, gpus, procs, events):
+    """One line saying which filter matched nothing (None when something
+    was found): a PID or GPU typed wrong should not pass for a quiet box."""
+    def listed(values):
+        return ",".join(str(v) for v in sorted(values, key=str))
+    if procs or gpus:
+        return None
+    if opts["pids"]:
+        return "--pid %s matches no process in the history" % listed(opts["pids"])
+    if opts["gpus"]:
+        return "--gpu %s matches no GPU in the history" % listed(opts["gpus"])
+    if opts["since"] is not None and not events:
+        return "nothing was recorded since %s" % time.strftime("%Y-%m-%d %H:%M", time.localtime(opts["since"]))
+    return None
 
 
 def main(argv):
@@ -955,9 +1069,11 @@ def main(argv):
             now = float(env["GPUGUARD_NOW"]) if env.get("GPUGUARD_NOW") else None
             out, ng, npr, size = report(state_dir, argv[2:], env, now)
             print("wrote %s (%d GPUs, %d processes, %d KiB)" % (out, ng, npr, (size + 1023) // 1024))
+            if report.unmatched:
+                print("gpuguard: %s" % report.unmatched, file=sys.stderr)
             return 0
         if cmd == "leaks":
-            leaks(state_dir, sys.stdout)
+            leaks(state_dir, sys.stdout, leak.params_from(env)["threshold"])
             return 0
     except UsageError as e:
         print("gpuguard: %s" % e, file=sys.stderr)
