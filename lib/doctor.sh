@@ -292,16 +292,16 @@ status_job() {
 # $2 (text: "LEAK +180 MiB/h", "healthy +2 MiB/h"; '' when unwatched) and
 # $3 (1 when its alert fires), from STATUS_LEAK.
 status_leak_into() {
-  local root=$1 slope firing verdict
+  local lk_root=$1 lk_slope lk_fires lk_verdict
   local -n lk_text=$2 lk_firing=$3
   lk_text='' lk_firing=0
-  [[ -n $root && -n ${STATUS_LEAK[$root]:-} ]] || return 0
-  read -r slope firing verdict <<<"${STATUS_LEAK[$root]}"
+  [[ -n $lk_root && -n ${STATUS_LEAK[$lk_root]:-} ]] || return 0
+  read -r lk_slope lk_fires lk_verdict <<<"${STATUS_LEAK[$lk_root]}"
   # shellcheck disable=SC2034 # nameref: assigns the caller's variable
-  lk_firing=$firing
-  [[ $slope == -* ]] || slope="+$slope"
+  lk_firing=$lk_fires
+  [[ $lk_slope == -* ]] || lk_slope="+$lk_slope"
   # shellcheck disable=SC2034 # nameref: assigns the caller's variable
-  lk_text="${verdict:-?} $slope MiB/h"
+  lk_text="${lk_verdict:-?} $lk_slope MiB/h"
 }
 
 # Prints the table from the last status_collect: a line per GPU (its
@@ -330,7 +330,9 @@ status_table() {
       status_job "$pid"
       root=$(status_leak_root "$pid")
       status_leak_into "$root" leak firing
-      ((firing)) && leak="$C_RED$leak$C_OFF"
+      if ((firing)); then
+        leak="$C_RED$leak$C_OFF"
+      fi
       user=${STATUS_JOB_USER:+ ($STATUS_JOB_USER)}
       [[ -n $STATUS_JOB_SHORT ]] || STATUS_JOB_SHORT=${name##*/}
       printf '       pid %-8s %7s MiB  %s%s  %s %s%s%s\n' "$pid" "${mem:-?}" "$STATUS_JOB_SHORT" "$user" \
