@@ -276,7 +276,10 @@ def test_status_watch_in_tmux_names_every_job(nbox, jobs, tmp_path):
         assert wait_for(lambda: all(n in tmux("capture-pane", "-p").stdout for n in NAMES.values()), timeout=30), \
             tmux("capture-pane", "-p").stdout
         screen = tmux("capture-pane", "-p").stdout
-        assert re.search(r"idle \d+/3 +stuck 0/5 +IDLE", screen) and re.search(r"LEAK \+\d+ MiB/h", screen)
+        assert re.search(r"idle \d+/3 +stuck 0/5 +IDLE", screen), screen
+        # five minutes in, the leak watcher has a slope for each watched job
+        for name in NAMES.values():
+            assert re.search(r"%s.*(judging|watching|healthy|LEAK) [+-]\d+ MiB/h" % name, screen), screen
         assert "(%s)" % getpass.getuser() in screen and "not visible here" in screen
         assert any(ch in screen for ch in "▁▂▃▄▅▆▇█")
         assert "SEKRIT" not in screen
