@@ -268,7 +268,7 @@ status_job() {
   jobinfo_holds_gpu "$pid" || rc=$?
   if ((rc == 1)) || ! jobinfo_stat_into "$pid" st; then
     STATUS_JOB_VISIBLE=0
-    STATUS_JOB_SHORT="pid $pid (not visible here)"
+    STATUS_JOB_SHORT="${2:-pid $pid} (not visible here)"
     return 0
   fi
   jobinfo_top_into "$pid" top
@@ -327,7 +327,7 @@ status_table() {
       "$colour" "$state" "$C_OFF" "$(status_spark "${IDLE_HISTORY[$uuid]:-}" 100)"
     while IFS=$'\t' read -r pid name mem; do
       [[ -n $pid ]] || continue
-      status_job "$pid"
+      status_job "$pid" "${name##*/}"
       root=$(status_leak_root "$pid")
       status_leak_into "$root" leak firing
       if ((firing)); then
@@ -357,7 +357,7 @@ status_json() {
     procs=''
     while IFS=$'\t' read -r pid name mem; do
       [[ -n $pid ]] || continue
-      status_job "$pid"
+      status_job "$pid" "${name##*/}"
       root=$(status_leak_root "$pid")
       leak=null
       if [[ -n $root ]]; then

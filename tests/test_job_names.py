@@ -168,7 +168,7 @@ def test_cron_watchers_name_every_job_in_alerts_status_and_report(nbox, jobs, tm
         assert "python3 train.py --run-name %s" % name in line and "(%s)" % getpass.getuser() in line
     assert re.search(r"^2 .* idle \d+/3 +stuck 0/5 +IDLE", table, re.M), table
     assert re.search(r"pid %d .*LEAK \+\d+ MiB/h" % jobs.pid["leak"], table), table
-    assert "pid %d (not visible here)" % HIDDEN in table
+    assert re.search(r"pid %d .* python3 \(not visible here\)" % HIDDEN, table), table
 
     # the report, while the jobs run and after they ended
     text, _ = report(nbox)

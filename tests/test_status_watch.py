@@ -1,5 +1,6 @@
 """gpuguard status (once, --json, --watch under tmux), doctor --json and
 --version, run as a user types them, against the nvidia-smi double."""
+import getpass
 import json
 import os
 import shlex
@@ -45,8 +46,10 @@ def test_status_json_for_scripts(box):
     assert gpu["index"] == 0 and gpu["utilization"] == 37 and gpu["memory_used_mib"] == 9000
     assert gpu["memory_total_mib"] == 143771 and gpu["power_w"] == 76.6
     procs = {p["pid"]: p for p in gpu["processes"]}
-    assert procs[1410]["leak"] == {"slope_mib_per_hour": 180.0, "firing": True}
-    assert procs[1411]["leak"] == {"slope_mib_per_hour": 2.0, "firing": False}
+    assert procs[1410]["leak"] == {"slope_mib_per_hour": 180.0, "firing": True, "verdict": "LEAK",
+                                   "recent_memory_mib": []}
+    assert procs[1411]["leak"] == {"slope_mib_per_hour": 2.0, "firing": False, "verdict": "healthy",
+                                   "recent_memory_mib": []}
     assert procs[1411]["name"] == "torchrun" and procs[1411]["used_memory_mib"] == 3000
 
 
@@ -168,18 +171,28 @@ def test_status_watch_honours_no_color_in_a_terminal(box, tmp_path):
 
 
 
-def test_status_names_the_job_without_its_option_values(box, tmp_path):
+def test_status_names_the_job_with_its_secrets_masked(box, tmp_path):
     script = tmp_path / "train.py"
-    script.write_text("import time\ntime.sleep(60)\n")
-    job = subprocess.Popen(["python3", str(script), "--token=s3cr3t-value", "--lr", "0.1"])
+    # like a CUDA process, it holds a GPU device file (a stand-in) open
+    script.write_text("import os, time\nf = open(os.environ['DEV'])\ntime.sleep(60)\n")
+    (tmp_path / "nvidia0").touch()
+    box.env["JOBINFO_DEVICE_GLOB"] = str(tmp_path / "nvidia*")
+    job = subprocess.Popen(["python3", str(script), "--token=s3cr3t-value", "--lr", "0.1"], start_new_session=True,
+                           env=dict(os.environ, DEV=str(tmp_path / "nvidia0")))
     try:
+        assert wait_for(lambda: any(os.readlink("/proc/%d/fd/%s" % (job.pid, fd)).endswith("nvidia0")
+                                    for fd in os.listdir("/proc/%d/fd" % job.pid)), timeout=10)
         box.write_scenario([{"gpus": [idle_gpu(mem=9000, util=90)], "apps": [app(job.pid, mem=6000)]}])
         r = box.run("status", cmd="bin/gpuguard")
         assert r.returncode == 0, r.stderr
         row = next(line for line in r.stdout.splitlines() if "pid %d" % job.pid in line)
-        assert "python3 train.py" in row and "s3cr3t" not in r.stdout and "0.1" not in row
+        assert "python3 train.py --token=*** --lr 0.1 (%s)" % getpass.getuser() in row, r.stdout
+        assert "s3cr3t" not in r.stdout
         doc = json.loads(box.run("status", "--json", cmd="bin/gpuguard").stdout)
-        assert doc["gpus"][0]["processes"][0]["job"].startswith("python3 train.py (")
+        proc = doc["gpus"][0]["processes"][0]
+        assert proc["job"].startswith("python3 train.py ") and proc["job"].endswith(" --token=*** --lr 0.1 (%s)"
+                                                                                      % getpass.getuser())
+        assert proc["cmdline"].endswith("%s --token=*** --lr 0.1" % script)
     finally:
         job.kill()
         job.wait()
