@@ -833,6 +833,9 @@ def leak_render(e, lang):
     unknown = msg(lang, "unknown")
     pid = defuse(e.get("pid"))
     name = defuse(os.path.basename(str(e.get("name") or "")))
+    if any(j.get("cmdline") or j.get("slurm_job") or j.get("container") for j in jobs_of(e)):
+        # the watcher's record of the series: named as an idle alert's job
+        name = job_label([e], lang)
     slope = number(e.get("slope_mib_per_hour"))
     slope_text = f"{slope:+.0f}" if slope is not None else unknown
     if state_class(e) == "resolved":

@@ -2,7 +2,7 @@
 """gpuguard's report and status data (stdlib only).
 
 Commands:
-  report [--out FILE] [--since WHEN] [--pid PID] [--gpu N]
+  report [--out FILE] [--since WHEN] [--pid PID] [--gpu N|UUID]
           write one self-contained HTML file (inline SVG, CSS and a little
           JS; nothing fetched): per GPU utilization and memory over time
           with idle incidents shaded and alerts marked; per watched process
@@ -15,7 +15,9 @@ Commands:
 Inputs, all under $GPUGUARD_STATE_DIR: gpu-history.tsv(.1) (the watchdog,
 lib/gpuhistory.sh), history/*.csv (the leak watcher, read through
 gpuguard_leak.read_history), leak-state.json and leak-state-<instance>.json
-(the detector's verdicts and slopes, under "series"), events.jsonl (every alert).
+(the detector's verdicts and slopes, under "series"), history/*.job.json
+(each series' identity: its job as lib/jobinfo.sh read it, command line
+masked), events.jsonl (every alert).
 
 Charts are drawn here as SVG paths, each series reduced to a min/max
 envelope per pixel column, so a week of 64 processes stays near 1 MB and the

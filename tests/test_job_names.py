@@ -21,7 +21,7 @@ import pytest
 from conftest import ROOT, gpu_list, require, start_daemon, stop_daemon, wait_for
 
 sys.path.insert(0, str(ROOT / "python"))
-import gpuguard_alert  # noqa: E402
+import gpuguard_alert
 
 pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning")
 
@@ -144,15 +144,17 @@ def test_cron_watchers_name_every_job_in_alerts_status_and_report(nbox, jobs, tm
     (idle,) = [e for e in events if e["event"] == "gpu_idle"]
     assert leak["pid"] == jobs.pid["leak"] and NAMES["leak"] in leak["job"]["cmdline"]
     assert NAMES["idle"] in idle["job"]["cmdline"]
-    _, sections = gpuguard_alert.render_digest([leak], "en")
-    text = "\n".join([sections[0][0]] + sections[0][1])
-    assert "python3 train.py --run-name %s --api-key ***" % NAMES["leak"] in text and getpass.getuser() in text
+    title, sections = gpuguard_alert.render_digest([leak], "en")
+    text = "\n".join([title, sections[0][0]] + sections[0][1])
+    # the subject names the job as an idle digest does, the details say whose
+    assert "python3 train.py --run-name %s --api-key ***" % NAMES["leak"] in title, title
+    assert getpass.getuser() in text and "SEKRIT" not in text
 
     # status, table and JSON: every holder's job, user, counters and verdicts
     doc = json.loads(nbox.run("status", "--json", cmd="bin/gpuguard").stdout)
     procs = {p["pid"]: (g, p) for g in doc["gpus"] for p in g["processes"]}
     for role, name in NAMES.items():
-        gpu, p = procs[jobs.pid[role]]
+        _, p = procs[jobs.pid[role]]
         assert name in p["cmdline"] and name in p["job"] and "SEKRIT" not in p["cmdline"]
         assert p["user"] == getpass.getuser() and p["visible"] is True and p["job_pid"] == jobs.pid[role]
     assert procs[jobs.pid["leak"]][1]["leak"]["verdict"] == "LEAK"
@@ -166,7 +168,7 @@ def test_cron_watchers_name_every_job_in_alerts_status_and_report(nbox, jobs, tm
     for role, name in NAMES.items():
         line = next((x for x in table.splitlines() if "pid %d " % jobs.pid[role] in x), table)
         assert "python3 train.py --run-name %s" % name in line and "(%s)" % getpass.getuser() in line
-    assert re.search(r"^2 .* idle \d+/3 +stuck 0/5 +IDLE", table, re.M), table
+    assert re.search(r"^2 .* idle \d+/3 +stuck 0/5 +IDLE", table, re.MULTILINE), table
     assert re.search(r"pid %d .*LEAK \+\d+ MiB/h" % jobs.pid["leak"], table), table
     assert re.search(r"pid %d .* python3 \(not visible here\)" % HIDDEN, table), table
 
@@ -236,7 +238,7 @@ def test_daemons_name_the_jobs_and_the_report_shows_them_in_chromium(nbox, jobs,
             rc, _, err = stop_daemon(d)
             assert rc == 0 and "Traceback" not in err, err
     jobs.stop()
-    text, _ = report(nbox)
+    report(nbox)
     page = nbox.tmp / "report.html"
     b = cdp.Browser()
     try:
