@@ -380,7 +380,9 @@ gg_retention() {
     \( \( -name '*.tmp' -o -name '*.tmp.*' -o -name '*.tmp[0-9]*' \) ! -newermt "@$((now - 3600))" \
     -o -path "$dir/outbox/*.bad" ! -newermt "@$cutoff" \) -delete 2>/dev/null || true
   # newest first: keep while under both caps and younger than the cutoff
+  # (a series' identity, <key>.job.json, goes with its history, below)
   while read -r -d '' stamp size path; do
+    [[ $path == *.job.json ]] && continue
     files=$((files + 1))
     bytes=$((bytes + size))
     if ((${stamp%.*} < cutoff || files > max_files || bytes > max_bytes)); then
@@ -392,6 +394,9 @@ gg_retention() {
     removed=${#doomed[@]}
     gg_log info "retention: removed $removed history files (kept $((files - removed)), caps ${max_files} files, ${HISTORY_MAX_MB:-30} MiB, ${RETENTION_DAYS:-7} days)"
   fi
+  for path in "$dir"/history/*.job.json; do
+    [[ -e ${path%.job.json}.csv || ! -f $path ]] || rm -f -- "$path"
+  done
   gg_write_atomic "$dir/.retention-last" "$now"$'\n' || true
 }
 

@@ -287,3 +287,25 @@ def test_status_watch_in_tmux_names_every_job(nbox, jobs, tmp_path):
         assert "SEKRIT" not in screen
     finally:
         tmux("kill-server")
+
+
+def test_identity_files_are_pruned_with_their_history(tmp_path):
+    """gg_retention keeps a series' identity as long as its history: an old
+    identity of a series still recorded stays, one whose history went goes."""
+    state = tmp_path / "state"
+    hist = state / "history"
+    hist.mkdir(parents=True)
+    old = 1796206508 - 9 * 86400
+    for name, age in (("100-1", old), ("200-2", None), ("300-3", old)):
+        if name != "300-3":
+            (hist / (name + ".csv")).write_text("timestamp,pid,used_memory_mib\n1,1,1\n")
+        (hist / (name + ".job.json")).write_text('{"pid": 1, "cmdline": "python3 train.py"}\n')
+    os.utime(hist / "100-1.csv", (old, old))
+    os.utime(hist / "100-1.job.json", (old, old))
+    # a long-running series: written once, nine days ago; its history is fresh
+    os.utime(hist / "200-2.job.json", (old, old))
+    os.utime(hist / "300-3.job.json", (old, old))
+    r = subprocess.run(["bash", "-c", 'source lib/common.sh; GPUGUARD_STATE_DIR="$1"; gg_retention', "-", str(state)],
+                       cwd=ROOT, env=dict(os.environ, GPUGUARD_NOW="1796206508"), capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in hist.iterdir()) == ["200-2.csv", "200-2.job.json"]
