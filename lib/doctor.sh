@@ -222,6 +222,7 @@ status_collect() {
   idle_init
   idle_state_load
   declare -gA STATUS_LEAK=() STATUS_SPARK=()
+  declare -ga STATUS_ENDED=()
   jobinfo_reset
   smi_sample || return 1
   # GPU names come with a newer smi.sh; until then they are unknown
@@ -229,9 +230,14 @@ status_collect() {
   local pid slope firing verdict values
   while IFS=$'\t' read -r pid slope firing verdict values; do
     [[ -n $pid ]] || continue
+    if [[ $pid == ended ]]; then
+      # a job that ended: "PID LAST_TS USER SHORT CMDLINE", tab-separated
+      STATUS_ENDED+=("$slope"$'\t'"$firing"$'\t'"$verdict"$'\t'"$values")
+      continue
+    fi
     STATUS_LEAK[$pid]="$slope $firing $verdict"
     STATUS_SPARK[$pid]=$values
-  done < <(gg_python gpuguard_report.py "LEAK_THRESHOLD_MIB_H" leaks 2>/dev/null)
+  done < <(gg_python gpuguard_report.py "LEAK_THRESHOLD_MIB_H GPUGUARD_NOW" leaks 2>/dev/null)
   gg_proc_scan
   return 0
 }
@@ -339,6 +345,41 @@ status_table() {
         "$leak" "$C_DIM" "$(status_spark "${STATUS_SPARK[${root:-none}]:-}" 0)" "$C_OFF"
     done <<<"${SMI_PROCS[$uuid]}"
   done
+  status_ended_table
+}
+
+# Prints the watched jobs that ended in the last hour (from the leak
+# watcher's records), so a job that just freed a GPU is still named.
+status_ended_table() {
+  ((${#STATUS_ENDED[@]})) || return 0
+  printf '%sended in the last hour%s\n' "$C_BOLD" "$C_OFF"
+  local entry pid ts user short _cmd now
+  now=$(gg_now)
+  for entry in "${STATUS_ENDED[@]}"; do
+    IFS=$'\t' read -r pid ts user short _cmd <<<"$entry"
+    [[ $ts =~ ^[0-9]+$ ]] || continue
+    [[ $user == - ]] && user=''
+    [[ $short == - ]] && short=''
+    printf '       pid %-8s %s%s  %slast seen %s min ago%s\n' "$pid" "${short:-(not named)}" "${user:+ ($user)}" \
+      "$C_DIM" "$(((now - ts) / 60))" "$C_OFF"
+  done
+}
+
+# Prints the ended jobs of the last status_collect as a JSON list's items.
+status_ended_json() {
+  local entry pid ts user short cmd out='' j_user j_short j_cmd
+  for entry in "${STATUS_ENDED[@]}"; do
+    IFS=$'\t' read -r pid ts user short cmd <<<"$entry"
+    [[ $pid =~ ^[0-9]+$ && $ts =~ ^[0-9]+$ ]] || continue
+    [[ $user == - ]] && user=''
+    [[ $short == - ]] && short=''
+    [[ $cmd == - ]] && cmd=''
+    jobinfo_json_str_into "$user" j_user
+    jobinfo_json_str_into "$short" j_short
+    jobinfo_json_str_into "$cmd" j_cmd
+    out+="${out:+,}{\"pid\":$pid,\"last_seen_ts\":$ts,\"user\":$j_user,\"job\":$j_short,\"cmdline\":$j_cmd}"
+  done
+  printf '%s' "$out"
 }
 
 # Prints status as one JSON document (for scripts); on a failed sample the
@@ -373,7 +414,8 @@ status_json() {
     gg_json_escape_into "${SMI_NAME[$uuid]:-}" name_esc
     gpus+="${gpus:+,}{\"index\":${SMI_INDEX[$uuid]},\"uuid\":\"$uuid\",\"name\":\"$name_esc\",\"utilization\":${SMI_UTIL[$uuid]:-null},\"memory_used_mib\":${SMI_MEM_USED[$uuid]:-null},\"memory_total_mib\":${SMI_MEM_TOTAL[$uuid]:-null},\"power_w\":${SMI_POWER[$uuid]:-null},\"idle_cycles\":${IDLE_CYCLES[$uuid]:-0},\"idle_limit\":$IDLE_T_MAX,\"stuck_cycles\":${IDLE_SPIN[$uuid]:-0},\"stuck_limit\":$IDLE_T_SPIN,\"idle_firing\":$(status_json_bool "${IDLE_FIRING[$uuid]:-0}"),\"recent_utilization\":[$(status_json_numbers "${IDLE_HISTORY[$uuid]:-}")],\"processes\":[$procs]}"
   done
-  printf '{"host":"%s","ts":%s,"error":null,"gpus":[%s]}\n' "$host" "$(gg_now)" "$gpus"
+  printf '{"host":"%s","ts":%s,"error":null,"gpus":[%s],"ended_jobs":[%s]}\n' "$host" "$(gg_now)" "$gpus" \
+    "$(status_ended_json)"
 }
 
 # Prints the whole numbers of a comma-separated list, comma separated (a

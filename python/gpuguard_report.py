@@ -10,7 +10,9 @@ Commands:
           GPU's capacity and projected OOM; a summary table linking to each
           chart. WHEN: 90m, 24h, 7d, unix seconds or 2026-12-01[T10:00].
   leaks   for `gpuguard status`: one line per watched series,
-          "PID<TAB>SLOPE<TAB>FIRING<TAB>VERDICT<TAB>recent,memory,values"
+          "PID<TAB>SLOPE<TAB>FIRING<TAB>VERDICT<TAB>recent,memory,values",
+          then one per watched job that ended in the last hour,
+          "ended<TAB>PID<TAB>LAST_TS<TAB>USER<TAB>SHORT<TAB>CMDLINE"
 
 Inputs, all under $GPUGUARD_STATE_DIR: gpu-history.tsv(.1) (the watchdog,
 lib/gpuhistory.sh), history/*.csv (the leak watcher, read through
@@ -193,6 +195,25 @@ def read_leak_states(state_dir):
     return out
 
 
+def tail_rows(path, n=24):
+    """The last n (timestamp, memory) rows of a history CSV (reads only
+    its end)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            size = f.tell()
+            f.seek(max(0, size - 64 * n))
+            lines = f.read().decode("utf-8", "replace").splitlines()[1:]
+    except OSError:
+        return []
+    rows = []
+    for line in lines[-n:]:
+        p = line.split(",")
+        if len(p) >= 3 and num(p[0]) is not None and num(p[2]) is not None:
+            rows.append((num(p[0]), num(p[2])))
+    return rows
+
+
 def tail_values(path, n=24):
     """The last n memory values of a history CSV (reads only its end)."""
     try:
@@ -242,6 +263,36 @@ def leaks(state_dir, out, threshold=50.0):
             pid, slope, bool(s.get("firing")), leak_word(s, slope, threshold), ",".join(tail_values(path))))
     for pid in sorted(by_pid):
         out.write(by_pid[pid][1])
+
+
+# How long status lists a job after the leak watcher last recorded it.
+ENDED_S = 3600
+
+
+def ended(state_dir, out, live, now=None):
+    """For gpuguard status: the watched jobs that ended within ENDED_S (their
+    history stopped and the detector let their series go), named by their
+    identity files: "ended PID LAST_TS USER SHORT CMDLINE" (tab-separated;
+    '-' for unknown, as bash's read merges empty fields), newest first."""
+    now = time.time() if now is None else now
+    folder = os.path.join(state_dir, "history")
+    live = {re.sub(r"[^0-9A-Za-z_.-]", "_", str(k)) for k in live}
+    identities = read_identities(state_dir)
+    rows = []
+    for path in glob.glob(os.path.join(glob.escape(folder), "*.csv")):
+        stem = os.path.basename(path)[:-4]
+        if stem in live or not re.fullmatch(r"\d+-\d+", stem):
+            continue                    # still watched, or one rank of a tree
+        last = tail_rows(path, 1)
+        if not last or not 0 <= now - last[-1][0] <= ENDED_S:
+            continue
+        job = identities.get(stem) or {}
+        cmd = " ".join(str(job.get("cmdline") or "").split())
+        rows.append((last[-1][0], "ended\t%s\t%d\t%s\t%s\t%s\n" % (
+            stem.split("-")[0], last[-1][0], " ".join(str(job.get("user") or "-").split()),
+            short_cmd(cmd, 48) if cmd else "-", cmd or "-")))
+    for _, line in sorted(rows, reverse=True)[:10]:
+        out.write(line)
 
 
 # --------------------------------------------------------------- analysis --
@@ -1076,6 +1127,8 @@ def main(argv):
             return 0
         if cmd == "leaks":
             leaks(state_dir, sys.stdout, leak.params_from(env)["threshold"])
+            now = float(env["GPUGUARD_NOW"]) if env.get("GPUGUARD_NOW") else None
+            ended(state_dir, sys.stdout, set(read_leak_states(state_dir)), now)
             return 0
     except UsageError as e:
         print("gpuguard: %s" % e, file=sys.stderr)

@@ -146,8 +146,10 @@ def test_cron_watchers_name_every_job_in_alerts_status_and_report(nbox, jobs, tm
     assert NAMES["idle"] in idle["job"]["cmdline"]
     title, sections = gpuguard_alert.render_digest([leak], "en")
     text = "\n".join([title, sections[0][0]] + sections[0][1])
-    # the subject names the job as an idle digest does, the details say whose
-    assert "python3 train.py --run-name %s --api-key ***" % NAMES["leak"] in title, title
+    # the subject names the job as an idle digest does (its command line,
+    # cut), the details give it whole and say whose it is
+    assert gpuguard_alert.job_label([leak], "en") in title and "python3 train.py --run-n" in title, title
+    assert "python3 train.py --run-name %s --api-key *** --lr 3e-4" % NAMES["leak"] in text, text
     assert getpass.getuser() in text and "SEKRIT" not in text
 
     # status, table and JSON: every holder's job, user, counters and verdicts
@@ -182,11 +184,30 @@ def test_cron_watchers_name_every_job_in_alerts_status_and_report(nbox, jobs, tm
     hidden = row_naming(summary_rows(text), "pid %d" % HIDDEN)
     assert "another PID namespace" in hidden
     jobs.stop()
+    # the jobs ended: nvidia-smi lists no process any more
+    nbox.scenario.write_text(json.dumps({"gpus": gpu_list(3), "steps": [{
+        "gpus": [{"utilization.gpu": 0, "memory.used": 0, "power.draw": 70.0}] * 3, "apps": []}]}))
+    cron_cycles(nbox, 1, start=30)
     text, _ = report(nbox)
     rows = summary_rows(text)
     assert len(rows) == 4
     for name in NAMES.values():
         row_naming(rows, "--run-name " + name)
+    # status names what just ended too (the leak watcher's record of it)
+    now = {"GPUGUARD_NOW": str(T0 + 60 * 31)}
+    doc = json.loads(nbox.run("status", "--json", cmd="bin/gpuguard", env=now).stdout)
+    assert all(g["processes"] == [] for g in doc["gpus"])
+    ended = {e["pid"]: e for e in doc["ended_jobs"]}
+    for role, name in NAMES.items():
+        e = ended[jobs.pid[role]]
+        assert name in e["job"] and name in e["cmdline"] and e["user"] == getpass.getuser()
+        assert e["last_seen_ts"] == T0 + 60 * 29
+    assert ended[HIDDEN]["cmdline"] is None
+    table = nbox.run("status", cmd="bin/gpuguard", env=now).stdout
+    assert "ended in the last hour" in table
+    for role, name in NAMES.items():
+        assert re.search(r"pid %d +python3 train.py --run-name %s .*\(%s\) +last seen 2 min ago"
+                         % (jobs.pid[role], name, getpass.getuser()), table), table
     assert_no_secret(nbox)
 
 
