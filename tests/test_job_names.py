@@ -289,8 +289,8 @@ def test_status_watch_in_tmux_names_every_job(nbox, jobs, tmp_path):
     sock = tmp_path / "tmux.sock"
     env = " ".join("%s=%s" % (k, shlex.quote(v)) for k, v in nbox.env.items())
     script = tmp_path / "run.sh"
-    script.write_text("env -i %s TERM=xterm-256color %s status --watch --interval 0.5\nsleep 60\n"
-                      % (env, ROOT / "bin/gpuguard"))
+    script.write_text("env -i %s GPUGUARD_NOW=%d TERM=xterm-256color %s status --watch --interval 0.5\nsleep 60\n"
+                      % (env, T0 + 60 * 6, ROOT / "bin/gpuguard"))
 
     def tmux(*args):
         return subprocess.run(["tmux", "-S", str(sock)] + list(args), capture_output=True, text=True, timeout=10)
@@ -306,6 +306,16 @@ def test_status_watch_in_tmux_names_every_job(nbox, jobs, tmp_path):
         assert "(%s)" % getpass.getuser() in screen and "not visible here" in screen
         assert any(ch in screen for ch in "▁▂▃▄▅▆▇█")
         assert "SEKRIT" not in screen
+        # the jobs end: the next frames name them as ended
+        jobs.stop()
+        nbox.scenario.write_text(json.dumps({"gpus": gpu_list(3), "steps": [{
+            "gpus": [{"utilization.gpu": 0, "memory.used": 0, "power.draw": 70.0}] * 3, "apps": []}]}))
+        cron_cycles(nbox, 1, start=5)
+        assert wait_for(lambda: "ended in the last hour" in tmux("capture-pane", "-p").stdout, timeout=30)
+        screen = tmux("capture-pane", "-p").stdout
+        for role, name in NAMES.items():
+            assert re.search(r"pid %d +python3 train.py --run-name %s .*last seen 2 min ago" % (jobs.pid[role], name),
+                             screen), screen
     finally:
         tmux("kill-server")
 
