@@ -400,7 +400,9 @@ def check(env, stdin, stdout, keep=False):
     for parts in sorted(lines, key=lambda p: p[0] != "T"):
         if parts[0] == "J":
             if len(parts) >= 3:
-                identity_write(state_dir, parts[1], parts[2])
+                # a tree of several ranks is one job: the ranks are its members'
+                ranked = any(p[0] == "J" and len(p) > 1 and p[1].startswith(parts[1] + "/") for p in lines)
+                identity_write(state_dir, parts[1], parts[2], drop_rank=ranked)
             continue
         if parts[0] == "T" and len(parts) >= 11:
             key, ts, pid, used, free, total, cpu, rss, members, name = parts[1:11]
@@ -652,15 +654,18 @@ def identity_clean(job):
     return out
 
 
-def identity_write(state_dir, key, text):
+def identity_write(state_dir, key, text, drop_rank=False):
     """Keeps a series' identity (a "J" line's job object) in
     history/<key>.job.json, written atomically; gg_retention prunes it
-    with the history. A malformed object is dropped."""
+    with the history. A malformed object is dropped; drop_rank: the
+    series is a tree of several ranks (its rank fields are unknown)."""
     try:
         job = identity_clean(json.loads(text))
     except ValueError:
         return
     if job is not None:
+        if drop_rank:
+            job["rank"] = job["local_rank"] = None
         write_atomic(history_name(state_dir, key, ".job.json"),
                      json.dumps(job, ensure_ascii=False, separators=(",", ":")) + "\n")
 

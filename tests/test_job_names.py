@@ -340,3 +340,47 @@ def test_identity_files_are_pruned_with_their_history(tmp_path):
                        cwd=ROOT, env=dict(os.environ, GPUGUARD_NOW="1796206508"), capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert sorted(p.name for p in hist.iterdir()) == ["200-2.csv", "200-2.job.json"]
+
+
+RANKS = r"""
+import os, subprocess, sys, time
+kids = [subprocess.Popen([sys.executable, "-c",
+                          "import os, time; f = open(os.environ['GG_TEST_DEVICE']); print('ready', flush=True); time.sleep(600)"],
+                         env=dict(os.environ, RANK=str(i), LOCAL_RANK=str(i)), stdout=subprocess.PIPE, text=True)
+        for i in range(2)]
+for k in kids:
+    k.stdout.readline()
+print(" ".join(str(k.pid) for k in kids), flush=True)
+time.sleep(600)
+"""
+
+
+def test_each_rank_of_a_watched_tree_is_named_with_its_rank(nbox, tmp_path):
+    (tmp_path / "nvidia0").touch()
+    (tmp_path / "torchrun_like.py").write_text(RANKS)
+    job = subprocess.Popen(["python3", "torchrun_like.py", "--run-name", "ddp-run", "--hf-token", "hf_abcdefghijklmnopqrstuvwx"],
+                           cwd=tmp_path, env=dict(os.environ, GG_TEST_DEVICE=str(tmp_path / "nvidia0")),
+                           stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        ranks = [int(p) for p in job.stdout.readline().split()]
+        nbox.scenario.write_text(json.dumps({"gpus": gpu_list(2), "steps": [{
+            "gpus": [{"utilization.gpu": 90, "memory.used": 9000 + i, "power.draw": 500.0}] * 2,
+            "apps": [{"pid": ranks[g], "process_name": "python3", "used_memory": 8000 + i, "gpu": g} for g in (0, 1)]}
+            for i in range(3)]}))
+        for i in range(3):
+            r = nbox.run("--pid", str(job.pid), "--once", cmd="bin/gpu-leak-watch", env={"GPUGUARD_NOW": str(T0 + 60 * i)})
+            assert r.returncode == 0, r.stderr
+    finally:
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
+    ids = {p.name: json.loads(p.read_text()) for p in (nbox.state / "history").glob("*.job.json")}
+    assert len(ids) == 3                                     # the tree and its two ranks
+    tree = [j for n, j in ids.items() if "_" not in n]
+    assert len(tree) == 1 and tree[0]["pid"] == job.pid and "--run-name ddp-run --hf-token ***" in tree[0]["cmdline"]
+    assert sorted(j["rank"] for n, j in ids.items() if "_" in n) == [0, 1]
+    text, _ = report(nbox)
+    rows = summary_rows(text)
+    assert len(rows) == 3 and all("--run-name ddp-run" in r for r in rows)
+    assert sum("rank 0" in r for r in rows) == 1 and sum("rank 1" in r for r in rows) == 1
+    assert_no_secret(nbox)
+    assert "hf_abcdefghijklmnopqrstuvwx" not in "".join(p.read_text() for p in (nbox.state / "history").iterdir())
