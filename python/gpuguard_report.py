@@ -831,7 +831,8 @@ def proc_label(p):
     if who.get("hidden"):
         # the watcher saw only a PID (another PID namespace, a container)
         return "pid %d (another PID namespace: not visible to the watcher)" % p["pid"]
-    name = who.get("name") or "pid %d" % p["pid"]
+    # the name /proc or an alert gave, else the program of the command line
+    name = who.get("name") or short_cmd(str(who.get("cmdline") or "").split(" ")[0], 32) or "process"
     bits = ["%s (pid %d)" % (name, p["pid"])]
     if who.get("cmdline"):
         bits.append(short_cmd(who["cmdline"], 60))
