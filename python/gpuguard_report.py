@@ -1013,8 +1013,11 @@ def render(gpus, procs, events, host, now, opts):
                 tlabel(e["ts"]), e.get("state"), e.get("gpu"), e.get("utilization"), e.get("idle_cycles"))
             target = "gpu-%s" % e.get("gpu")
         elif e["event"] == "gpu_memory_leak":
+            job = e.get("job") if isinstance(e.get("job"), dict) else {}
             e["_text"] = "%s leak %s: pid %s %s, %+.0f MiB/h" % (
-                tlabel(e["ts"]), e.get("state"), e.get("pid"), e.get("name") or "", e.get("slope_mib_per_hour") or 0)
+                tlabel(e["ts"]), e.get("state"), e.get("pid"),
+                short_cmd(job["cmdline"], 60) if job.get("cmdline") else e.get("name") or "",
+                e.get("slope_mib_per_hour") or 0)
             target = where.get(id(e))
         else:
             e["_text"] = "%s monitor %s: %s" % (tlabel(e["ts"]), e.get("state"), short(e.get("error") or "", 80))

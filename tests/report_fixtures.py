@@ -123,6 +123,13 @@ def build(state, with_gpu_history=True, with_leak=True):
                 # T KEY TS PID USED FREE TOTAL CPU RSS MEMBERS NAME CMDLINE
                 lines += "T\t%d-%d\t%d\t%d\t%d\t%d\t%d\t90\t4000\t%d\tpython3\tpython3 train.py --config cfg%d.yaml\n" % (
                     pid, start, now, pid, mem[pid], GPU_TOTAL_MIB - gpu_used, GPU_TOTAL_MIB, pid, pid)
+            if i == 0:
+                # the watcher names a series when it first sees it (lib/jobinfo.sh's job object)
+                lines += "J\t%d-5000\t%s\n" % (LEAK_PID, json.dumps({
+                    "user": "alice", "uid": 1001, "pid": LEAK_PID, "pids": [LEAK_PID],
+                    "cmdline": "python3 train.py --config cfg1328.yaml --run-name qwen7b-sft-lr2e-5 --hf-token ***",
+                    "cwd": "/home/alice/sft", "start_ts": T0 - 600, "elapsed_s": 600, "slurm_job": None,
+                    "container": None, "rank": None, "local_rank": None, "visible": True}))
             out = io.StringIO()
             leak.check(env, io.StringIO(lines), out)
             for line in out.getvalue().splitlines():

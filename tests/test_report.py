@@ -80,6 +80,10 @@ def test_report_is_self_contained_with_summary_alerts_and_anchors(page):
     assert [cls for cls, _ in summary] == ["row-LEAK", "row-healthy"]
     leak_row = summary[0][1]
     assert "python3 (pid 1328)" in leak_row and "(in " in leak_row and "+3" in leak_row    # growth, OOM time
+    # named by the leak watcher's record: the command line, whole on hover
+    assert "python3 train.py --config cfg1328.yaml --run-name qwen7b-sf…" in leak_row
+    assert "title='python3 train.py --config cfg1328.yaml --run-name qwen7b-sft-lr2e-5 --hf-token *** · in " \
+        "/home/alice/sft · started " in leak_row and "user alice" in leak_row
     assert "none (not growing)" in summary[1][1]
     alerts = rows_of(text, "alerts-table")
     assert [cls for cls, _ in alerts] == ["firing", "firing", "resolved"]
