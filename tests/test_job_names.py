@@ -355,6 +355,7 @@ time.sleep(600)
 """
 
 
+@pytest.mark.slow
 def test_each_rank_of_a_watched_tree_is_named_with_its_rank(nbox, tmp_path):
     (tmp_path / "nvidia0").touch()
     (tmp_path / "torchrun_like.py").write_text(RANKS)
