@@ -844,14 +844,15 @@ cg_describe() {
 # host-wide, so lowprio-run --setup-disk turns it on for a disk (root only)
 # and saves what was there, and --setup-disk --undo puts that back.
 
-# Prints the v2 root folder that has io.cost.qos (a hybrid host's unified
-# mount when the io controller is there), or returns 1 with CG_LAST_ERROR
-# saying why iocost cannot be had here.
+# Sets CG_IOCOST_ROOT to the v2 root folder that has io.cost.qos (a hybrid
+# host's unified mount when the io controller is there), or returns 1 with
+# CG_LAST_ERROR saying why iocost cannot be had here.
 cg_iocost_root() {
   local root=${LOWPRIO_CGROUP_ROOT:-/sys/fs/cgroup} dir
+  CG_IOCOST_ROOT=''
   for dir in "$root" "$root/unified"; do
     if [[ -f $dir/io.cost.qos ]]; then
-      printf '%s' "$dir"
+      CG_IOCOST_ROOT=$dir
       return 0
     fi
   done
@@ -883,9 +884,9 @@ cg_iocost_line_into() {
 
 # True when iocost is enabled on the disk (enable=1 in io.cost.qos).
 cg_iocost_enabled() {
-  local root qos
-  root=$(cg_iocost_root) || return 1
-  cg_iocost_line_into "$root/io.cost.qos" "$1" qos
+  local qos
+  cg_iocost_root || return 1
+  cg_iocost_line_into "$CG_IOCOST_ROOT/io.cost.qos" "$1" qos
   [[ " $qos " == *" enable=1 "* ]]
 }
 
@@ -912,9 +913,10 @@ cg_iocost_qos_for() {
 # CG_LAST_ERROR set when the kernel refuses.
 # shellcheck disable=SC2034 # CG_IOCOST_WAS_* are read by disk_setup
 cg_iocost_enable() {
-  local majmin=$1 qos=$2 root now
+  local majmin=$1 qos=$2 now
   CG_IOCOST_WAS_QOS='' CG_IOCOST_WAS_MODEL=''
-  root=$(cg_iocost_root) || return 1
+  cg_iocost_root || return 1
+  local root=$CG_IOCOST_ROOT
   cg_iocost_line_into "$root/io.cost.qos" "$majmin" CG_IOCOST_WAS_QOS
   cg_iocost_line_into "$root/io.cost.model" "$majmin" CG_IOCOST_WAS_MODEL
   if [[ -f $root/io.cost.model ]]; then
@@ -933,8 +935,9 @@ cg_iocost_enable() {
 # kernel recomputes its numbers), one set by hand number for number; a disk
 # that had no line gets the kernel's defaults (off, automatic).
 cg_iocost_restore() {
-  local majmin=$1 qos=$2 model=$3 root
-  root=$(cg_iocost_root) || return 1
+  local majmin=$1 qos=$2 model=$3
+  cg_iocost_root || return 1
+  local root=$CG_IOCOST_ROOT
   if [[ -f $root/io.cost.model ]]; then
     if [[ -z $model || " $model " == *" ctrl=auto "* ]]; then
       cg_write "$root/io.cost.model" "$majmin ctrl=auto" || return 1

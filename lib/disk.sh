@@ -65,10 +65,13 @@ disk_sectors() {
   cat "/sys/class/block/$name/size" 2>/dev/null
 }
 
-# True for a spinning disk (its latency targets are looser).
+# True for a spinning disk (its latency targets are looser). Virtual
+# disks (virtio vd*, Xen xvd*) often report rotational=1 by default while
+# a cloud SSD sits behind them: they count as SSDs.
 disk_rotational() {
   local name
   name=$(disk_name "$1") || return 1
+  [[ $name != vd* && $name != xvd* ]] || return 1
   [[ $(cat "/sys/class/block/$name/queue/rotational" 2>/dev/null) == 1 ]]
 }
 

@@ -778,7 +778,8 @@ lowprio_disk_blocker() {
   case $LP_MECHANISM in
     cgroup-v2)
       if [[ -n ${CG_LEAF:-} && -d $CG_LEAF ]]; then
-        [[ -e $CG_LEAF/io.max ]] || echo "the io controller is not enabled for the job's cgroup"
+        [[ " $(cat "$CG_PARENT/cgroup.subtree_control" 2>/dev/null) " =~ \ \+?io\  ]] ||
+          echo "the io controller is not enabled for the job's cgroup"
       elif [[ " $(cg_v2_controllers) " != *" io "* ]]; then
         echo "no io controller in ${CG_PARENT#"$CG_ROOT"}/cgroup.controllers"
       fi
@@ -849,7 +850,7 @@ lowprio_disk_fallback() {
   local -n fallback_lines=$2
   if [[ $LP_MECHANISM == cgroup-v1 ]]; then
     why="cgroup v1 has no iocost"
-  elif ! cg_iocost_root >/dev/null; then
+  elif ! cg_iocost_root; then
     why=$CG_LAST_ERROR
   else
     why="iocost is not set up on this disk (as root: lowprio-run --setup-disk)"
