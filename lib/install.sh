@@ -54,7 +54,7 @@ install_parse() {
     gg_usage_error "--systemd installs system units: not with --user (use --cron)" || return
   fi
   INSTALL_DEST=${DESTDIR:-}
-  if ((INSTALL_SETUP_DISK)) && ((INSTALL_USER || EUID != 0)) || ((INSTALL_SETUP_DISK)) && [[ -n $INSTALL_DEST ]]; then
+  if ((INSTALL_SETUP_DISK)) && { ((INSTALL_USER || EUID != 0)) || [[ -n $INSTALL_DEST ]]; }; then
     gg_usage_error "--setup-disk turns iocost on for this host's disks: root only, and not with --user or DESTDIR" || return
   fi
   INSTALL_HOME=$INSTALL_PREFIX/lib/gpuguard

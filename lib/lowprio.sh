@@ -137,11 +137,11 @@ lowprio_io_max_add() {
   }
   local IFS=,
   for kv in $spec; do
-    if [[ ! $kv =~ ^(rbps|wbps)=([0-9]+[KkMmGgTt]?)$ ]] || ! lowprio_size_into "${BASH_REMATCH[2]}" bytes || ((bytes == 0)); then
+    if [[ ! $kv =~ ^(rbps|wbps)=([0-9]+[KkMmGgTt]?)$ ]] || ! lowprio_size_into "${kv#*=}" bytes || ((bytes == 0)); then
       gg_usage_error "--io-max: '$kv' is not rbps=N or wbps=N with N bytes per second and an optional K, M, G or T (base 1024), e.g. wbps=200M"
       return
     fi
-    out+="${out:+ }${BASH_REMATCH[1]}=$bytes"
+    out+="${out:+ }${kv%%=*}=$bytes"
   done
   LP_IO_MAX_USER[$majmin]=$out
 }
