@@ -160,14 +160,16 @@ disk_measure_into() {
     return 1
   }
   start=$EPOCHREALTIME
-  if ! err=$(dd if=/dev/zero of="$tmp" bs=1M count="$mib" oflag=direct conv=fsync,notrunc status=none 2>&1); then
+  # bounded: a disk that hangs must not keep the job from starting
+  if ! err=$(timeout 60 dd if=/dev/zero of="$tmp" bs=1M count="$mib" oflag=direct conv=fsync,notrunc status=none 2>&1); then
     rm -f -- "$tmp"
-    DISK_ERROR="the O_DIRECT write in $dir failed: ${err##*: }"
+    DISK_ERROR="the O_DIRECT write in $dir failed: ${err:-took over 60 s}"
+    DISK_ERROR=${DISK_ERROR%%$'\n'*}
     return 1
   fi
   w=$(disk_rate_since "$((mib * 1048576))" "$start")
   start=$EPOCHREALTIME
-  if dd if="$tmp" of=/dev/null bs=1M iflag=direct status=none 2>/dev/null; then
+  if timeout 60 dd if="$tmp" of=/dev/null bs=1M iflag=direct status=none 2>/dev/null; then
     r=$(disk_rate_since "$((mib * 1048576))" "$start")
   else
     r=0

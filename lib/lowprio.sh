@@ -777,11 +777,11 @@ lowprio_disk_add_majmin() {
 lowprio_disk_blocker() {
   case $LP_MECHANISM in
     cgroup-v2)
-      if [[ -n ${CG_LEAF:-} && -d $CG_LEAF ]]; then
-        [[ " $(cat "$CG_PARENT/cgroup.subtree_control" 2>/dev/null) " =~ \ \+?io\  ]] ||
-          echo "the io controller is not enabled for the job's cgroup"
-      elif [[ " $(cg_v2_controllers) " != *" io "* ]]; then
+      if [[ " $(cg_v2_controllers) " != *" io "* ]]; then
         echo "no io controller in ${CG_PARENT#"$CG_ROOT"}/cgroup.controllers"
+      elif [[ -n ${CG_LEAF:-} && -d $CG_LEAF ]] &&
+        [[ ! " $(cat "$CG_PARENT/cgroup.subtree_control" 2>/dev/null) " =~ \ \+?io\  ]]; then
+        echo "the io controller is not enabled for the job's cgroup"
       fi
       ;;
     cgroup-v1)

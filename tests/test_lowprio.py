@@ -1073,3 +1073,39 @@ def test_real_mechanism_choice_on_a_loop_device(tmp_path, loop_disk):
     assert undo.returncode == 0, undo.stderr
     line = [x for x in open("/sys/fs/cgroup/io.cost.qos").read().splitlines() if x.startswith(majmin + " ")]
     assert not line or " enable=0 " in line[0]
+
+
+def test_install_setup_disk_is_for_root_on_this_host_only(tmp_path):
+    """install.sh --setup-disk changes this host's disks: refused (one line,
+    exit 2, nothing installed) with --user or DESTDIR."""
+    for args, env in ((["--user", "--setup-disk"], {"HOME": str(tmp_path)}),
+                      (["--prefix", "/opt/gg", "--setup-disk"], {"DESTDIR": str(tmp_path / "dest")})):
+        r = subprocess.run([str(ROOT / "install.sh")] + args, env=dict(os.environ, **env),
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and len(r.stderr.splitlines()) == 1
+        assert "--setup-disk turns iocost on for this host's disks: root only, and not with --user or DESTDIR" in r.stderr
+    assert not (tmp_path / "dest").exists() and not (tmp_path / ".local").exists()
+
+
+def test_doctor_says_per_disk_whether_iocost_is_in_force(tmp_path):
+    disks = [d for d in os.listdir("/sys/block") if not d.startswith(("loop", "ram", "zram", "dm-", "md"))
+             and os.path.exists("/sys/block/%s/queue/scheduler" % d)]
+    require(disks, "a real block device")
+    name = disks[0]
+    majmin = open("/sys/block/%s/dev" % name).read().strip()
+    root = fake_v2_root(tmp_path)
+    iocost_root(root, "%s enable=1 ctrl=user rpct=95.00 rlat=5000 wpct=95.00 wlat=5000 min=1.00 max=10000.00"
+                % majmin, "%s ctrl=auto" % majmin)
+    check = ("source lib/common.sh; source lib/cgroup.sh; source lib/doctor.sh; doctor_disk_iocost")
+    r = subprocess.run(["bash", "-c", check], cwd=ROOT, env=dict(os.environ, LOWPRIO_CGROUP_ROOT=str(root)),
+                       capture_output=True, text=True, timeout=30)
+    assert "OK    disk %s (%s): iocost in force (ctrl=user rpct=95.00" % (name, majmin) in r.stdout
+    (root / "io.cost.qos").write_text("%s enable=0 ctrl=auto\n" % majmin)
+    r = subprocess.run(["bash", "-c", check], cwd=ROOT, env=dict(os.environ, LOWPRIO_CGROUP_ROOT=str(root)),
+                       capture_output=True, text=True, timeout=30)
+    assert "disk %s (%s): iocost off: lowprio-run caps jobs there with io.max" % (name, majmin) in r.stdout
+    (root / "io.cost.qos").unlink()
+    (root / "cgroup.controllers").write_text("cpu memory pids\n")
+    r = subprocess.run(["bash", "-c", check], cwd=ROOT, env=dict(os.environ, LOWPRIO_CGROUP_ROOT=str(root)),
+                       capture_output=True, text=True, timeout=30)
+    assert "INFO  iocost not available: the io controller is not on cgroup v2 here" in r.stdout
