@@ -859,6 +859,7 @@ lowprio_disk_fallback() {
     if ((LP_DRY_RUN || LP_EXPLAIN)); then
       LP_DISK_MECH[$majmin]="io.max fallback at ${LP_DISK_WPCT:-100} % of the disk's write bandwidth ($why)"
       LP_DISK_EFFECT[$majmin]="not measured yet: measured on the job's first run, or now with lowprio-run --measure-disk"
+      [[ $LP_MECHANISM == cgroup-v1 ]] && LP_DISK_EFFECT[$majmin]+="; cgroup v1 throttles direct I/O only, not buffered writeback"
       return 0
     fi
     gg_state_dir_init >/dev/null 2>&1 || true
