@@ -19,7 +19,10 @@
 # are put back at the end (also on failure).
 # Writes under OUTDIR: disk_default.md (the tables), disk_default.tsv (raw
 # rows), disk_default.log (everything, lowprio-run's own lines included).
-# About 3-4 minutes. Environment: IO_S (8), WARM_S (2), ALONE_N (2).
+# About 3-4 minutes. Environment: IO_S (8), WARM_S (2), ALONE_N (2),
+# CKPT_MIB (1000: the checkpoint; the 8 writers and the reader move as
+# much per pass), DATASET_MIB (2048); BENCH_CGROUP (a v2 tree to use
+# instead of /sys/fs/cgroup, for a smoke run elsewhere).
 
 DISK_HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=lowprio_io.sh
@@ -31,7 +34,8 @@ main() {
   mkdir -p "$out"
   exec > >(tee "$out/disk_default.log") 2>&1
   IO_S=${IO_S:-8} WARM_S=${WARM_S:-2} ALONE_N=${ALONE_N:-2}
-  if ((EUID != 0)) || [[ $(stat -fc %T "$CG") != cgroup2fs ]] || ! grep -qw io "$CG/cgroup.controllers"; then
+  CKPT_MIB=${CKPT_MIB:-1000} DATASET_MIB=${DATASET_MIB:-2048}
+  if ((EUID != 0)) || [[ $(stat -fc %T "$CG") != cgroup2fs && -z ${BENCH_CGROUP:-} ]] || ! grep -qw io "$CG/cgroup.controllers"; then
     echo "needs root on a pure cgroup v2 host with the io controller (found uid $EUID, $(stat -fc %T "$CG"))"
     return 1
   fi
@@ -51,7 +55,7 @@ main() {
   echo "== io.cost.qos before: ${QOS_BEFORE:-none}; io.cost.model: $(grep "^$DISK " "$CG/io.cost.model" 2>/dev/null)"
   disk_job_script >"$WORK/job.sh"
   python3 "$HELPER" io 0.1 "$WORK" >/dev/null
-  dd if=/dev/urandom of="$WORK/dataset" bs=1M count=2048 status=none
+  dd if=/dev/urandom of="$WORK/dataset" bs=1M count="$DATASET_MIB" status=none
   sync
   "$LP" --measure-disk "$WORK"
   OUT_TSV=$out/disk_default.tsv
@@ -135,12 +139,12 @@ disk_row() {
     [[ $kind == ckpt ]] || n=1
     for ((i = 0; i < n; i++)); do
       rm -f "$WORK/job.rate"
-      bench_in "$JOB" "$@" bash "$WORK/job.sh" once "$WORK" "$kind" 2>>"$WORK/lp.err"
+      bench_in "$JOB" "$@" bash "$WORK/job.sh" once "$WORK" "$kind" "$CKPT_MIB" 2>>"$WORK/lp.err"
       [[ -r $WORK/job.rate ]] && rates+=("$(<"$WORK/job.rate")")
     done
     ((${#rates[@]})) && alone=$(printf '%s\n' "${rates[@]}" | sort -n | sed -n "$(((${#rates[@]} + 1) / 2))p")
     rm -f "$WORK/job.rate"
-    bench_in "$JOB" "$@" bash "$WORK/job.sh" $((WARM_S + IO_S + 1)) "$WORK" "$kind" 2>>"$WORK/lp.err" &
+    bench_in "$JOB" "$@" bash "$WORK/job.sh" $((WARM_S + IO_S + 1)) "$WORK" "$kind" "$CKPT_MIB" 2>>"$WORK/lp.err" &
     job=$!
     sleep "$WARM_S"
   fi
@@ -161,7 +165,7 @@ disk_row() {
 # kind) and reports its MiB/s; SECONDS repeats it until they pass.
 disk_job_script() {
   cat <<'JOB'
-secs=$1 dir=$2 kind=$3 moved=0 lim=0 i=0
+secs=$1 dir=$2 kind=$3 mib=$4 moved=0 lim=0 i=0
 start=$(date +%s.%N)
 end=$((SECONDS + ${secs/once/0}))
 # beside the service a pass ends at most 8 s after the probe (what it
@@ -178,19 +182,19 @@ mib_of() { echo $(($(stat -c %s "$1" 2>/dev/null || echo 0) / 1048576)); }
 pass() {
   case $kind in
     ckpt)
-      dd_ if=/dev/zero of="$dir/ckpt" bs=1M count=1000 conv=fsync
+      dd_ if=/dev/zero of="$dir/ckpt" bs=1M count="$mib" conv=fsync
       moved=$((moved + $(mib_of "$dir/ckpt")))
       ;;
     direct8)
       for i in 1 2 3 4 5 6 7 8; do
-        dd_ if=/dev/zero of="$dir/direct$i" bs=1M count=128 oflag=direct &
+        dd_ if=/dev/zero of="$dir/direct$i" bs=1M count=$((mib / 8)) oflag=direct &
       done
       wait
       for i in 1 2 3 4 5 6 7 8; do
         moved=$((moved + $(mib_of "$dir/direct$i")))
       done
       ;;
-    read) dd_ if="$dir/dataset" of=/dev/null bs=1M count=1024 iflag=direct && moved=$((moved + 1024)) ;;
+    read) dd_ if="$dir/dataset" of=/dev/null bs=1M count="$mib" iflag=direct && moved=$((moved + mib)) ;;
   esac
 }
 pass
