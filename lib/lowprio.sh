@@ -195,15 +195,14 @@ lowprio_parse() {
         lowprio_io_max_add "${2:-}" || return
         shift
         ;;
-      --setup-disk | --measure-disk)
-        LP_ACTION=${1#--}
+      --setup-disk | --measure-disk | --undo)
+        [[ $1 == --undo ]] && LP_UNDO=1 || LP_ACTION=${1#--}
         while [[ -n ${2:-} && ${2:-} != -* ]]; do
           disk_resolve_into "$2" v || gg_usage_error "$1: $DISK_ERROR" || return
           LP_ACTION_DISKS+=("$v")
           shift
         done
         ;;
-      --undo) LP_UNDO=1 ;;
       --pids-max)
         [[ ${2:-} =~ ^[0-9]+$ && $2 -ge 1 ]] || gg_usage_error "--pids-max takes a number (got '${2:-}')" || return
         LP_SET[pids_max]=$2

@@ -927,7 +927,9 @@ def test_setup_disk_turns_iocost_on_and_undo_puts_back_exactly_what_was_there(tm
     assert "measured disk" not in r.stderr
     r = run(["--tier", "offline", "--explain"], env=env, cwd=tmp_path)
     assert "iocost, io.weight 1\n  expected effect: work-conserving: full speed while nobody else uses the disk" in r.stdout
-    r = run(["--setup-disk", "--undo"], env=env)
+    r = run(["--setup-disk", "--undo", "259:999"], env=env)   # a disk named: that one only (here: none)
+    assert r.returncode == 2 and (root / "io.cost.qos").read_text().startswith("%s enable=1" % majmin)
+    r = run(["--setup-disk", "--undo", majmin], env=env)
     assert r.returncode == 0, r.stderr
     assert (root / "io.cost.qos").read_text() == qos_before + "\n"
     assert (root / "io.cost.model").read_text() == model_before + "\n"
