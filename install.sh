@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Summary: install gpuguard so its commands run from any directory
-# Usage: ./install.sh [--prefix DIR] [--user] [--cron] [--systemd] [--uninstall] [--version]
+# Usage: ./install.sh [--prefix DIR] [--user] [--cron] [--systemd] [--setup-disk] [--uninstall] [--version]
 #
 #   --prefix DIR   where to install (default /usr/local; with --user ~/.local)
 #   --user         install for this user: ~/.local, ~/.config/gpuguard,
@@ -11,9 +11,13 @@
 #                  runs)
 #   --systemd      install and start systemd units for the watchdog and the
 #                  leak watch (needs systemd as PID 1)
+#   --setup-disk   turn iocost on for this host's disks (root only; as
+#                  lowprio-run --setup-disk): lowprio-run's default tier then
+#                  bounds a job's disk use without slowing it on an idle disk
 #   --uninstall    remove exactly what an earlier install put in place (an
 #                  edited config or secrets file is kept, and so is anything
-#                  else put in its folders)
+#                  else put in its folders); disks set up by --setup-disk
+#                  get back the iocost settings they had
 #   --version      print the version
 # Commands go to PREFIX/bin (links into PREFIX/lib/gpuguard), the shared
 # config to /etc/gpuguard/gpuguard.conf (mode 644, no secrets: every user's

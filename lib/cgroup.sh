@@ -423,7 +423,14 @@ cg_set_v2() {
       cg_record "no swap beyond it" "$leaf/memory.swap.max" 0
       cg_record "OOM kills the whole job" "$leaf/memory.oom.group" 1
       ;;
-    io_max) cg_record "I/O limit $value" "$leaf/io.max" "$value" ;;
+    io_max)
+      local line
+      # one disk per line; the kernel takes one disk per write
+      while read -r line; do
+        [[ -n $line ]] && cg_record "I/O limit $line" "$leaf/io.max" "$line"
+      done <<<"$value"
+      ;;
+    io_weight) cg_record "I/O weight $value (iocost)" "$leaf/io.weight" "default $value" ;;
     io_prio) cg_record "I/O $value class for its buffered writes too" "$leaf/io.prio.class" "$value" ;;
     pids_max) cg_record "at most $value tasks" "$leaf/pids.max" "$value" ;;
   esac
@@ -469,14 +476,19 @@ cg_set_v1() {
         CG_MISSING+=("I/O limit: no v1 blkio hierarchy")
         return 0
       fi
-      local dev=${value%% *} kv
-      for kv in ${value#* }; do
-        case $kv in
-          rbps=*) cg_record "read limit ${kv#*=} B/s" "$blk/blkio.throttle.read_bps_device" "$dev ${kv#*=}" ;;
-          wbps=*) cg_record "write limit ${kv#*=} B/s (v1: direct I/O only, no writeback)" "$blk/blkio.throttle.write_bps_device" "$dev ${kv#*=}" ;;
-        esac
-      done
+      local line dev kv
+      while read -r line; do
+        [[ -n $line ]] || continue
+        dev=${line%% *}
+        for kv in ${line#* }; do
+          case $kv in
+            rbps=*) cg_record "read limit ${kv#*=} B/s on $dev" "$blk/blkio.throttle.read_bps_device" "$dev ${kv#*=}" ;;
+            wbps=*) cg_record "write limit ${kv#*=} B/s on $dev (v1: direct I/O only, no writeback)" "$blk/blkio.throttle.write_bps_device" "$dev ${kv#*=}" ;;
+          esac
+        done
+      done <<<"$value"
       ;;
+    io_weight) CG_MISSING+=("I/O weight $value: cgroup v1 has no iocost (io.weight is cgroup v2)") ;;
     io_prio) cg_io_prio_missing "$value" "cgroup v1 has no io.prio.class" ;;
     pids_max)
       if [[ -n $pids ]]; then
@@ -653,6 +665,7 @@ cg_usage() {
           done
         done <"$dir/io.stat"
         CG_USE[io_rbytes]=$r CG_USE[io_wbytes]=$w
+        cg_usage_io_disks "$dir/io.stat"
       fi
       cg_read_psi "$dir/cpu.pressure" cpu
       cg_read_psi "$dir/memory.pressure" memory
@@ -678,7 +691,10 @@ cg_usage() {
           [[ $n =~ ^[0-9]+$ ]] || continue
           case $op in
             Read) r=$((r + n)) ;;
-            Write) w=$((w + n)) ;;
+            Write)
+              w=$((w + n))
+              [[ $dev =~ ^[0-9]+:[0-9]+$ ]] && CG_USE[io_w_$dev]=$n
+              ;;
           esac
         done <"$dir/blkio.throttle.io_service_bytes"
         CG_USE[io_rbytes]=$r CG_USE[io_wbytes]=$w
@@ -775,14 +791,19 @@ cg_systemd_command_into() {
     cmd_ref+=(-p "MemoryMax=${set_ref[mem_max]}" -p MemorySwapMax=0)
   fi
   [[ -n ${set_ref[pids_max]:-} ]] && cmd_ref+=(-p "TasksMax=${set_ref[pids_max]}")
+  [[ -n ${set_ref[io_weight]:-} ]] && cmd_ref+=(-p "IOWeight=${set_ref[io_weight]}")
   if [[ -n ${set_ref[io_max]:-} ]]; then
-    local dev=/dev/block/${set_ref[io_max]%% *} kv
-    for kv in ${set_ref[io_max]#* }; do
-      case $kv in
-        rbps=*) cmd_ref+=(-p "IOReadBandwidthMax=$dev ${kv#*=}") ;;
-        wbps=*) cmd_ref+=(-p "IOWriteBandwidthMax=$dev ${kv#*=}") ;;
-      esac
-    done
+    local line dev kv
+    while read -r line; do
+      [[ -n $line ]] || continue
+      dev=/dev/block/${line%% *}
+      for kv in ${line#* }; do
+        case $kv in
+          rbps=*) cmd_ref+=(-p "IOReadBandwidthMax=$dev ${kv#*=}") ;;
+          wbps=*) cmd_ref+=(-p "IOWriteBandwidthMax=$dev ${kv#*=}") ;;
+        esac
+      done
+    done <<<"${set_ref[io_max]}"
   fi
   if [[ -n ${set_ref[io_prio]:-} ]]; then
     cg_io_prio_missing "${set_ref[io_prio]}" "systemd has no property for io.prio.class"
@@ -814,4 +835,144 @@ cg_describe() {
       ;;
   esac
   printf 'this process: %s\n' "$(tr '\n' ' ' </proc/self/cgroup)"
+}
+
+# ------------------------------------------------------------------ iocost --
+# iocost (io.cost.qos, io.cost.model: files of the v2 root only) makes
+# io.weight work: a job with a low weight gets the disk only while nobody
+# else needs it, and all of it when nobody does. It is off by default and
+# host-wide, so lowprio-run --setup-disk turns it on for a disk (root only)
+# and saves what was there, and --setup-disk --undo puts that back.
+
+# Sets CG_IOCOST_ROOT to the v2 root folder that has io.cost.qos (a hybrid
+# host's unified mount when the io controller is there), or returns 1 with
+# CG_LAST_ERROR saying why iocost cannot be had here.
+cg_iocost_root() {
+  local root=${LOWPRIO_CGROUP_ROOT:-/sys/fs/cgroup} dir
+  CG_IOCOST_ROOT=''
+  for dir in "$root" "$root/unified"; do
+    if [[ -f $dir/io.cost.qos ]]; then
+      CG_IOCOST_ROOT=$dir
+      return 0
+    fi
+  done
+  if [[ -f $root/cgroup.controllers || -f $root/unified/cgroup.controllers ]] &&
+    ! grep -qw io "$root/cgroup.controllers" "$root/unified/cgroup.controllers" 2>/dev/null; then
+    CG_LAST_ERROR="the io controller is not on cgroup v2 here (cgroup v1 blkio has no iocost)"
+  else
+    CG_LAST_ERROR="this kernel or cgroup view offers no io.cost.qos (no iocost, or a container without the root cgroup)"
+  fi
+  return 1
+}
+
+# Puts the line for disk $2 of the root's file $1 (io.cost.qos or
+# io.cost.model) into the variable named $3, without the MAJ:MIN; empty
+# when the disk has none (iocost never set up for it).
+cg_iocost_line_into() {
+  local file=$1 majmin=$2 key rest
+  local -n line_ref=$3
+  line_ref=''
+  [[ -r $file ]] || return 0
+  while read -r key rest; do
+    if [[ $key == "$majmin" ]]; then
+      # shellcheck disable=SC2034 # nameref: assigns the caller's variable
+      line_ref=$rest
+      return 0
+    fi
+  done <"$file"
+}
+
+# True when iocost is enabled on the disk (enable=1 in io.cost.qos).
+cg_iocost_enabled() {
+  local qos
+  cg_iocost_root || return 1
+  cg_iocost_line_into "$CG_IOCOST_ROOT/io.cost.qos" "$1" qos
+  [[ " $qos " == *" enable=1 "* ]]
+}
+
+# The QoS lowprio-run sets: a disk counts as saturated when more than 5 %
+# of its reads or writes take longer than the target (beyond what their
+# size costs in the model); iocost then slows every cgroup in proportion
+# to its weight, the job at a low weight first. min/max are the kernel's
+# own bounds: while the targets hold, the rate may rise far above the
+# model's, so a job alone keeps the disk's full speed. The targets are
+# 5 ms on SSDs and virtual disks (measured on the H200 host's virtio disk:
+# a service's fsync p99 at 3.3x idle beside a checkpoint writer), 50/100 ms
+# on spinning disks, where one seek takes ~10 ms.
+cg_iocost_qos_for() {
+  if [[ ${2:-} == rotational ]]; then
+    printf 'enable=1 ctrl=user rpct=95.00 rlat=50000 wpct=95.00 wlat=100000 min=1.00 max=10000.00'
+  else
+    printf 'enable=1 ctrl=user rpct=95.00 rlat=5000 wpct=95.00 wlat=5000 min=1.00 max=10000.00'
+  fi
+}
+
+# Turns iocost on for a disk: the kernel's automatic cost model (ctrl=auto
+# in io.cost.model) and the QoS $2. Keeps the lines that were there in
+# CG_IOCOST_WAS_QOS and CG_IOCOST_WAS_MODEL first. Returns 1 with
+# CG_LAST_ERROR set when the kernel refuses.
+# shellcheck disable=SC2034 # CG_IOCOST_WAS_* are read by disk_setup
+cg_iocost_enable() {
+  local majmin=$1 qos=$2 now
+  CG_IOCOST_WAS_QOS='' CG_IOCOST_WAS_MODEL=''
+  cg_iocost_root || return 1
+  local root=$CG_IOCOST_ROOT
+  cg_iocost_line_into "$root/io.cost.qos" "$majmin" CG_IOCOST_WAS_QOS
+  cg_iocost_line_into "$root/io.cost.model" "$majmin" CG_IOCOST_WAS_MODEL
+  if [[ -f $root/io.cost.model ]]; then
+    cg_write "$root/io.cost.model" "$majmin ctrl=auto" || return 1
+  fi
+  cg_write "$root/io.cost.qos" "$majmin $qos" || return 1
+  cg_iocost_line_into "$root/io.cost.qos" "$majmin" now
+  if [[ " $now " != *" enable=1 "* ]]; then
+    CG_LAST_ERROR="the kernel did not keep enable=1 (io.cost.qos reads '${now:-nothing}' for $majmin)"
+    return 1
+  fi
+}
+
+# Puts a disk's io.cost.qos and io.cost.model back as saved by
+# cg_iocost_enable: a line in automatic mode is restored as automatic (the
+# kernel recomputes its numbers), one set by hand number for number; a disk
+# that had no line gets the kernel's defaults (off, automatic).
+cg_iocost_restore() {
+  local majmin=$1 qos=$2 model=$3
+  cg_iocost_root || return 1
+  local root=$CG_IOCOST_ROOT
+  if [[ -f $root/io.cost.model ]]; then
+    if [[ -z $model || " $model " == *" ctrl=auto "* ]]; then
+      cg_write "$root/io.cost.model" "$majmin ctrl=auto" || return 1
+    else
+      cg_write "$root/io.cost.model" "$majmin $model" || return 1
+    fi
+  fi
+  local enable=0
+  [[ " $qos " == *" enable=1 "* ]] && enable=1
+  if [[ -z $qos || " $qos " == *" ctrl=auto "* ]]; then
+    cg_write "$root/io.cost.qos" "$majmin enable=$enable ctrl=auto"
+  else
+    cg_write "$root/io.cost.qos" "$majmin $qos"
+  fi
+}
+
+# Reads the leaf's io.stat per disk into CG_USE: io_w_<MAJ:MIN> (bytes
+# written) and io_wait_<MAJ:MIN> (microseconds iocost held the job back:
+# cost.wait + cost.indelay, where iocost is on).
+cg_usage_io_disks() {
+  local file=$1 dev rest kv wait
+  local -a kvs
+  [[ -r $file ]] || return 1
+  while read -r dev rest; do
+    [[ $dev =~ ^[0-9]+:[0-9]+$ ]] || continue
+    read -r -a kvs <<<"$rest"
+    wait=''
+    for kv in "${kvs[@]}"; do
+      [[ ${kv#*=} =~ ^[0-9]{1,18}$ ]] || continue
+      case $kv in
+        wbytes=*) CG_USE[io_w_$dev]=${kv#*=} ;;
+        cost.wait=* | cost.indelay=*) wait=$((${wait:-0} + ${kv#*=})) ;;
+      esac
+    done
+    [[ -n $wait ]] && CG_USE[io_wait_$dev]=$wait
+  done <"$file"
+  return 0
 }

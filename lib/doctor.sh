@@ -69,6 +69,7 @@ doctor_run() {
     fi
   fi
   doctor_host
+  doctor_disk_iocost
   doctor_state
   doctor_targets
   if command -v python3 >/dev/null; then
@@ -122,6 +123,27 @@ doctor_host() {
   else
     doctor_line INFO "systemd is not PID 1 ($(cat /proc/1/comm 2>/dev/null)): use cron (install.sh --cron) or nohup"
   fi
+}
+
+# Per disk: whether iocost is in force, which lets lowprio-run's default
+# tier bound a job's disk use without slowing it on an idle disk; else
+# lowprio-run falls back to io.max (a hard cap).
+doctor_disk_iocost() {
+  local disk _sched majmin qos
+  if ! cg_iocost_root; then
+    doctor_line INFO "iocost not available: $CG_LAST_ERROR; lowprio-run bounds a job's disk with io.max at a fraction of the disk's measured bandwidth, a hard cap even on an idle disk"
+    return 0
+  fi
+  while read -r disk _sched; do
+    [[ $disk == dm-* || $disk == md* || ! -r /sys/block/$disk/dev ]] && continue
+    majmin=$(<"/sys/block/$disk/dev")
+    cg_iocost_line_into "$CG_IOCOST_ROOT/io.cost.qos" "$majmin" qos
+    if [[ " $qos " == *" enable=1 "* ]]; then
+      doctor_line OK "disk $disk ($majmin): iocost in force (${qos#enable=1 }): lowprio-run jobs get a low io.weight and keep the disk's full speed while nobody else needs it"
+    else
+      doctor_line INFO "disk $disk ($majmin): iocost off: lowprio-run caps jobs there with io.max (not work-conserving); sudo lowprio-run --setup-disk $majmin turns iocost on (--undo puts it back)"
+    fi
+  done < <(gg_disk_schedulers)
 }
 
 # The state folder: writable, private, and what waits in the outbox.

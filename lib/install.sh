@@ -16,7 +16,7 @@ INSTALL_PARTS=(bin lib python etc VERSION)
 
 # Parses the options into INSTALL_* globals.
 install_parse() {
-  INSTALL_PREFIX='' INSTALL_USER=0 INSTALL_CRON=0 INSTALL_SYSTEMD=0 INSTALL_UNINSTALL=0
+  INSTALL_PREFIX='' INSTALL_USER=0 INSTALL_CRON=0 INSTALL_SYSTEMD=0 INSTALL_UNINSTALL=0 INSTALL_SETUP_DISK=0
   while (($#)); do
     case $1 in
       --prefix)
@@ -28,6 +28,7 @@ install_parse() {
       --user) INSTALL_USER=1 ;;
       --cron) INSTALL_CRON=1 ;;
       --systemd) INSTALL_SYSTEMD=1 ;;
+      --setup-disk) INSTALL_SETUP_DISK=1 ;;
       --uninstall) INSTALL_UNINSTALL=1 ;;
       -h | --help)
         gg_help "$GPUGUARD_ROOT/install.sh"
@@ -53,6 +54,9 @@ install_parse() {
     gg_usage_error "--systemd installs system units: not with --user (use --cron)" || return
   fi
   INSTALL_DEST=${DESTDIR:-}
+  if ((INSTALL_SETUP_DISK)) && { ((INSTALL_USER || EUID != 0)) || [[ -n $INSTALL_DEST ]]; }; then
+    gg_usage_error "--setup-disk turns iocost on for this host's disks: root only, and not with --user or DESTDIR" || return
+  fi
   INSTALL_HOME=$INSTALL_PREFIX/lib/gpuguard
   INSTALL_MANIFEST=$INSTALL_DEST$INSTALL_HOME/.install-manifest
 }
@@ -231,6 +235,12 @@ install_apply() {
     install_rollback
     return 1
   fi
+  if ((INSTALL_SETUP_DISK)); then
+    # lowprio-run owns the disk settings and keeps what each disk had in
+    # the state folder; --uninstall puts it back
+    "$GPUGUARD_ROOT/bin/lowprio-run" --setup-disk ||
+      gg_log warn "iocost could not be turned on for every disk (see above): lowprio-run falls back to io.max there"
+  fi
   gg_log info "installed gpuguard $(<"$GPUGUARD_ROOT/VERSION") in $INSTALL_PREFIX (commands in $INSTALL_PREFIX/bin, config $INSTALL_CONFIG_DIR/gpuguard.conf, secrets $INSTALL_CONFIG_DIR/secrets.conf)"
   case ":$PATH:" in
     *":$INSTALL_PREFIX/bin:"*) ;;
@@ -384,6 +394,7 @@ install_remove() {
   while IFS= read -r path; do
     [[ -n $path ]] && listed[$path]=1
   done <"$INSTALL_MANIFEST"
+  install_undo_disks
   if grep -q '^/etc/systemd/system/' "$INSTALL_MANIFEST" && [[ -z $INSTALL_DEST ]] && gg_systemd_is_init; then
     systemctl disable --now gpuguard-idle.service gpuguard-leak.service 2>/dev/null || true
   fi
@@ -419,6 +430,15 @@ install_remove() {
     [[ -d $target ]] && gg_log info "kept the folder ${target#"$INSTALL_DEST"}: it holds something gpuguard did not install"
   done
   gg_log info "uninstalled gpuguard from $INSTALL_PREFIX"
+}
+
+# Puts back the disks' iocost settings that --setup-disk changed (kept in
+# root's state folder), before the commands are removed.
+install_undo_disks() {
+  local saved=${GPUGUARD_STATE_DIR:-/var/lib/gpuguard}/iocost-saved
+  ((EUID == 0)) && [[ -z $INSTALL_DEST && -f $saved ]] || return 0
+  "$GPUGUARD_ROOT/bin/lowprio-run" --setup-disk --undo ||
+    gg_log warn "could not put every disk's iocost setting back: what is left is listed in $saved"
 }
 
 # True when the manifest (assoc named $2) lists any path below folder $1.

@@ -12,28 +12,42 @@ lowprio_init() {
   declare -g LP_TIER='' LP_NICE='' LP_IO_CLASS='' LP_IO_LEVEL='' LP_CPULIMIT='' LP_ATTACH=''
   declare -g LP_MECHANISM='' LP_CHILD='' LP_PENDING_SIGNAL='' LP_REPORT=0
   declare -ga LP_NOTES=()
+  # the disks: --io-max per disk (MAJ:MIN -> "rbps=N wbps=N"), the tier's
+  # disk policy, and, once planned, the disks the job may write with why
+  # and what bounds it there; --setup-disk/--measure-disk and their disks
+  declare -gA LP_IO_MAX_USER=() LP_DISK_WHY=() LP_DISK_MECH=() LP_DISK_EFFECT=()
+  declare -ga LP_DISKS=() LP_ACTION_DISKS=() LP_DISK_NONE=()
+  declare -g LP_DISK_WEIGHT='' LP_DISK_WPCT='' LP_DISK_RPCT='' LP_ACTION='' LP_UNDO=0
+  if [[ -z ${GPUGUARD_STATE_DIR:-} ]]; then
+    # the rule of lib/config.sh, which lowprio-run does not load
+    if ((EUID == 0)); then
+      GPUGUARD_STATE_DIR=/var/lib/gpuguard
+    else
+      GPUGUARD_STATE_DIR=${XDG_STATE_HOME:-${HOME:-/tmp}/.local/state}/gpuguard
+    fi
+  fi
 }
 
 # The shipped tiers table, used when the tiers file cannot be read (a guard
 # never stops a job from starting): same columns as etc/lowprio-tiers.conf.
-LP_BUILTIN_TIERS='system -5 best-effort:0 200 -
-online 0 best-effort:4 100 -
-batch 15 idle idle 60
-offline 19 idle idle -'
+LP_BUILTIN_TIERS='system -5 best-effort:0 200 - -
+online 0 best-effort:4 100 - -
+batch 15 idle idle 60 weight=10,wbps=20%,rbps=50%
+offline 19 idle idle - weight=1,wbps=5%,rbps=25%'
 
 # Loads a tier from the tiers table into the plan.
 # Globals:
 #   LOWPRIO_TIERS (file; default etc/lowprio-tiers.conf)
 lowprio_load_tier() {
   local want=$1 file=${LOWPRIO_TIERS:-$GPUGUARD_ROOT/etc/lowprio-tiers.conf}
-  local tier nice io weight cap names='' table
+  local tier nice io weight cap disk names='' table
   if [[ -r $file ]]; then
     table=$(<"$file")
   else
     gg_log warn "cannot read the tiers file $file: using the built-in tiers"
     table=$LP_BUILTIN_TIERS
   fi
-  while read -r tier nice io weight cap; do
+  while read -r tier nice io weight cap disk; do
     [[ -z $tier || $tier == \#* ]] && continue
     names+="${names:+, }$tier"
     [[ $tier == "$want" ]] || continue
@@ -44,9 +58,29 @@ lowprio_load_tier() {
     if [[ $cap != - ]]; then
       LP_SET[cpu_max]=$((cap * $(nproc) * 10)) # millicores
     fi
-    return 0
+    lowprio_parse_disk_policy "${disk:--}"
+    return
   done <<<"$table"
   gg_usage_error "unknown tier '$want' (tiers: $names)"
+}
+
+# Parses a tier's disk column: "-" (the disk is not bounded) or
+# weight=W,wbps=P%,rbps=P%: io.weight W where iocost is on, else io.max at
+# those fractions of the disk's measured write and read bandwidth.
+lowprio_parse_disk_policy() {
+  local kv
+  LP_DISK_WEIGHT='' LP_DISK_WPCT='' LP_DISK_RPCT=''
+  [[ $1 == - ]] && return 0
+  local IFS=,
+  for kv in $1; do
+    case $kv in
+      weight=*) [[ ${kv#*=} =~ ^[0-9]+$ ]] && ((${kv#*=} >= 1 && ${kv#*=} <= 10000)) && LP_DISK_WEIGHT=${kv#*=} && continue ;;
+      wbps=*%) [[ ${kv:5:-1} =~ ^[0-9]+$ ]] && ((${kv:5:-1} >= 1 && ${kv:5:-1} <= 100)) && LP_DISK_WPCT=${kv:5:-1} && continue ;;
+      rbps=*%) [[ ${kv:5:-1} =~ ^[0-9]+$ ]] && ((${kv:5:-1} >= 1 && ${kv:5:-1} <= 100)) && LP_DISK_RPCT=${kv:5:-1} && continue ;;
+    esac
+    gg_usage_error "tier $LP_TIER: the disk column takes - or weight=1-10000,wbps=1-100%,rbps=1-100% (got '$kv')"
+    return
+  done
 }
 
 # Parses an I/O class: idle | best-effort[:LEVEL] | LEVEL (best-effort).
@@ -77,42 +111,39 @@ lowprio_size_into() {
   esac
 }
 
-# Resolves --io-max [DEV:]rbps=..,wbps=.. to "MAJ:MIN rbps=N wbps=N" on the
-# whole disk (limits on a partition are not honoured). Without DEV: the
-# disk holding the current folder, where a job's checkpoints usually go.
-# shellcheck disable=SC2034 # nameref: assigns the caller's variable
-lowprio_io_max_into() {
-  local spec=$1 dev kv out='' bytes name='' majmin=''
-  local -n io_ref=$2
+# Adds --io-max [DEV:]rbps=N,wbps=N to LP_IO_MAX_USER, keyed by the whole
+# disk (limits on a partition are not honoured). DEV: a block device, a
+# MAJ:MIN, or a file or folder on the disk; without DEV the disk holding
+# the current folder, where a job's checkpoints usually go. One line and
+# status 2 for a path on tmpfs or NFS, a device that is gone, or a size
+# that is not N[K|M|G|T].
+lowprio_io_max_add() {
+  local spec=$1 dev kv out='' bytes majmin
+  local usage="(--io-max takes [DEV:]rbps=N,wbps=N; DEV a disk, MAJ:MIN or path; without DEV, the current folder's disk)"
   if [[ $spec == rbps=* || $spec == wbps=* ]]; then
-    majmin=$(stat -c '%Hd:%Ld' -- "$PWD" 2>/dev/null) || return 1
-    # major 0: tmpfs, overlay, NFS... no block device to limit
-    [[ $majmin =~ ^[1-9][0-9]*:[0-9]+$ && -e /sys/dev/block/$majmin ]] || return 1
-    name=$(basename "$(readlink -f "/sys/dev/block/$majmin")")
+    dev=$PWD
   else
     dev=${spec%%:rbps=*}
     dev=${dev%%:wbps=*}
-    [[ $dev != "$spec" ]] || return 1
+    [[ $dev != "$spec" && -n $dev ]] || {
+      gg_usage_error "--io-max: no rbps= or wbps= in '$spec' $usage"
+      return
+    }
     spec=${spec#"$dev":}
-    if [[ $dev =~ ^[0-9]+:[0-9]+$ ]]; then
-      majmin=$dev
-    else
-      [[ -b $dev ]] || return 1
-      name=$(basename "$(readlink -f "$dev")")
-    fi
   fi
-  if [[ -n $name ]]; then
-    [[ -e /sys/class/block/$name/partition ]] && name=$(basename "$(readlink -f "/sys/class/block/$name/..")")
-    majmin=$(<"/sys/class/block/$name/dev")
-  fi
+  disk_resolve_into "$dev" majmin || {
+    gg_usage_error "--io-max: $DISK_ERROR $usage"
+    return
+  }
   local IFS=,
   for kv in $spec; do
-    [[ $kv =~ ^(rbps|wbps)=([0-9]+[KkMmGg]?)$ ]] || return 1
-    local key=${BASH_REMATCH[1]}
-    lowprio_size_into "${BASH_REMATCH[2]}" bytes || return 1
-    out+=" $key=$bytes"
+    if [[ ! $kv =~ ^(rbps|wbps)=([0-9]+[KkMmGgTt]?)$ ]] || ! lowprio_size_into "${kv#*=}" bytes || ((bytes == 0)); then
+      gg_usage_error "--io-max: '$kv' is not rbps=N or wbps=N with N bytes per second and an optional K, M, G or T (base 1024), e.g. wbps=200M"
+      return
+    fi
+    out+="${out:+ }${kv%%=*}=$bytes"
   done
-  io_ref="$majmin$out"
+  LP_IO_MAX_USER[$majmin]=$out
 }
 
 # Parses the options into the plan; sets LP_ARGS to the command.
@@ -161,10 +192,16 @@ lowprio_parse() {
         shift
         ;;
       --io-max)
-        lowprio_io_max_into "${2:-}" v ||
-          gg_usage_error "--io-max takes [DEV:]rbps=N,wbps=N with a block device or MAJ:MIN; without DEV the current folder must be on a disk (got '${2:-}')" || return
-        LP_SET[io_max]=$v
+        lowprio_io_max_add "${2:-}" || return
         shift
+        ;;
+      --setup-disk | --measure-disk | --undo)
+        [[ $1 == --undo ]] && LP_UNDO=1 || LP_ACTION=${1#--}
+        while [[ -n ${2:-} && ${2:-} != -* ]]; do
+          disk_resolve_into "$2" v || gg_usage_error "$1: $DISK_ERROR" || return
+          LP_ACTION_DISKS+=("$v")
+          shift
+        done
         ;;
       --pids-max)
         [[ ${2:-} =~ ^[0-9]+$ && $2 -ge 1 ]] || gg_usage_error "--pids-max takes a number (got '${2:-}')" || return
@@ -205,6 +242,13 @@ lowprio_parse() {
   else
     unset 'LP_SET[io_prio]'
   fi
+  if ((LP_UNDO)) && [[ $LP_ACTION != setup-disk ]]; then
+    gg_usage_error "--undo goes with --setup-disk (lowprio-run --setup-disk --undo [DEV])" || return
+  fi
+  if [[ $LP_ACTION == setup-disk ]] && ((EUID != 0)); then
+    gg_usage_error "--setup-disk changes a host-wide disk setting (iocost): root only (sudo lowprio-run --setup-disk)" || return
+  fi
+  [[ -n $LP_ACTION ]] && return 0
   [[ ${#LP_ARGS[@]} -gt 0 || -n $LP_ATTACH || $LP_EXPLAIN == 1 ]] ||
     gg_usage_error "no command given (lowprio-run [options] -- CMD ARGS...)" || return
   if ((LP_NICE < 0 && EUID != 0)); then
@@ -275,7 +319,10 @@ lowprio_setup() {
   fi
   if [[ $LP_MECHANISM == cgroup-v2 || $LP_MECHANISM == cgroup-v1 ]]; then
     CG_MODE=${LP_MECHANISM#cgroup-}
-    ((LP_DRY_RUN || LP_EXPLAIN)) && return 0
+    if ((LP_DRY_RUN || LP_EXPLAIN)); then
+      lowprio_disk_plan
+      return 0
+    fi
     cg_clean_stale
     if ! cg_create "$name"; then
       LP_NOTES+=("cgroup $CG_MODE not used: $CG_LAST_ERROR")
@@ -290,18 +337,19 @@ lowprio_setup() {
         LP_MECHANISM=autogroup
       fi
     fi
-    if [[ $LP_MECHANISM == cgroup-* ]]; then
-      local key
-      for key in cpu_weight cpu_max mem_high mem_max io_max io_prio pids_max; do
-        [[ -n ${LP_SET[$key]:-} ]] && cg_set "$key" "${LP_SET[$key]}"
-      done
-    fi
+  fi
+  lowprio_disk_plan
+  if [[ $LP_MECHANISM == cgroup-* ]]; then
+    local key
+    for key in cpu_weight cpu_max mem_high mem_max io_max io_weight io_prio pids_max; do
+      [[ -n ${LP_SET[$key]:-} ]] && cg_set "$key" "${LP_SET[$key]}"
+    done
   fi
   if [[ $LP_MECHANISM == autogroup || $LP_MECHANISM == nocgroup ]]; then
     local key
     for key in "${!LP_SET[@]}"; do
       [[ $key == cpu_weight ]] && continue
-      LP_NOTES+=("$key=${LP_SET[$key]} needs a cgroup: not in force")
+      LP_NOTES+=("$key=${LP_SET[$key]//$'\n'/; } needs a cgroup: not in force")
     done
     if [[ $LP_MECHANISM == autogroup ]] && ! gg_autogroup_enabled; then
       LP_NOTES+=("autogroup is off: nice alone orders the job against others")
@@ -333,6 +381,7 @@ lowprio_report() {
   esac
   gg_log info "tier ${LP_TIER:-custom} via $LP_MECHANISM: $what"
   [[ $LP_MECHANISM == cgroup-* && -n $CG_PLACEMENT ]] && gg_log info "cgroup placement: $CG_PLACEMENT"
+  lowprio_disk_line
   local note
   for note in "${LP_NOTES[@]}" "${CG_MISSING[@]}"; do
     gg_log warn "not in force: $note"
@@ -343,7 +392,7 @@ lowprio_report() {
 lowprio_settings_text() {
   local key out=''
   for key in "${!LP_SET[@]}"; do
-    out+="${out:+, }$key=${LP_SET[$key]}"
+    out+="${out:+, }$key=${LP_SET[$key]//$'\n'/; }"
   done
   printf '%s' "${out:-none}"
 }
@@ -555,6 +604,7 @@ lowprio_usage_report() {
   if [[ -n ${CG_USE[psi_cpu_some]:-} ]]; then
     rows+=("pressure stall|cpu $(lowprio_usec_text "${CG_USE[psi_cpu_some]}"), memory $(lowprio_usec_text "${CG_USE[psi_memory_some]:-0}"), io $(lowprio_usec_text "${CG_USE[psi_io_some]:-0}") (some); memory $(lowprio_usec_text "${CG_USE[psi_memory_full]:-0}"), io $(lowprio_usec_text "${CG_USE[psi_io_full]:-0}") (full)")
   fi
+  lowprio_disk_rows_into rows "$wall"
   local row
   for row in "${rows[@]}"; do
     line+="${line:+; }${row%%|*} ${row#*|}"
@@ -675,6 +725,7 @@ lowprio_explain() {
       ;;
     *) printf 'cgroup placement: none (%s)\n' "$LP_MECHANISM" ;;
   esac
+  lowprio_disk_explain
   cg_describe
   printf 'systemd as PID 1: %s\n' "$(cg_systemd_running && echo yes || echo no)"
   # The kernel prints nothing for a task in the boot-time autogroup or in a
@@ -694,4 +745,219 @@ lowprio_explain() {
   for note in "${LP_NOTES[@]}" "${CG_MISSING[@]}"; do
     printf 'not in force: %s\n' "$note"
   done
+}
+
+# --------------------------------------------------------------- the disks --
+
+# Adds the disk holding a path to the disks the job may write, with why.
+# A path on no disk (tmpfs, NFS) is only mentioned by --explain.
+lowprio_disk_add() {
+  local path=$1 why=$2 majmin
+  while [[ -n $path && ! -e $path ]]; do
+    path=${path%/*}
+  done
+  if ! disk_resolve_into "${path:-/}" majmin 2>/dev/null; then
+    LP_DISK_NONE+=("$why (${path:-/}): $DISK_ERROR")
+    return 0
+  fi
+  lowprio_disk_add_majmin "$majmin" "$why"
+}
+
+lowprio_disk_add_majmin() {
+  if [[ -z ${LP_DISK_WHY[$1]:-} ]]; then
+    LP_DISKS+=("$1")
+    LP_DISK_WHY[$1]=$2
+  elif [[ ", ${LP_DISK_WHY[$1]}, " != *", $2, "* ]]; then
+    LP_DISK_WHY[$1]+=", $2"
+  fi
+}
+
+# Why the job's cgroup cannot take disk settings here (empty: it can).
+lowprio_disk_blocker() {
+  case $LP_MECHANISM in
+    cgroup-v2)
+      if [[ " $(cg_v2_controllers) " != *" io "* ]]; then
+        echo "no io controller in ${CG_PARENT#"$CG_ROOT"}/cgroup.controllers"
+      elif [[ -n ${CG_LEAF:-} && -d $CG_LEAF ]] &&
+        [[ ! " $(cat "$CG_PARENT/cgroup.subtree_control" 2>/dev/null) " =~ \ \+?io\  ]]; then
+        echo "the io controller is not enabled for the job's cgroup"
+      fi
+      ;;
+    cgroup-v1)
+      if [[ -n ${CG_LEAF:-}${CG_V1[cpu]:-} && -z ${CG_V1[blkio]:-} ]] || [[ ! -d $CG_ROOT/blkio ]]; then
+        echo "no v1 blkio hierarchy for the job"
+      fi
+      ;;
+    systemd) ;;
+    *) echo "no cgroup of lowprio-run's own ($LP_MECHANISM)" ;;
+  esac
+}
+
+# Chooses, for each disk the job may write (its folder's, the state
+# folder's, each --io-max one), what bounds the job there, strongest first:
+# the user's --io-max; iocost with the tier's low io.weight (work-
+# conserving: the job keeps the whole disk while nobody else wants it);
+# else io.max at the tier's fraction of the disk's measured bandwidth
+# (measured on first use; never under --explain or --dry-run); else
+# nothing, and why. Fills LP_DISKS, LP_DISK_MECH, LP_DISK_EFFECT and
+# LP_SET's io_max and io_weight.
+lowprio_disk_plan() {
+  local home=$PWD majmin blocker
+  local -a lines=()
+  declare -ga LP_DISK_NONE=()
+  if [[ -n $LP_ATTACH ]]; then
+    home=$(readlink "/proc/$LP_ATTACH/cwd" 2>/dev/null) || home=$PWD
+  fi
+  lowprio_disk_add "$home" "the job's folder"
+  lowprio_disk_add "$GPUGUARD_STATE_DIR" "the state folder"
+  for majmin in "${!LP_IO_MAX_USER[@]}"; do
+    lowprio_disk_add_majmin "$majmin" "--io-max"
+  done
+  blocker=$(lowprio_disk_blocker)
+  for majmin in "${LP_DISKS[@]}"; do
+    if [[ -n ${LP_IO_MAX_USER[$majmin]:-} ]]; then
+      LP_DISK_MECH[$majmin]="io.max as given (${LP_IO_MAX_USER[$majmin]})"
+      LP_DISK_EFFECT[$majmin]="a hard cap, even when the disk is idle (io.max is not work-conserving)"
+      lines+=("$majmin ${LP_IO_MAX_USER[$majmin]}")
+    elif [[ -z $LP_DISK_WEIGHT$LP_DISK_WPCT ]]; then
+      LP_DISK_MECH[$majmin]="none (tier ${LP_TIER:-custom} does not bound the disk)"
+      LP_DISK_EFFECT[$majmin]="the job may saturate the disk; services beside it wait"
+    elif [[ -n $blocker ]]; then
+      LP_DISK_MECH[$majmin]="none: $blocker"
+      LP_DISK_EFFECT[$majmin]="the job may saturate the disk; services beside it wait"
+    elif [[ -n $LP_DISK_WEIGHT && $LP_MECHANISM != cgroup-v1 ]] && cg_iocost_enabled "$majmin"; then
+      LP_SET[io_weight]=$LP_DISK_WEIGHT
+      LP_DISK_MECH[$majmin]="iocost, io.weight $LP_DISK_WEIGHT"
+      LP_DISK_EFFECT[$majmin]="work-conserving: full speed while nobody else uses the disk; while another cgroup needs it and the disk misses its latency targets, the job gets about $LP_DISK_WEIGHT/$((LP_DISK_WEIGHT + 100)) of it"
+    else
+      lowprio_disk_fallback "$majmin" lines
+    fi
+  done
+  local IFS=$'\n'
+  if ((${#lines[@]})); then
+    LP_SET[io_max]="${lines[*]}"
+  else
+    unset 'LP_SET[io_max]'
+  fi
+}
+
+# The io.max fallback for one disk: the tier's fractions of its measured
+# write and read bandwidth (measured now when not cached, unless
+# --explain/--dry-run). Appends the io.max line to the array named $2.
+lowprio_disk_fallback() {
+  local majmin=$1 why bw w r t wcap rcap kv
+  local -n fallback_lines=$2
+  if [[ $LP_MECHANISM == cgroup-v1 ]]; then
+    why="cgroup v1 has no iocost"
+  elif ! cg_iocost_root; then
+    why=$CG_LAST_ERROR
+  else
+    why="iocost is not set up on this disk (as root: lowprio-run --setup-disk)"
+  fi
+  if ! disk_cached_into "$majmin" bw; then
+    if ((LP_DRY_RUN || LP_EXPLAIN)); then
+      LP_DISK_MECH[$majmin]="io.max fallback at ${LP_DISK_WPCT:-100} % of the disk's write bandwidth ($why)"
+      LP_DISK_EFFECT[$majmin]="not measured yet: measured on the job's first run, or now with lowprio-run --measure-disk"
+      [[ $LP_MECHANISM == cgroup-v1 ]] && LP_DISK_EFFECT[$majmin]+="; cgroup v1 throttles direct I/O only, not buffered writeback"
+      return 0
+    fi
+    gg_state_dir_init >/dev/null 2>&1 || true
+    if ! disk_measure_into "$majmin" bw "$PWD"; then
+      LP_DISK_MECH[$majmin]="none: $why, and its bandwidth could not be measured: $DISK_ERROR"
+      LP_DISK_EFFECT[$majmin]="the job may saturate the disk; services beside it wait"
+      return 0
+    fi
+    read -r w r _ <<<"$bw"
+    gg_log info "measured disk $(disk_name "$majmin") ($majmin): writes $(disk_rate_text "$w"), reads $(disk_rate_text "$r") with O_DIRECT; kept in $(disk_cache_file) (lowprio-run --measure-disk measures again)"
+  fi
+  read -r w r t <<<"$bw"
+  wcap=$((w * ${LP_DISK_WPCT:-100} / 100))
+  kv="wbps=$wcap"
+  local text
+  text="writes <= $(disk_rate_text "$wcap") (${LP_DISK_WPCT:-100} % of the measured $(disk_rate_text "$w"))"
+  if [[ -n $LP_DISK_RPCT ]] && ((r > 0)); then
+    rcap=$((r * LP_DISK_RPCT / 100))
+    kv+=" rbps=$rcap"
+    text+=", reads <= $(disk_rate_text "$rcap") ($LP_DISK_RPCT % of $(disk_rate_text "$r"))"
+  fi
+  fallback_lines+=("$majmin $kv")
+  LP_DISK_MECH[$majmin]="io.max fallback: $text; $why"
+  LP_DISK_EFFECT[$majmin]="not work-conserving: the job never writes faster, even alone (100 GiB take $((107374182400 / wcap / 60)) min at least)"
+  [[ $LP_MECHANISM == cgroup-v1 ]] && LP_DISK_EFFECT[$majmin]+="; cgroup v1 throttles direct I/O only, not buffered writeback"
+  return 0
+}
+
+# The one start line naming what bounds the job on each disk.
+lowprio_disk_line() {
+  local majmin out=''
+  for majmin in "${LP_DISKS[@]}"; do
+    out+="${out:+; }$(disk_name "$majmin") $majmin: ${LP_DISK_MECH[$majmin]:-none}"
+  done
+  [[ -n $out ]] || out="none: the job's folder and the state folder are on no disk"
+  gg_log info "disk: $out"
+}
+
+# --explain's lines for the disks.
+lowprio_disk_explain() {
+  local majmin none
+  for majmin in "${LP_DISKS[@]}"; do
+    printf 'disk %s (%s; %s): %s\n' "$(disk_name "$majmin")" "$majmin" "${LP_DISK_WHY[$majmin]}" "${LP_DISK_MECH[$majmin]:-none}"
+    printf '  expected effect: %s\n' "${LP_DISK_EFFECT[$majmin]:-none}"
+  done
+  for none in "${LP_DISK_NONE[@]}"; do
+    printf 'no disk for %s\n' "$none"
+  done
+}
+
+# --report's rows for the disks, added to the array named $1: bytes the
+# job wrote on each, its mean write rate over the run, and the time it was
+# held back (iocost's cost.wait where iocost is on, else the cgroup's I/O
+# pressure stall).
+lowprio_disk_rows_into() {
+  local -n disk_rows=$1
+  local wall_usec=$2 majmin w wait held
+  for majmin in "${LP_DISKS[@]}"; do
+    w=${CG_USE[io_w_$majmin]:-}
+    [[ -n $w ]] || continue
+    wait=${CG_USE[io_wait_$majmin]:-}
+    if [[ -n $wait ]]; then
+      held="held back $(lowprio_usec_text "$wait") by iocost"
+    elif [[ -n ${CG_USE[psi_io_some]:-} ]]; then
+      held="stalled on I/O $(lowprio_usec_text "${CG_USE[psi_io_some]}") (io pressure)"
+    else
+      held="throttled time not available"
+    fi
+    disk_rows+=("disk $(disk_name "$majmin")|written $(lowprio_bytes_text "$w"), mean $(disk_rate_text "$((w * 1000000 / (wall_usec > 0 ? wall_usec : 1)))"); $held; ${LP_DISK_MECH[$majmin]%%;*}")
+  done
+}
+
+# --setup-disk [--undo] [DEV...] and --measure-disk [DEV...]: the disk
+# actions, run instead of a job.
+lowprio_disk_action() {
+  local majmin bw w r
+  case $LP_ACTION in
+    setup-disk)
+      if ((LP_UNDO)); then
+        disk_undo "${LP_ACTION_DISKS[@]}"
+      else
+        disk_setup "${LP_ACTION_DISKS[@]}"
+      fi
+      ;;
+    measure-disk)
+      ((${#LP_ACTION_DISKS[@]})) || lowprio_disk_add "$PWD" "the current folder"
+      ((${#LP_ACTION_DISKS[@]})) || LP_ACTION_DISKS=("${LP_DISKS[@]}")
+      ((${#LP_ACTION_DISKS[@]})) || gg_usage_error "--measure-disk: the current folder is on no disk (${LP_DISK_NONE[0]:-})" || return
+      gg_state_dir_init >/dev/null 2>&1 || gg_log warn "the state folder $GPUGUARD_STATE_DIR is not usable: the figures are not kept"
+      for majmin in "${LP_ACTION_DISKS[@]}"; do
+        if disk_measure_into "$majmin" bw "$PWD"; then
+          read -r w r _ <<<"$bw"
+          printf 'disk %s (%s): writes %s, reads %s (O_DIRECT, %s MiB)\n' "$(disk_name "$majmin")" "$majmin" \
+            "$(disk_rate_text "$w")" "$(disk_rate_text "$r")" "${LOWPRIO_MEASURE_MIB:-256}"
+        else
+          gg_log error "disk $majmin: not measured: $DISK_ERROR"
+          return 1
+        fi
+      done
+      ;;
+  esac
 }

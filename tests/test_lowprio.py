@@ -35,6 +35,14 @@ REAL_ENV = {"LOWPRIO_MECHANISM": "cgroup-%s" % REAL}
 LEAF_PARENT = "/sys/fs/cgroup" if REAL == "v2" else V1
 
 
+@pytest.fixture(autouse=True)
+def own_state_folder(tmp_path, monkeypatch):
+    """Each test's own state folder (the disk bandwidth cache, iocost's saved
+    settings) and a short disk measurement (a few MiB, not 256)."""
+    monkeypatch.setenv("GPUGUARD_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("LOWPRIO_MEASURE_MIB", "8")
+
+
 def run(args, env=None, timeout=60, **kw):
     full = dict(os.environ)
     full.update(env or {})
@@ -69,7 +77,7 @@ def test_io_max_without_a_device_limits_the_disk_of_the_current_folder():
     require(os.major(shm.st_dev) == 0, "/dev/shm on tmpfs")
     r = run(["--io-max", "wbps=200M", "--", "true"], cwd="/dev/shm")
     assert r.returncode == 2 and len(r.stderr.splitlines()) == 1
-    assert "without DEV the current folder must be on a disk" in r.stderr
+    assert "/dev/shm is on tmpfs" in r.stderr and "no disk to limit there" in r.stderr
 
 
 @pytest.mark.parametrize("args,message", [
@@ -403,7 +411,7 @@ def test_v2_a_caller_moved_aside_earlier_gets_a_sibling_leaf_not_a_nested_one(tm
     assert r.returncode == 0, r.stderr
     assert len(list(ctr.glob("gpuguard-lowprio-*"))) == 1
     assert list(aside.glob("gpuguard-*")) == []
-    assert "moved" not in r.stderr
+    assert "moved its" not in r.stderr
 
 
 def test_v2_where_moving_is_forbidden_the_job_runs_and_the_reason_is_given(tmp_path):
@@ -823,3 +831,283 @@ def test_real_attach_demotes_every_thread_and_descendant():
         time.sleep(0.3)
         run(["--", "true"], env=REAL_ENV)      # cleans the now-stale leaf
     assert leaf_dirs(leaf_of(r.stderr)) == []
+
+
+# ------------------------------------------------------------ the disk ----
+
+def disk_of(path):
+    """The whole disk's MAJ:MIN and name for a path, or None (tmpfs...)."""
+    st = os.stat(path)
+    majmin = "%d:%d" % (os.major(st.st_dev), os.minor(st.st_dev))
+    if os.major(st.st_dev) == 0 or not os.path.exists("/sys/dev/block/" + majmin):
+        return None
+    sysdir = os.path.realpath("/sys/dev/block/" + majmin)
+    if os.path.exists(os.path.join(sysdir, "partition")):
+        sysdir = os.path.dirname(sysdir)
+    return open(os.path.join(sysdir, "dev")).read().strip(), os.path.basename(sysdir)
+
+
+def cached_bandwidth(tmp_path, majmin):
+    for line in (tmp_path / "state" / "disk-bandwidth").read_text().splitlines():
+        key, _name, _sectors, w, r, _t = line.split()
+        if key == majmin:
+            return int(w), int(r)
+    return None
+
+
+def iocost_root(root, qos_line, model_line):
+    """A fake v2 root that offers iocost (io.cost.* live at the root only)."""
+    (root / "io.cost.qos").write_text(qos_line + "\n")
+    (root / "io.cost.model").write_text(model_line + "\n")
+
+
+def test_default_tier_caps_the_disk_from_its_measured_bandwidth_where_iocost_is_off(tmp_path):
+    """No flag: the job's disk gets io.max at the tier's fraction of the
+    disk's measured write and read bandwidth, measured once with O_DIRECT,
+    kept in the state folder, named in one start line; --measure-disk
+    measures again."""
+    disk = disk_of(tmp_path)
+    require(disk is not None, "the test's folder on a block device")
+    majmin, name = disk
+    root = fake_v2_root(tmp_path)
+    env = fake_v2_env(tmp_path, root)
+    r = run(["--", "true"], env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "measured disk %s (%s): writes" % (name, majmin) in r.stderr
+    w, rd = cached_bandwidth(tmp_path, majmin)
+    assert w > 0 and rd > 0
+    (leaf,) = root.glob("gpuguard-lowprio-*")
+    assert (leaf / "io.max").read_text() == "%s wbps=%d rbps=%d\n" % (majmin, w * 20 // 100, rd * 50 // 100)
+    (line,) = [x for x in r.stderr.splitlines() if " disk: " in x]
+    assert "%s %s: io.max fallback: writes <= " % (name, majmin) in line
+    assert "offers no io.cost.qos" in line
+    # cached: the second job starts without measuring; offline takes less
+    r = run(["--tier", "offline", "--", "true"], env=env, cwd=tmp_path)
+    assert r.returncode == 0 and "measured disk" not in r.stderr
+    leaf = max(root.glob("gpuguard-lowprio-*"), key=lambda p: p.stat().st_mtime)
+    assert (leaf / "io.max").read_text() == "%s wbps=%d rbps=%d\n" % (majmin, w * 5 // 100, rd * 25 // 100)
+    # --explain names the mechanism and what it costs, and measures nothing
+    r = run(["--explain"], env=env, cwd=tmp_path)
+    assert "disk %s (%s; the job's folder, the state folder): io.max fallback" % (name, majmin) in r.stdout
+    assert "not work-conserving: the job never writes faster, even alone" in r.stdout
+    (tmp_path / "state" / "disk-bandwidth").write_text("%s %s 1 5 5 0\n" % (majmin, name))   # another disk's size
+    r = run(["--measure-disk", str(tmp_path)], env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("disk %s (%s): writes " % (name, majmin))
+    assert cached_bandwidth(tmp_path, majmin)[0] > 5
+
+
+def test_setup_disk_turns_iocost_on_and_undo_puts_back_exactly_what_was_there(tmp_path):
+    """--setup-disk (root) enables iocost with latency targets and the
+    kernel's own cost model; the job then gets a low io.weight and no cap
+    (work-conserving); --undo restores the settings the disk had, number
+    for number, even after a second --setup-disk."""
+    disk = disk_of(tmp_path)
+    require(disk is not None, "the test's folder on a block device")
+    require(os.geteuid() == 0, "--setup-disk is root only")
+    majmin, name = disk
+    root = fake_v2_root(tmp_path)
+    env = fake_v2_env(tmp_path, root)
+    qos_before = "%s enable=0 ctrl=user rpct=90.00 rlat=7000 wpct=0.00 wlat=250000 min=50.00 max=150.00" % majmin
+    model_before = "%s ctrl=user model=linear rbps=1000 rseqiops=2 rrandiops=3 wbps=4 wseqiops=5 wrandiops=6" % majmin
+    iocost_root(root, qos_before, model_before)
+    r = run(["--setup-disk", majmin], env=env)
+    assert r.returncode == 0, r.stderr
+    qos = (root / "io.cost.qos").read_text()
+    assert qos.startswith("%s enable=1 ctrl=user rpct=95.00 rlat=" % majmin)
+    assert (root / "io.cost.model").read_text() == "%s ctrl=auto\n" % majmin
+    assert "iocost on" in r.stderr and "before: enable=0 ctrl=user" in r.stderr
+    assert run(["--setup-disk", majmin], env=env).returncode == 0   # again: the first "before" is kept
+    r = run(["--", "true"], env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    (leaf,) = root.glob("gpuguard-lowprio-*")
+    assert (leaf / "io.weight").read_text() == "default 10\n"
+    assert not (leaf / "io.max").exists()                  # no cap: the job keeps an idle disk's speed
+    assert "disk: %s %s: iocost, io.weight 10" % (name, majmin) in r.stderr
+    assert "measured disk" not in r.stderr
+    r = run(["--tier", "offline", "--explain"], env=env, cwd=tmp_path)
+    assert "iocost, io.weight 1\n  expected effect: work-conserving: full speed while nobody else uses the disk" in r.stdout
+    r = run(["--setup-disk", "--undo", "259:999"], env=env)   # a disk named: that one only (here: none)
+    assert r.returncode == 2 and (root / "io.cost.qos").read_text().startswith("%s enable=1" % majmin)
+    r = run(["--setup-disk", "--undo", majmin], env=env)
+    assert r.returncode == 0, r.stderr
+    assert (root / "io.cost.qos").read_text() == qos_before + "\n"
+    assert (root / "io.cost.model").read_text() == model_before + "\n"
+    assert not (tmp_path / "state" / "iocost-saved").exists()
+    r = run(["--", "true"], env=env, cwd=tmp_path)
+    assert "io.max fallback" in r.stderr and "iocost is not set up on this disk (as root: lowprio-run --setup-disk)" in r.stderr
+
+
+def test_a_disk_never_set_up_gets_the_kernels_defaults_back(tmp_path):
+    disk = disk_of(tmp_path)
+    require(disk is not None and os.geteuid() == 0, "root, and the test's folder on a block device")
+    root = fake_v2_root(tmp_path)
+    env = fake_v2_env(tmp_path, root)
+    iocost_root(root, "", "")
+    assert run(["--setup-disk", disk[0]], env=env).returncode == 0
+    assert run(["--setup-disk", "--undo", disk[0]], env=env).returncode == 0
+    assert (root / "io.cost.qos").read_text() == "%s enable=0 ctrl=auto\n" % disk[0]
+
+
+def test_setup_disk_is_root_only_and_says_why_iocost_cannot_be_had(tmp_path):
+    require(os.geteuid() == 0, "needs root to run a command as a second user")
+    r = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups",
+                        str(ROOT / "bin/lowprio-run"), "--setup-disk"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "root only" in r.stderr and len(r.stderr.splitlines()) == 1
+    disk = disk_of(tmp_path)
+    require(disk is not None, "the test's folder on a block device")
+    root = fake_v2_root(tmp_path)
+    (root / "cgroup.controllers").write_text("cpuset cpu memory pids\n")
+    r = run(["--setup-disk", disk[0]], env=fake_v2_env(tmp_path, root))
+    assert r.returncode == 1
+    assert "iocost not turned on: the io controller is not on cgroup v2 here" in r.stderr
+
+
+def test_no_io_controller_the_job_runs_and_is_told(tmp_path):
+    disk = disk_of(tmp_path)
+    require(disk is not None, "the test's folder on a block device")
+    root = fake_v2_root(tmp_path)
+    (root / "cgroup.controllers").write_text("cpuset cpu memory pids\n")
+    r = run(["--", "sh", "-c", "echo ran"], env=fake_v2_env(tmp_path, root), cwd=tmp_path)
+    assert r.returncode == 0 and r.stdout == "ran\n"
+    assert "disk: %s %s: none: no io controller in /cgroup.controllers" % (disk[1], disk[0]) in r.stderr
+    assert "measured disk" not in r.stderr
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--io-max", "/dev/shm:wbps=100M"], "--io-max: /dev/shm is on tmpfs with no block device of its own"),
+    (["--io-max", "259:999:wbps=100M"], "--io-max: no block device 259:999 here (gone, or never there)"),
+    (["--io-max", "/dev/gg-gone:wbps=100M"], "--io-max: /dev/gg-gone does not exist (a disk that is gone?)"),
+    (["--io-max", "wbps=200MB"], "--io-max: 'wbps=200MB' is not rbps=N or wbps=N"),
+    (["--io-max", "wbps=1.5G"], "--io-max: 'wbps=1.5G' is not rbps=N or wbps=N"),
+    (["--io-max", "wpbs=200M"], "--io-max: no rbps= or wbps= in 'wpbs=200M'"),
+    (["--setup-disk", "/dev/shm"], "--setup-disk: /dev/shm is on tmpfs"),
+    (["--measure-disk", "259:999"], "--measure-disk: no block device 259:999"),
+])
+def test_bad_disk_input_is_one_line_exit_2_and_the_job_never_starts(tmp_path, args, message):
+    require(disk_of(tmp_path) is not None and os.path.isdir("/dev/shm") and disk_of("/dev/shm") is None,
+            "the test's folder on a disk and /dev/shm on tmpfs")
+    marker = tmp_path / "started"
+    r = run(args + ["--", "touch", str(marker)], cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert message in r.stderr and len(r.stderr.splitlines()) == 1
+    assert not marker.exists()
+
+
+def test_report_gives_each_disks_bytes_rate_and_time_held_back(tmp_path):
+    disk = disk_of(tmp_path)
+    require(disk is not None, "the test's folder on a block device")
+    majmin, name = disk
+    root = fake_v2_root(tmp_path)
+    iocost_root(root, "%s enable=1 ctrl=user rpct=95.00 rlat=5000 wpct=95.00 wlat=5000 min=1.00 max=10000.00"
+                % majmin, "%s ctrl=auto" % majmin)
+    job = ("d=$(echo %s/gpuguard-lowprio-*); printf '%s rbytes=0 wbytes=3221225472 rios=1 wios=2 dbytes=0 dios=0 "
+           "cost.usage=9 cost.wait=2500000 cost.indebt=0 cost.indelay=500000\\n' > $d/io.stat" % (root, majmin))
+    r = run(["--report", "--", "sh", "-c", job], env=fake_v2_env(tmp_path, root), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    (row,) = [x for x in r.stderr.splitlines() if x.startswith("  disk %s " % name)]
+    assert "written 3.0 GiB, mean " in row and "held back 3.00 s by iocost; iocost, io.weight 10" in row
+
+
+# A real hierarchy: a loop device (its own disk) with ext4, the job's folder
+# on it. Where the kernel offers iocost on cgroup v2 (the H200 host) the
+# setup and the job's io.weight are checked for real; where it does not
+# (CI's hybrid machine: the io controller is v1 blkio) --setup-disk must
+# say so and the job must get the io.max fallback on the loop device.
+
+@pytest.fixture
+def loop_disk(tmp_path):
+    require(os.geteuid() == 0 and REAL is not None, "root and a writable real cgroup hierarchy")
+    tools = all(subprocess.run(["sh", "-c", "command -v " + t], capture_output=True).returncode == 0
+                for t in ("losetup", "mkfs.ext4", "mount"))
+    require(tools, "losetup, mkfs.ext4 and mount")
+    image = tmp_path / "disk.img"
+    with open(image, "wb") as f:
+        f.truncate(96 << 20)
+    dev = subprocess.run(["losetup", "--find", "--show", str(image)], capture_output=True, text=True)
+    require(dev.returncode == 0, "a free loop device: " + dev.stderr.strip())
+    dev = dev.stdout.strip()
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    try:
+        subprocess.run(["mkfs.ext4", "-q", "-F", dev], check=True, capture_output=True)
+        subprocess.run(["mount", dev, str(mnt)], check=True, capture_output=True)
+        st = os.stat(dev)
+        yield "%d:%d" % (os.major(st.st_rdev), os.minor(st.st_rdev)), mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], capture_output=True)
+        subprocess.run(["losetup", "-d", dev], capture_output=True)
+
+
+JOB_IO_FILES = r"""
+if [ -e /sys/fs/cgroup/cgroup.controllers ]; then
+  d=/sys/fs/cgroup$(sed -n 's/^0:://p' /proc/self/cgroup); cat $d/io.max $d/io.weight
+else
+  b=$(grep ':blkio:' /proc/self/cgroup | cut -d: -f3)
+  sed 's/^/w /' /sys/fs/cgroup/blkio$b/blkio.throttle.write_bps_device
+fi
+"""
+
+
+@real_cgroup
+def test_real_mechanism_choice_on_a_loop_device(tmp_path, loop_disk):
+    majmin, mnt = loop_disk
+    have_iocost = os.path.exists("/sys/fs/cgroup/io.cost.qos")
+    r = run(["--setup-disk", majmin])
+    if not have_iocost:
+        assert r.returncode == 1, r.stderr
+        assert "iocost not turned on" in r.stderr
+        r = run(["--", "sh", "-c", JOB_IO_FILES], env=REAL_ENV, cwd=mnt)
+        assert r.returncode == 0, r.stderr
+        w, _ = cached_bandwidth(tmp_path, majmin)
+        want = w * 20 // 100
+        assert ("w %s %d" % (majmin, want)) in r.stdout or ("%s rbps=" % majmin in r.stdout
+                                                             and "wbps=%d" % want in r.stdout), r.stdout
+        assert "io.max fallback: writes <= " in r.stderr
+        return
+    try:
+        assert r.returncode == 0, r.stderr
+        r = run(["--", "sh", "-c", JOB_IO_FILES], env=REAL_ENV, cwd=mnt)
+        assert r.returncode == 0, r.stderr
+        assert "default 10" in r.stdout and "iocost, io.weight 10" in r.stderr
+    finally:
+        undo = run(["--setup-disk", "--undo", majmin])
+    assert undo.returncode == 0, undo.stderr
+    line = [x for x in open("/sys/fs/cgroup/io.cost.qos").read().splitlines() if x.startswith(majmin + " ")]
+    assert not line or " enable=0 " in line[0]
+
+
+def test_install_setup_disk_is_for_root_on_this_host_only(tmp_path):
+    """install.sh --setup-disk changes this host's disks: refused (one line,
+    exit 2, nothing installed) with --user or DESTDIR."""
+    for args, env in ((["--user", "--setup-disk"], {"HOME": str(tmp_path)}),
+                      (["--prefix", "/opt/gg", "--setup-disk"], {"DESTDIR": str(tmp_path / "dest")})):
+        r = subprocess.run([str(ROOT / "install.sh")] + args, env=dict(os.environ, **env),
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and len(r.stderr.splitlines()) == 1
+        assert "--setup-disk turns iocost on for this host's disks: root only, and not with --user or DESTDIR" in r.stderr
+    assert not (tmp_path / "dest").exists() and not (tmp_path / ".local").exists()
+
+
+def test_doctor_says_per_disk_whether_iocost_is_in_force(tmp_path):
+    disks = [d for d in os.listdir("/sys/block") if not d.startswith(("loop", "ram", "zram", "dm-", "md"))
+             and os.path.exists("/sys/block/%s/queue/scheduler" % d)]
+    require(disks, "a real block device")
+    name = disks[0]
+    majmin = open("/sys/block/%s/dev" % name).read().strip()
+    root = fake_v2_root(tmp_path)
+    iocost_root(root, "%s enable=1 ctrl=user rpct=95.00 rlat=5000 wpct=95.00 wlat=5000 min=1.00 max=10000.00"
+                % majmin, "%s ctrl=auto" % majmin)
+    check = ("source lib/common.sh; source lib/cgroup.sh; source lib/doctor.sh; doctor_disk_iocost")
+    r = subprocess.run(["bash", "-c", check], cwd=ROOT, env=dict(os.environ, LOWPRIO_CGROUP_ROOT=str(root)),
+                       capture_output=True, text=True, timeout=30)
+    assert "OK    disk %s (%s): iocost in force (ctrl=user rpct=95.00" % (name, majmin) in r.stdout
+    (root / "io.cost.qos").write_text("%s enable=0 ctrl=auto\n" % majmin)
+    r = subprocess.run(["bash", "-c", check], cwd=ROOT, env=dict(os.environ, LOWPRIO_CGROUP_ROOT=str(root)),
+                       capture_output=True, text=True, timeout=30)
+    assert "disk %s (%s): iocost off: lowprio-run caps jobs there with io.max" % (name, majmin) in r.stdout
+    (root / "io.cost.qos").unlink()
+    (root / "cgroup.controllers").write_text("cpu memory pids\n")
+    r = subprocess.run(["bash", "-c", check], cwd=ROOT, env=dict(os.environ, LOWPRIO_CGROUP_ROOT=str(root)),
+                       capture_output=True, text=True, timeout=30)
+    assert "INFO  iocost not available: the io controller is not on cgroup v2 here" in r.stdout

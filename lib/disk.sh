@@ -1,0 +1,328 @@
+# shellcheck shell=bash
+# Which disk a path is on, and how fast that disk writes: lowprio-run bounds
+# a job's disk use per whole disk (the kernel's io.max and io.weight take a
+# disk's MAJ:MIN, never a partition's), and its io.max fallback is a
+# fraction of the disk's measured bandwidth, never a number typed by hand.
+# The measurement is a short O_DIRECT write (then read) of a temporary file
+# on that disk, cached in the state folder's disk-bandwidth, one line per
+# disk: "MAJ:MIN NAME SECTORS WRITE_B/S READ_B/S UNIX_TIME". A line whose
+# name or size no longer match (another disk got the number after a
+# reboot) is measured again.
+
+# Puts into the variable named $2 the whole disk's MAJ:MIN for a block
+# device (/dev/sda1), a MAJ:MIN, or a file or folder (the disk it is on).
+# Returns 1 with DISK_ERROR (read by the callers) set to one line saying why not (a path on
+# tmpfs or NFS, a device that is gone).
+# shellcheck disable=SC2034 # DISK_ERROR is read by the callers
+disk_resolve_into() {
+  local _dr_spec=$1 _dr_majmin='' _dr_fstype _dr_sys
+  local -n disk_ref=$2
+  DISK_ERROR=''
+  if [[ $_dr_spec =~ ^[0-9]+:[0-9]+$ ]]; then
+    _dr_majmin=$_dr_spec
+    [[ -e /sys/dev/block/$_dr_majmin ]] || {
+      DISK_ERROR="no block device $_dr_majmin here (gone, or never there)"
+      return 1
+    }
+  elif [[ -b $_dr_spec ]]; then
+    _dr_majmin=$(stat -Lc '%Hr:%Lr' -- "$_dr_spec" 2>/dev/null)
+  elif [[ $_dr_spec == /dev/* && ! -e $_dr_spec ]]; then
+    DISK_ERROR="$_dr_spec does not exist (a disk that is gone?)"
+    return 1
+  elif [[ -e $_dr_spec ]]; then
+    _dr_majmin=$(stat -c '%Hd:%Ld' -- "$_dr_spec" 2>/dev/null)
+    if [[ ${_dr_majmin%%:*} == 0 || -z $_dr_majmin ]]; then
+      _dr_fstype=$(stat -fc %T -- "$_dr_spec" 2>/dev/null)
+      DISK_ERROR="$_dr_spec is on ${_dr_fstype:-a file system} with no block device of its own (tmpfs, NFS, overlay): no disk to limit there"
+      return 1
+    fi
+  else
+    DISK_ERROR="$_dr_spec is neither a block device, a MAJ:MIN nor an existing path"
+    return 1
+  fi
+  if [[ ! -e /sys/dev/block/$_dr_majmin ]]; then
+    DISK_ERROR="no block device $_dr_majmin behind $_dr_spec (gone?)"
+    return 1
+  fi
+  _dr_sys=$(readlink -f "/sys/dev/block/$_dr_majmin")
+  # a partition's parent folder is its disk
+  [[ -e $_dr_sys/partition ]] && _dr_majmin=$(<"${_dr_sys%/*}/dev")
+  # shellcheck disable=SC2034 # nameref: assigns the caller's variable
+  disk_ref=$_dr_majmin
+}
+
+# Prints a disk's kernel name (vda, nvme0n1, loop3) for a MAJ:MIN.
+disk_name() {
+  local sys
+  sys=$(readlink -f "/sys/dev/block/$1" 2>/dev/null) || return 1
+  printf '%s' "${sys##*/}"
+}
+
+# Prints a disk's size in 512-byte sectors (part of its identity in the cache).
+disk_sectors() {
+  local name
+  name=$(disk_name "$1") || return 1
+  cat "/sys/class/block/$name/size" 2>/dev/null
+}
+
+# True for a spinning disk (its latency targets are looser). Virtual
+# disks (virtio vd*, Xen xvd*) often report rotational=1 by default while
+# a cloud SSD sits behind them: they count as SSDs.
+disk_rotational() {
+  local name
+  name=$(disk_name "$1") || return 1
+  [[ $name != vd* && $name != xvd* ]] || return 1
+  [[ $(cat "/sys/class/block/$name/queue/rotational" 2>/dev/null) == 1 ]]
+}
+
+# The cache file of measured bandwidths.
+disk_cache_file() {
+  printf '%s/disk-bandwidth' "$GPUGUARD_STATE_DIR"
+}
+
+# Puts "WRITE_B/S READ_B/S UNIX_TIME" of a disk's cached measurement into
+# the variable named $2; returns 1 when there is none that fits the disk
+# now there.
+disk_cached_into() {
+  local majmin=$1 file key name sectors w r t
+  local -n cached_ref=$2
+  file=$(disk_cache_file)
+  [[ -f $file && ! -L $file ]] || return 1
+  local want_name want_sectors
+  want_name=$(disk_name "$majmin") || return 1
+  want_sectors=$(disk_sectors "$majmin")
+  while read -r key name sectors w r t; do
+    [[ $key == "$majmin" && $name == "$want_name" && $sectors == "$want_sectors" ]] || continue
+    [[ $w =~ ^[1-9][0-9]*$ && $r =~ ^[0-9]+$ && $t =~ ^[0-9]+$ ]] || continue
+    # shellcheck disable=SC2034 # nameref: assigns the caller's variable
+    cached_ref="$w $r $t"
+    return 0
+  done <"$file"
+  return 1
+}
+
+# Prints a folder on the disk, writable by us, to hold the measurement's
+# temporary file: the state folder, /var/tmp or /tmp when they are on that
+# disk, else the first writable mount point of the disk or its partitions,
+# else the extra candidate $2 (the job's own folder).
+disk_probe_folder() {
+  local majmin=$1 extra=${2:-} dir d
+  for dir in "$GPUGUARD_STATE_DIR" /var/tmp /tmp; do
+    [[ -d $dir && -w $dir ]] || continue
+    disk_resolve_into "$dir" d 2>/dev/null || continue
+    [[ $d == "$majmin" ]] && printf '%s' "$dir" && return 0
+  done
+  local src target
+  while read -r _ target; do
+    [[ -d $target && -w $target ]] || continue
+    disk_resolve_into "$target" d 2>/dev/null || continue
+    [[ $d == "$majmin" ]] && printf '%s' "$target" && return 0
+  done < <(findmnt -rn -o MAJ:MIN,TARGET 2>/dev/null)
+  if [[ -n $extra && -d $extra && -w $extra ]] && disk_resolve_into "$extra" d 2>/dev/null && [[ $d == "$majmin" ]]; then
+    printf '%s' "$extra"
+    return 0
+  fi
+  return 1
+}
+
+# Prints bytes per second for BYTES moved in the time since START
+# ($EPOCHREALTIME).
+disk_rate_since() {
+  local bytes=$1 start=$2 usec
+  usec=$((${EPOCHREALTIME/[.,]/} - ${start/[.,]/}))
+  ((usec > 0)) || usec=1
+  printf '%d' "$((bytes * 1000000 / usec))"
+}
+
+# Measures a disk: writes LOWPRIO_MEASURE_MIB (default 256) MiB with
+# O_DIRECT and a final flush into a new temporary file on it, reads it back
+# with O_DIRECT, removes it; caches and puts "WRITE_B/S READ_B/S UNIX_TIME"
+# into the variable named $2. Returns 1 with DISK_ERROR set when it cannot
+# (no writable folder on the disk, too little space, no O_DIRECT there).
+# Arguments:
+#   $1 MAJ:MIN, $2 variable, $3 an extra folder to try (the job's)
+# shellcheck disable=SC2034 # DISK_ERROR is read by the callers
+disk_measure_into() {
+  local majmin=$1 extra=${3:-} dir tmp mib=${LOWPRIO_MEASURE_MIB:-256} start w r avail err
+  local -n measured_ref=$2
+  DISK_ERROR=''
+  if ! dir=$(disk_probe_folder "$majmin" "$extra"); then
+    DISK_ERROR="no folder on disk $majmin that $(id -un) may write a temporary file in"
+    return 1
+  fi
+  avail=$(df -Pk -- "$dir" 2>/dev/null | awk 'NR == 2 { print $4 }')
+  if [[ ! $avail =~ ^[0-9]+$ ]] || ((avail < mib * 1024 * 2)); then
+    DISK_ERROR="less than $((mib * 2)) MiB free in $dir for the measurement"
+    return 1
+  fi
+  tmp=$(mktemp -- "$dir/.gpuguard-disk-measure.XXXXXX") || {
+    DISK_ERROR="cannot create a temporary file in $dir"
+    return 1
+  }
+  start=$EPOCHREALTIME
+  # bounded: a disk that hangs must not keep the job from starting
+  if ! err=$(timeout 60 dd if=/dev/zero of="$tmp" bs=1M count="$mib" oflag=direct conv=fsync,notrunc status=none 2>&1); then
+    rm -f -- "$tmp"
+    DISK_ERROR="the O_DIRECT write in $dir failed: ${err:-took over 60 s}"
+    DISK_ERROR=${DISK_ERROR%%$'\n'*}
+    return 1
+  fi
+  w=$(disk_rate_since "$((mib * 1048576))" "$start")
+  start=$EPOCHREALTIME
+  if timeout 60 dd if="$tmp" of=/dev/null bs=1M iflag=direct status=none 2>/dev/null; then
+    r=$(disk_rate_since "$((mib * 1048576))" "$start")
+  else
+    r=0
+  fi
+  rm -f -- "$tmp"
+  measured_ref="$w $r $(printf '%(%s)T' -1)"
+  disk_cache_store "$majmin" "$measured_ref"
+}
+
+# Replaces a disk's line in the cache (other disks' lines stay). A cache
+# that cannot be written only means measuring again next time.
+disk_cache_store() {
+  local majmin=$1 values=$2 file text='' key rest
+  file=$(disk_cache_file)
+  [[ -d $GPUGUARD_STATE_DIR && -w $GPUGUARD_STATE_DIR ]] || return 0
+  if [[ -f $file && ! -L $file ]]; then
+    while read -r key rest; do
+      [[ -n $key && $key != "$majmin" ]] && text+="$key $rest"$'\n'
+    done <"$file"
+  fi
+  text+="$majmin $(disk_name "$majmin") $(disk_sectors "$majmin") $values"$'\n'
+  gg_write_atomic "$file" "$text" || true
+}
+
+# Bytes per second as text: "1.2 GiB/s", "200 MiB/s".
+disk_rate_text() {
+  local n=$1
+  if ((n >= 10 * 1073741824)); then
+    printf '%d GiB/s' "$((n / 1073741824))"
+  elif ((n >= 1073741824)); then
+    printf '%d.%d GiB/s' "$((n / 1073741824))" "$(((n % 1073741824) * 10 / 1073741824))"
+  else
+    printf '%d MiB/s' "$((n / 1048576))"
+  fi
+}
+
+# --------------------------------------------------- iocost, set up by hand --
+# `lowprio-run --setup-disk [DEV]` (and install.sh --setup-disk) turn iocost
+# on; what each disk had before is kept in the state folder's iocost-saved,
+# one line per disk, "MAJ:MIN|io.cost.qos line|io.cost.model line" (an
+# empty field: the disk had none), and `--setup-disk --undo` (and
+# install.sh --uninstall) put exactly that back.
+
+disk_saved_file() {
+  printf '%s/iocost-saved' "$GPUGUARD_STATE_DIR"
+}
+
+# Puts the disks --setup-disk covers without DEV into the array named $1:
+# every whole disk with a request queue (dm and md devices are left out:
+# iocost works on the disks below them).
+disk_all_into() {
+  local -n all_ref=$1
+  local disk _sched
+  all_ref=()
+  while read -r disk _sched; do
+    [[ $disk == dm-* || $disk == md* ]] && continue
+    [[ -r /sys/block/$disk/dev ]] && all_ref+=("$(<"/sys/block/$disk/dev")")
+  done < <(gg_disk_schedulers)
+}
+
+# Puts the saved lines into the associative array named $1 (MAJ:MIN ->
+# "qos|model").
+disk_saved_into() {
+  local -n saved_ref=$1
+  local file key qos model
+  file=$(disk_saved_file)
+  saved_ref=()
+  [[ -f $file && ! -L $file ]] || return 0
+  while IFS='|' read -r key qos model; do
+    # shellcheck disable=SC2034 # nameref: assigns the caller's array
+    [[ $key =~ ^[0-9]+:[0-9]+$ ]] && saved_ref["$key"]="$qos|$model"
+  done <"$file"
+}
+
+# Writes the saved lines back (the file is removed when none is left).
+disk_saved_store() {
+  local -n store_ref=$1
+  local file key text=''
+  file=$(disk_saved_file)
+  for key in "${!store_ref[@]}"; do
+    text+="$key|${store_ref[$key]}"$'\n'
+  done
+  if [[ -z $text ]]; then
+    rm -f -- "$file"
+    return 0
+  fi
+  gg_write_atomic "$file" "$text"
+}
+
+# Turns iocost on for each disk named (all disks when none), saving what
+# was there the first time. One line per disk; a disk that fails does not
+# stop the others. Returns 1 when any failed.
+disk_setup() {
+  local -a disks=("$@")
+  local -A saved=()
+  local majmin qos qos_was model_was failed=0 kind
+  ((${#disks[@]})) || disk_all_into disks
+  if ! gg_state_dir_init 2>/dev/null; then
+    gg_log error "cannot keep what the disks had before: the state folder $GPUGUARD_STATE_DIR is not usable; nothing changed"
+    return 1
+  fi
+  disk_saved_into saved
+  for majmin in "${disks[@]}"; do
+    kind=ssd
+    disk_rotational "$majmin" && kind=rotational
+    qos=$(cg_iocost_qos_for "$majmin" "$kind")
+    if ! cg_iocost_enable "$majmin" "$qos"; then
+      gg_log error "disk $(disk_name "$majmin") ($majmin): iocost not turned on: $CG_LAST_ERROR"
+      failed=1
+      continue
+    fi
+    qos_was=$CG_IOCOST_WAS_QOS model_was=$CG_IOCOST_WAS_MODEL
+    if [[ -z ${saved[$majmin]+set} ]]; then
+      saved[$majmin]="$qos_was|$model_was"
+      disk_saved_store saved || {
+        gg_log error "disk $majmin: could not save what it had; putting it back"
+        cg_iocost_restore "$majmin" "$qos_was" "$model_was" || true
+        unset "saved[$majmin]"
+        failed=1
+        continue
+      }
+    fi
+    gg_log info "disk $(disk_name "$majmin") ($majmin): iocost on ($qos, cost model: the kernel's automatic one); before: ${qos_was:-never set up}; lowprio-run --setup-disk --undo puts it back"
+  done
+  return "$failed"
+}
+
+# Puts back what disk_setup saved, for the disks named (all saved ones
+# when none). One line per disk; returns 1 when any failed.
+disk_undo() {
+  local -A saved=()
+  local -a disks=("$@")
+  local majmin failed=0 qos model
+  disk_saved_into saved
+  ((${#disks[@]})) || disks=("${!saved[@]}")
+  if ((${#disks[@]} == 0)); then
+    gg_log info "nothing to undo: no disk was set up by lowprio-run --setup-disk (no $(disk_saved_file))"
+    return 0
+  fi
+  for majmin in "${disks[@]}"; do
+    if [[ -z ${saved[$majmin]+set} ]]; then
+      gg_log warn "disk $majmin: not set up by lowprio-run --setup-disk: left as it is"
+      continue
+    fi
+    IFS='|' read -r qos model <<<"${saved[$majmin]}"
+    if cg_iocost_restore "$majmin" "$qos" "$model"; then
+      gg_log info "disk $majmin: iocost put back as it was (${qos:-off, never set up})"
+      unset "saved[$majmin]"
+    else
+      gg_log error "disk $majmin: could not put iocost back: $CG_LAST_ERROR (kept in $(disk_saved_file))"
+      failed=1
+    fi
+  done
+  disk_saved_store saved || failed=1
+  return "$failed"
+}
