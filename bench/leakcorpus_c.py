@@ -76,7 +76,7 @@ class _Pool:
         """A step needs `peak` MiB at once: map a segment if the cache is short."""
         short = peak - self.reserved
         if short > 0:
-            self.reserved += _ceil(max(short, self.grain if self.grain > 20 else 20))
+            self.reserved += _ceil(max(short, max(20, self.grain)))
 
     def empty_cache(self, live):
         """torch.cuda.empty_cache(): unused segments go back; those with a live block stay."""
@@ -184,9 +184,9 @@ def _projected_oom(rows, total, rate, start_s):
 
 def _leak_label(job, rows, pid, start, rate, oom, **extra):
     mine = [r for r in rows if r[1] == pid]
-    label = dict(leak=True, start_s=round(start, 1), rate_mib_h=round(rate, 1), leak_pid=pid,
-                 oom_s=round(oom, 1) if oom is not None else _projected_oom(mine, job.total, rate, start),
-                 oom_in_trace=oom is not None)
+    label = {"leak": True, "start_s": round(start, 1), "rate_mib_h": round(rate, 1), "leak_pid": pid,
+                 "oom_s": round(oom, 1) if oom is not None else _projected_oom(mine, job.total, rate, start),
+                 "oom_in_trace": oom is not None}
     label.update(extra)
     return label
 
@@ -229,7 +229,7 @@ def _rl(rng, leak):
     def plan(t, dt):
         while phases[st["i"]][1] <= t and st["i"] < len(phases) - 1:
             st["i"] += 1
-        a, b, kind = phases[st["i"]]
+        _a, _b, kind = phases[st["i"]]
         release = st["phase"] != st["i"]
         st["phase"] = st["i"]
         if leak and kind == "train" and t >= start:
@@ -241,8 +241,8 @@ def _rl(rng, leak):
 
     pid = _pid(rng)
     rows, oom = _simulate(rng, job, _grid(rng, hours, dt), plan, pid)
-    label = dict(gpu=job.gpu, total_mib=job.total, hours=hours, dt_s=dt, kv_mib=round(kv),
-                 train_extra_mib=round(train))
+    label = {"gpu": job.gpu, "total_mib": job.total, "hours": hours, "dt_s": dt, "kv_mib": round(kv),
+                 "train_extra_mib": round(train)}
     if leak:
         end = (oom if oom is not None else hours * 3600)
         share = sum(max(0.0, min(b, end) - max(a, start)) for a, b, k in phases if k == "train") / max(1.0, end - start)
@@ -314,8 +314,8 @@ def _lora(rng, leak):
     pid = _pid(rng)
     rows, oom = _simulate(rng, job, _grid(rng, hours, dt), plan, pid)
     cap_at = loads[cap - 1][0]
-    label = dict(gpu=job.gpu, total_mib=job.total, hours=hours, dt_s=dt, adapters_cap=cap,
-                 adapter_mib=sorted(set(round(s) for s in sizes)), growth_end_s=round(cap_at))
+    label = {"gpu": job.gpu, "total_mib": job.total, "hours": hours, "dt_s": dt, "adapters_cap": cap,
+                 "adapter_mib": sorted({round(s) for s in sizes}), "growth_end_s": round(cap_at)}
     if leak:
         # the rate is what was loaded past the cap, over the time since
         start = st["start"] if st["start"] is not None else cap_at
@@ -354,7 +354,7 @@ def _frag(rng, leak):
 
     pid = _pid(rng)
     rows, oom = _simulate(rng, job, _grid(rng, hours, dt), plan, pid)
-    label = dict(gpu=job.gpu, total_mib=job.total, hours=hours, dt_s=dt, cv=job.cv, empty_cache=bool(ckpt))
+    label = {"gpu": job.gpu, "total_mib": job.total, "hours": hours, "dt_s": dt, "cv": job.cv, "empty_cache": bool(ckpt)}
     if leak:
         label.update(_leak_label(job, rows, pid, start, rate, oom))
     else:
@@ -403,8 +403,8 @@ def _pp(rng, leak):
     if oom_all is not None:                  # one stage's OOM ends the whole job
         rows = [[x for x in r if x[0] < oom_all] for r in rows]
     flat = sorted((x for r in rows for x in r), key=lambda x: (x[0], x[1]))
-    label = dict(gpu=gpu, total_mib=GPUS[gpu], hours=hours, dt_s=dt, stages=stages,
-                 pids=[pid0 + s for s in range(stages)], eval_release=release_after_eval)
+    label = {"gpu": gpu, "total_mib": GPUS[gpu], "hours": hours, "dt_s": dt, "stages": stages,
+                 "pids": [pid0 + s for s in range(stages)], "eval_release": release_after_eval}
     if leak:
         label.update(_leak_label(jobs[bad], flat, pid0 + bad, start, rate, oom_all, leak_stage=bad))
     return flat, label
@@ -446,8 +446,8 @@ def _cron(rng, leak):
 
     pid = _pid(rng)
     rows, oom = _simulate(rng, job, _grid(rng, hours, 60.0, gaps, cron=True), plan, pid)
-    label = dict(gpu=job.gpu, total_mib=job.total, hours=hours, dt_s=60.0,
-                 gaps_s=[[round(a), round(b)] for a, b in gaps])
+    label = {"gpu": job.gpu, "total_mib": job.total, "hours": hours, "dt_s": 60.0,
+                 "gaps_s": [[round(a), round(b)] for a, b in gaps]}
     if leak:
         label.update(_leak_label(job, rows, pid, start, rate, oom))
     return rows, label
@@ -481,8 +481,8 @@ def _moe(rng, leak):
 
     pid = _pid(rng)
     rows, oom = _simulate(rng, job, _grid(rng, hours, dt), plan, pid)
-    label = dict(gpu=job.gpu, total_mib=job.total, hours=hours, dt_s=dt, band_mib=round(band * job.act),
-                 wander_tau_h=round(tau / 3600, 2), empty_cache_every_s=round(every))
+    label = {"gpu": job.gpu, "total_mib": job.total, "hours": hours, "dt_s": dt, "band_mib": round(band * job.act),
+                 "wander_tau_h": round(tau / 3600, 2), "empty_cache_every_s": round(every)}
     if leak:
         label.update(_leak_label(job, rows, pid, start, rate, oom))
     return rows, label
@@ -518,8 +518,8 @@ def _resume_bs(rng, leak):
         pids.append(pid)
         scales.append(round(scale, 2))
         pid += rng.randint(3, 900)
-    return rows, dict(gpu=job.gpu, total_mib=job.total, hours=hours, dt_s=dt, pids=pids,
-                      resumes_s=[round(c) for c in cuts], batch_scales=scales)
+    return rows, {"gpu": job.gpu, "total_mib": job.total, "hours": hours, "dt_s": dt, "pids": pids,
+                      "resumes_s": [round(c) for c in cuts], "batch_scales": scales}
 
 
 def _curriculum(rng, leak):
@@ -539,8 +539,8 @@ def _curriculum(rng, leak):
         return job.static, job.static + job.peak(rng, dt, scale), False
 
     rows, _ = _simulate(rng, job, _grid(rng, hours, dt), plan, _pid(rng))
-    return rows, dict(gpu=job.gpu, total_mib=job.total, hours=hours, dt_s=dt, growth_end_s=round(stages[-1]),
-                      stages_s=[round(s) for s in stages], act_growth=round(growth, 2))
+    return rows, {"gpu": job.gpu, "total_mib": job.total, "hours": hours, "dt_s": dt, "growth_end_s": round(stages[-1]),
+                      "stages_s": [round(s) for s in stages], "act_growth": round(growth, 2)}
 
 
 def _eval_graph(rng, leak):
@@ -575,8 +575,8 @@ def _eval_graph(rng, leak):
 
     pid = _pid(rng)
     rows, oom = _simulate(rng, job, _grid(rng, hours, dt), plan, pid)
-    label = dict(gpu=job.gpu, total_mib=job.total, hours=hours, dt_s=dt, eval_every_s=round(every),
-                 per_eval_mib=round(per_eval, 1), empty_cache=release)
+    label = {"gpu": job.gpu, "total_mib": job.total, "hours": hours, "dt_s": dt, "eval_every_s": round(every),
+                 "per_eval_mib": round(per_eval, 1), "empty_cache": release}
     label.update(_leak_label(job, rows, pid, evals[0][0], rate, oom))
     return rows, label
 
