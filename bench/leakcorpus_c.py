@@ -280,8 +280,11 @@ def _lora(rng, leak):
     hours, dt = _hours(rng, 16, 48), _dt(rng)
     size0 = rng.choice([16, 40, 80, 160, 320])
     sizes = [size0 * rng.choice([0.5, 1, 1, 1, 2]) for _ in range(4)]
-    rate = rng.uniform(20, 400)
+    rate = rng.uniform(30, 400)
     per_h = rate / statistics.mean(sizes)                # new adapters an hour
+    if per_h < 1.5:         # at least a few an hour: smaller adapters (lower ranks)
+        sizes = [s * per_h / 1.5 for s in sizes]
+        per_h = 1.5
     hot = rng.randint(2, 12)
     cap_h = rng.uniform(1.0, hours / 3)
     cap = hot + max(2, int(per_h * cap_h))
@@ -711,7 +714,8 @@ def table(kinds, title):
            "| kind | n | recall / healthy flagged | false alerts | critical false alerts | median delay h |",
            "|---|---|---|---|---|---|"]
     tot = {"hit": 0, "pos": 0, "flagged": 0, "neg": 0, "false": 0, "critical": 0, "delays": [], "days": 0.0}
-    for kind in [k for k in KINDS if k in kinds]:
+    order = sorted(kinds, key=lambda k: (kinds[k]["leak"], KINDS.index(k) if k in KINDS else len(KINDS), k))
+    for kind in order:
         k = kinds[kind]
         if k["leak"]:
             cell = "recall %d/%d" % (k["hit"], k["n"]) + (", %d false-alerted" % k["flagged"] if k["flagged"] else "")
