@@ -678,8 +678,9 @@ def _judge(lab, al):
     if lab["leak"]:
         start = T0 + lab["start_s"]
         lp = lab.get("leak_pid")
-        good = [a["ts"] for a in al if a["ts"] >= start and a["pid"] in (None, lp)]
-        bad = [a for a in al if a["ts"] < start or a["pid"] not in (None, lp)]
+        mine = [lp is None or a["pid"] in (None, lp) for a in al]     # no leak_pid: any PID is the job's
+        good = [a["ts"] for a, m in zip(al, mine) if a["ts"] >= start and m]
+        bad = [a for a, m in zip(al, mine) if a["ts"] < start or not m]
         first = min(good) if good else None
         if first is not None and lab.get("oom_in_trace") and first - T0 > lab["oom_s"]:
             first = None
