@@ -336,10 +336,9 @@ def _label(h, kid, start, stretch, sampler, device):
     if leak:        # from the first evaluation (a) or the first steps (c); else the first sample
         begin = first["t"] if first else start + ((kid["rows"][0][0] - T0) / stretch if kid["rows"] else 0)
         lab.update(start_s=round((begin - start) * stretch, 1), leak_pid=pid)
-    if leak and first and last and last["t"] > first["t"]:
-        if "allocated_mib" in first:
-            grown = last["allocated_mib"] - first["allocated_mib"]
-            lab["rate_mib_h"] = round(grown / ((last["t"] - first["t"]) * stretch / 3600), 1)
+    if leak and first and last and last["t"] > first["t"] and "allocated_mib" in first:
+        grown = last["allocated_mib"] - first["allocated_mib"]
+        lab["rate_mib_h"] = round(grown / ((last["t"] - first["t"]) * stretch / 3600), 1)
     lab["evals"] = sum(1 for e in ev if e["event"] == "eval")
     lab["steps"] = max([e.get("step", 0) for e in ev] or [0])
     return lab
