@@ -107,6 +107,8 @@ def _child(habit, seconds, device, events_path, size):
         elif step % 50 == 0:
             loss.item()                             # logging as it should be
         step += 1
+        if step == 1:
+            note("first_step")
         now = time.time()
         if now >= next_eval and habit in "abd":
             _evaluate(habit, forward, state, torch, note)
@@ -216,7 +218,8 @@ class SmiSampler:
         self.total_mib, self.name = int(total), name.strip()
 
     def _run(self, *args):
-        script = 'source "$1/lib/smi.sh"; shift; smi_run "$@" --format=csv,noheader,nounits'
+        script = ('source "$1/lib/common.sh"; source "$1/lib/smi.sh"; shift; '
+                  'smi_run "$@" --format=csv,noheader,nounits')
         p = subprocess.run(["bash", "-c", script, "sh", ROOT] + list(args), capture_output=True, text=True,
                            timeout=30)
         return p.stdout if p.returncode == 0 else ""
@@ -331,8 +334,11 @@ def _label(h, kid, start, stretch, sampler, device):
            "total_mib": int(sampler.total_mib), "gpu": sampler.name, "stretch": stretch, "dt_s": stretch,
            "hours": round(hours, 2), "device": device, "samples": len(kid["rows"]),
            "exit": kid["proc"].returncode, "recorded_unix_start": round(start, 1)}
-    first = next((e for e in ev if e["event"] in ("eval", "steps")), None)
-    last = next((e for e in reversed(ev) if e["event"] in ("eval", "steps", "end")), None)
+    # the leak starts at the first evaluation (a) or the first step (c); its
+    # rate is what the child had allocated from then to its last note
+    marks = ("eval",) if h == "a" else ("first_step", "steps", "end")
+    first = next((e for e in ev if e["event"] in marks), None)
+    last = next((e for e in reversed(ev) if e["event"] in marks), None)
     if leak:        # from the first evaluation (a) or the first steps (c); else the first sample
         begin = first["t"] if first else start + ((kid["rows"][0][0] - T0) / stretch if kid["rows"] else 0)
         lab.update(start_s=round((begin - start) * stretch, 1), leak_pid=pid)
