@@ -220,8 +220,11 @@ class SmiSampler:
     def _run(self, *args):
         script = ('source "$1/lib/common.sh"; source "$1/lib/smi.sh"; shift; '
                   'smi_run "$@" --format=csv,noheader,nounits')
-        p = subprocess.run(["bash", "-c", script, "sh", ROOT] + list(args), capture_output=True, text=True,
-                           timeout=30)
+        try:
+            p = subprocess.run(["bash", "-c", script, "sh", ROOT] + list(args), capture_output=True, text=True,
+                               timeout=30)
+        except (OSError, subprocess.SubprocessError):
+            return ""
         return p.stdout if p.returncode == 0 else ""
 
     def sample(self, pids):
