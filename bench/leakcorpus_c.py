@@ -761,8 +761,13 @@ def main(argv=None):
         if not os.path.isfile(os.path.join(a.dir, "manifest.json")):
             print("leakcorpus_c.py: no manifest.json in %s" % a.dir, file=sys.stderr)
             return 2
-        man, alerts = replay_all(a.dir, a.detector)
-        print(table(score(man, alerts), "corpus C: %s" % a.dir))
+        try:
+            man, alerts = replay_all(a.dir, a.detector)
+            print(table(score(man, alerts), "corpus C: %s" % a.dir))
+        except (KeyError, ValueError, OSError, RuntimeError) as e:
+            print("leakcorpus_c.py: cannot score %s: %s" % (a.dir, e if str(e) else type(e).__name__),
+                  file=sys.stderr)
+            return 1
         return 0
     man = generate(a.dir, a.seeds, kinds, a.first_seed)
     print("%d traces (%d leaking) in %s" % (len(man), sum(1 for v in man.values() if v["leak"]), a.dir))
