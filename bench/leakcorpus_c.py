@@ -382,15 +382,22 @@ def _pp(rng, leak):
     rate = rng.uniform(20, 500) if leak else 0.0
     pid0 = _pid(rng)
     rows, oom_all, jobs = [], None, []
+    scales = [rng.uniform(0.6, 1.5) for _ in range(stages)]     # evaluation shapes per stage
     for s in range(stages):
         job = _Job(rng, gpu=gpu)
         job.static = w * (1.25 if s in (0, stages - 1) else 1.0)
         job.act = mb * (stages - s) + (mb * 0.8 if s == stages - 1 else 0)
         jobs.append(job)
+    # a job that runs: its busiest stage, evaluating, fits in 85 % of the GPU
+    worst = max(j.ctx + j.static + j.act * max(1.0, k) * (1 + j.cv) for j, k in zip(jobs, scales))
+    fit = min(1.0, 0.85 * GPUS[gpu] / worst)
+    for job in jobs:
+        job.static *= fit
+        job.act *= fit
     grid = _grid(rng, hours, dt)
     for s, job in enumerate(jobs):
         spans, st = _Spans(evals), {"in": None}
-        scale = rng.uniform(0.6, 1.5)
+        scale = scales[s]
 
         def plan(t, dt, s=s, job=job, spans=spans, st=st, scale=scale):
             now = spans.at(t)
