@@ -284,8 +284,8 @@ def _start_children(habits, seconds, device, work, size_name):
 
 
 def _record(kids, sampler, start, deadline, stretch, before):
-    """Samples every second until the children end or the deadline; a child
-    still running then is stopped. before: the GPU's PIDs before the run."""
+    """Samples every second until the children end or the deadline.
+    before: the GPU's PIDs before the run."""
     pids = {k["proc"].pid: h for h, k in kids.items()}
     strangers = []          # PIDs the children do not have: another PID namespace?
     while time.time() < deadline and any(k["proc"].poll() is None for k in kids.values()):
@@ -306,6 +306,10 @@ def _record(kids, sampler, start, deadline, stretch, before):
             if pid in pids:
                 kids[pids[pid]]["rows"].append((ts, pid, used))
         time.sleep(max(0.0, 1.0 - (time.time() - tick)))
+
+
+def _stop(kids):
+    """Stops the children still running (ours, by PID), and waits for them."""
     for k in kids.values():
         if k["proc"].poll() is None:
             k["proc"].terminate()
@@ -395,7 +399,10 @@ def run(a):
         deadline = start + a.minutes * 60 - 15
         before = set(sampler.sample([]))
         kids = _start_children(a.habits, seconds, device, work, "small" if a.dry_run else "full")
-        _record(kids, sampler, start, deadline, a.stretch, before)
+        try:
+            _record(kids, sampler, start, deadline, a.stretch, before)
+        finally:
+            _stop(kids)
         manifest = _write_out(a.out, kids, start, a.stretch, sampler, device)
         _report(a.out, manifest, kids, work)
     finally:
