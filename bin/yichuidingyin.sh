@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Summary: alert when a GPU is held by processes but sits idle ("fake running")
 # Usage: yichuidingyin.sh [--once] [--config FILE]
+#        yichuidingyin.sh --version
 #
 # Watches every GPU with two nvidia-smi calls a cycle. A GPU whose
 # utilization stays under THRESHOLD % for MAX_IDLE_CYCLES cycles while
@@ -9,6 +10,7 @@
 #
 #   --once         run one cycle and exit; for cron: * * * * * yichuidingyin.sh --once
 #   --config FILE  read FILE (KEY=VALUE lines) instead of the default config
+#   --version      print the version
 #   -h, --help     show this help
 #
 # Keys (environment over config file over default):
@@ -58,6 +60,10 @@ main() {
       --config=*) export GPUGUARD_CONFIG=${1#*=} ;;
       -h | --help)
         gg_help "${BASH_SOURCE[0]}"
+        return 0
+        ;;
+      --version)
+        gg_print_version
         return 0
         ;;
       *) gg_usage_error "unknown option '$1' (see --help)" || return ;;

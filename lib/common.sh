@@ -217,7 +217,7 @@ gg_python() {
 # Globals:
 #   GPUGUARD_STATE_DIR
 gg_state_dir_init() {
-  local dir=$GPUGUARD_STATE_DIR sub owner
+  local dir=$GPUGUARD_STATE_DIR sub owner mode
   if [[ ! -e $dir && ! -L $dir ]]; then
     mkdir -p -- "$(dirname -- "$dir")" 2>/dev/null || true
     mkdir -m 700 -- "$dir" 2>/dev/null || true
@@ -232,9 +232,14 @@ gg_state_dir_init() {
       gg_usage_error "state folder $sub is not writable (set GPUGUARD_STATE_DIR)"
       return
     fi
-    owner=$(stat -c %u -- "$sub" 2>/dev/null) || owner=''
+    read -r owner mode < <(stat -c '%u %a' -- "$sub" 2>/dev/null) || owner=''
     if [[ $owner != "$EUID" ]]; then
       gg_usage_error "refusing state folder $sub: owned by uid ${owner:-?}, not by us (uid $EUID)"
+      return
+    fi
+    # someone else could have planted links in it (locks, journals)
+    if (((8#${mode:-0} & 8#022) != 0)); then
+      gg_usage_error "refusing state folder $sub: writable by group or others (mode $mode); check it for links that are not yours, then chmod 700 it"
       return
     fi
   done
@@ -331,11 +336,22 @@ gg_write_outage() {
 # Returns:
 #   1 when the path is a symlink or the write fails
 gg_append() {
-  if [[ -L $1 ]]; then
-    printf '%s: refusing to append to %s: it is a symlink\n' "${GG_PROG:-gpuguard}" "$1" >&2
-    return 1
-  fi
+  gg_refuse_link "$1" || return 1
   printf '%s' "$2" >>"$1"
+}
+
+# Says in one line, and returns 1, when a path about to be opened for
+# writing (a lock, a log, a journal) is a symlink: a link planted there is
+# never followed, so a missing target (/etc/nologin) is never created. Bash
+# has no O_NOFOLLOW; this check stands in for it because the state folder is
+# ours and not writable by others (gg_state_dir_init), so nobody can plant a
+# link between the check and the open.
+# Arguments:
+#   $1 the path
+gg_refuse_link() {
+  [[ -L $1 ]] || return 0
+  printf '%s: refusing to open %s: it is a symlink (planted? remove it)\n' "${GG_PROG:-gpuguard}" "$1" >&2
+  return 1
 }
 
 # Renames FILE to FILE.1 (replacing the older one) when it is larger than
@@ -349,6 +365,7 @@ gg_rotate_by_size() {
   size=$(stat -c %s -- "$file" 2>/dev/null) || return 0
   ((size > limit * 1048576)) || return 0
   if [[ -n $lock ]]; then
+    gg_refuse_link "$lock" || return 0
     exec {fd}>>"$lock" || return 0
     flock "$fd"
     mv -f -- "$file" "$file.1"
@@ -564,6 +581,7 @@ gg_proc_tree_into() {
 #   0 with the lock held; 1 when another process holds it (its PID logged)
 gg_lock() {
   local lockfile=$1 fd
+  gg_refuse_link "$lockfile" || return 1
   exec {fd}>>"$lockfile" || return 1
   if ! flock -n "$fd"; then
     local holder

@@ -43,6 +43,8 @@ events_emit() {
   else
     events_warn_no_target
   fi
+  # a link planted at the lock is refused (one line), never followed
+  gg_refuse_link "$dir/events.lock" || return 0
   {
     flock 9
     gg_append "$dir/events.jsonl" "$event"$'\n' || gg_write_failed "$dir/events.jsonl"
@@ -92,6 +94,7 @@ events_flush() {
     events_warn_no_target
     return 0
   fi
+  declare -F config_say_bad_targets >/dev/null && config_say_bad_targets
   if [[ -d $GPUGUARD_STATE_DIR/no-target.warned ]]; then
     rmdir -- "$GPUGUARD_STATE_DIR/no-target.warned" 2>/dev/null || true
   fi
