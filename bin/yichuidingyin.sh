@@ -26,7 +26,7 @@
 # Signals: SIGHUP re-reads the configuration (a bad file keeps the one in
 # force); SIGTERM/SIGINT stop after the current cycle, with one log line.
 # Exit status: 0 done or stopped by SIGTERM/SIGINT, 1 another instance runs,
-# 2 bad option, configuration or state folder.
+# 2 bad option, configuration or state folder (a link planted at its lock).
 
 GPUGUARD_ROOT=${GPUGUARD_ROOT:-$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/.." && pwd)}
 # shellcheck source=../lib/common.sh
@@ -72,7 +72,7 @@ main() {
   done
   config_load || return
   gg_state_dir_init || return
-  gg_lock "$GPUGUARD_STATE_DIR/yichuidingyin.lock" || return 1
+  gg_lock "$GPUGUARD_STATE_DIR/yichuidingyin.lock" || return
   config_warn_secrets_unreadable
   idle_init
   idle_rules_load || return

@@ -39,6 +39,25 @@ gg_log() {
   fi
 }
 
+# Sets the variable named $1 to a value ($2) the way an error line may show
+# it: quoted when plain and at most $3 characters; a URL (a webhook token
+# pasted into the wrong key), a longer value or one with control characters
+# is described instead, so an error stays one short line with no secret.
+gg_shown_into() {
+  local -n shown_ref=$1
+  local value=$2 max=${3:-200}
+  if [[ $value == *://* ]]; then
+    shown_ref="a URL (not shown)"
+  elif ((${#value} > max)); then
+    shown_ref="a ${#value}-character value (not shown)"
+  elif [[ $value == *[[:cntrl:]]* ]]; then
+    shown_ref="a value with control characters (not shown)"
+  else
+    # shellcheck disable=SC2034 # nameref: assigns the caller's variable
+    shown_ref="'$value'"
+  fi
+}
+
 # Prints "prog: message" on stderr and returns 2, the exit status for bad
 # input. Callers end with `|| return` so main's status becomes the exit code.
 gg_usage_error() {
@@ -217,29 +236,35 @@ gg_python() {
 # Globals:
 #   GPUGUARD_STATE_DIR
 gg_state_dir_init() {
-  local dir=$GPUGUARD_STATE_DIR sub owner mode
+  local dir=$GPUGUARD_STATE_DIR sub owner mode shown
+  if [[ $dir != /* ]]; then
+    gg_shown_into shown "$dir"
+    gg_usage_error "GPUGUARD_STATE_DIR must be an absolute path (got $shown)"
+    return
+  fi
   if [[ ! -e $dir && ! -L $dir ]]; then
     mkdir -p -- "$(dirname -- "$dir")" 2>/dev/null || true
     mkdir -m 700 -- "$dir" 2>/dev/null || true
   fi
   for sub in "$dir" "$dir/outbox" "$dir/history"; do
+    gg_shown_into shown "$sub"
     [[ $sub == "$dir" || -e $sub || -L $sub ]] || mkdir -m 700 -- "$sub" 2>/dev/null || true
     if [[ -L $sub ]]; then
-      gg_usage_error "refusing state folder $sub: it is a symlink (set GPUGUARD_STATE_DIR to a folder of your own)"
+      gg_usage_error "refusing state folder $shown: it is a symlink (set GPUGUARD_STATE_DIR to a folder of your own)"
       return
     fi
     if [[ ! -d $sub || ! -w $sub ]]; then
-      gg_usage_error "state folder $sub is not writable (set GPUGUARD_STATE_DIR)"
+      gg_usage_error "state folder $shown is not writable (set GPUGUARD_STATE_DIR)"
       return
     fi
     read -r owner mode < <(stat -c '%u %a' -- "$sub" 2>/dev/null) || owner=''
     if [[ $owner != "$EUID" ]]; then
-      gg_usage_error "refusing state folder $sub: owned by uid ${owner:-?}, not by us (uid $EUID)"
+      gg_usage_error "refusing state folder $shown: owned by uid ${owner:-?}, not by us (uid $EUID)"
       return
     fi
     # someone else could have planted links in it (locks, journals)
     if (((8#${mode:-0} & 8#022) != 0)); then
-      gg_usage_error "refusing state folder $sub: writable by group or others (mode $mode); check it for links that are not yours, then chmod 700 it"
+      gg_usage_error "refusing state folder $shown: writable by group or others (mode $mode); check it for links that are not yours, then chmod 700 it"
       return
     fi
   done
@@ -578,10 +603,11 @@ gg_proc_tree_into() {
 # Arguments:
 #   $1 lock file path
 # Returns:
-#   0 with the lock held; 1 when another process holds it (its PID logged)
+#   0 with the lock held; 1 when another process holds it (its PID logged);
+#   2 when the path is a symlink (refused in one line, never followed)
 gg_lock() {
   local lockfile=$1 fd
-  gg_refuse_link "$lockfile" || return 1
+  gg_refuse_link "$lockfile" || return 2
   exec {fd}>>"$lockfile" || return 1
   if ! flock -n "$fd"; then
     local holder

@@ -172,7 +172,8 @@ config_parse_file() {
 # 20-digit THRESHOLD is refused, never wrapped by bash arithmetic.
 config_validate() {
   local key=$1 value=$2 kind=$3 into=$4
-  local min max normal
+  local min max normal shown
+  gg_shown_into shown "$value" 24
   case $kind in
     int:*)
       IFS=: read -r _ min max <<<"$kind"
@@ -180,28 +181,28 @@ config_validate() {
         local range="of at least $min"
         [[ -n $max ]] && range="from $min to $max"
         [[ -z $max && $value =~ ^[0-9]{16,}$ ]] && range+=" (at most 10^15)"
-        gg_usage_error "$key must be a whole number $range (got '$value')"
+        gg_usage_error "$key must be a whole number $range (got $shown)"
         return
       fi
       printf -v "${into}[$key]" '%s' "$normal"
       ;;
     num)
       gg_number_into normal "$value" dec 0 || {
-        gg_usage_error "$key must be a decimal number from 0 to 10^15 (got '$value')"
+        gg_usage_error "$key must be a decimal number from 0 to 10^15 (got $shown)"
         return
       }
       printf -v "${into}[$key]" '%s' "$normal"
       ;;
     bool)
       [[ $value == 0 || $value == 1 ]] || {
-        gg_usage_error "$key must be 0 or 1 (got '$value')"
+        gg_usage_error "$key must be 0 or 1 (got $shown)"
         return
       }
       ;;
     enum:*)
       local allowed=${kind#enum:}
       if [[ -n $value && "|$allowed|" != *"|$value|"* ]]; then
-        gg_usage_error "$key must be one of ${allowed//|/, } (got '$value')"
+        gg_usage_error "$key must be one of ${allowed//|/, } (got $shown)"
         return
       fi
       ;;

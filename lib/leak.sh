@@ -468,8 +468,11 @@ leak_instance_name() {
 # another watcher of the same instance runs on this state folder. With the
 # log in a file, the refusal is also said on stderr, where the user looks.
 leak_lock() {
+  local rc=0
   LEAK_LOCK_FILE=$GPUGUARD_STATE_DIR/leak-$LEAK_INSTANCE.lock
-  gg_lock "$LEAK_LOCK_FILE" && return 0
+  gg_lock "$LEAK_LOCK_FILE" || rc=$?
+  # 0: ours; 2: a planted link, refused in one line by gg_lock
+  ((rc == 1)) || return "$rc"
   if [[ -n ${GPUGUARD_LOG:-} ]]; then
     printf '%s: another gpu-leak-watch (%s) already runs on %s (see %s)\n' \
       "$GG_PROG" "$LEAK_INSTANCE" "$GPUGUARD_STATE_DIR" "$GPUGUARD_LOG" >&2
@@ -665,7 +668,7 @@ leak_job_watch_check() {
     LEAK_UNWATCHED="python3 is not installed"
   elif ! smi_available; then
     LEAK_UNWATCHED="$NVIDIA_SMI is not installed"
-  elif [[ -n $LEAK_RULES && ! -r $LEAK_RULES ]]; then
+  elif [[ -n $LEAK_RULES && ! (-f $LEAK_RULES && -r $LEAK_RULES) ]]; then
     LEAK_UNWATCHED="cannot read rules file $LEAK_RULES"
   else
     leak_sweep_job_locks

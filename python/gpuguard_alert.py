@@ -145,7 +145,7 @@ def secrets():
         except ValueError:
             # a malformed target: mask every long piece of its user, path
             # and query (all of it when it has no scheme://host to show)
-            m = re.match(r"[^:/?#]*://([^/?#]*)(.*)", url, re.S)
+            m = re.match(r"[^:/?#]*://([^/?#]*)(.*)", url, re.DOTALL)
             rest = (m.group(1).rpartition("@")[0] + "/" + m.group(2)) if m else url
             found.update(p for p in re.split(r"[/?&=#@:;\[\]]+", rest) if len(p) >= 4)
             if not m and len(url) >= 4:
@@ -264,7 +264,11 @@ class FlushLock:
         try:
             self.fd = open_nofollow(self.path, os.O_RDWR | os.O_CREAT)
         except OSError as e:
-            self.error = f"cannot open {self.path}: {e.strerror}"
+            if e.errno == errno.ELOOP:
+                # O_NOFOLLOW: a link planted there is refused, never followed
+                self.error = f"refusing to open {self.path}: it is a symlink (planted? remove it)"
+            else:
+                self.error = f"cannot open {self.path}: {e.strerror}"
             return False
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
