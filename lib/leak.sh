@@ -176,7 +176,7 @@ leak_cycle() {
     samples+="T"$'\t'"$key"$'\t'"$now"$'\t'"$root"$'\t'"$used"$'\t'"$free"$'\t'"$total"$'\t'"$cpu"$'\t'"$((rss * LEAK_PAGE_KIB / 1024))"$'\t'"$members"$'\t'"$name"$'\t'"$cmd"$'\n'"$mlines"
   done
   leak_run_detector "$samples"
-  # contract 4: events_emit only enqueues; one digest per target a cycle
+  # ARCHITECTURE.md, rule 4: events_emit only enqueues; one digest per target a cycle
   events_flush
   for pid in "${!LEAK_CPU_PREV[@]}"; do
     [[ -n ${GG_PROC_PPID[$pid]:-} ]] || unset "LEAK_CPU_PREV[$pid]"
@@ -438,7 +438,7 @@ leak_apply_options() {
   done
 }
 
-# Names this watcher (contract 6) into LEAK_INSTANCE: job-<wrapper pid>,
+# Names this watcher (ARCHITECTURE.md, rule 6) into LEAK_INSTANCE: job-<wrapper pid>,
 # all, match-<cksum of the pattern>, slurm-<job id>, pid-<pid> or
 # pids-<cksum of the list>. Each instance has its own lock
 # ($GPUGUARD_STATE_DIR/leak-$LEAK_INSTANCE.lock) and detector state, so

@@ -510,7 +510,7 @@ def span(values, unit=""):
 
 
 def jobs_of(event):
-    """The holding jobs of an event (contract 5: "job" object or list)."""
+    """The holding jobs of an event (ARCHITECTURE.md, rule 5: a "job" object or a list of them)."""
     j = event.get("jobs")
     if j is None:
         j = event.get("job")
@@ -1584,7 +1584,10 @@ def flush(env=None, now=None):
         log("error", problem)
         return len(outbox_items(outbox))
     # a malformed target is left out (lib/config.sh said so once)
-    targets = targets_from_env(env)
+    bad = []
+    targets = targets_from_env(env, bad)
+    for name, problem in bad:
+        log("debug", f"{name} is malformed ({problem}): left out")
     lock = FlushLock(state_dir)
     if not lock.acquire():
         if lock.error:

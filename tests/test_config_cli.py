@@ -166,7 +166,7 @@ SECRET_ENV = {"NOTIFY_SECRET": "SECsigningsecret123", "ALERTMANAGER_URL": "http:
 
 
 def test_configuration_never_reaches_nvidia_smi_but_the_alert_helper_gets_it(box, sink, tmp_path):
-    """Contract 2: config_load exports no key (not even one the user
+    """ARCHITECTURE.md, rule 2: config_load exports no key (not even one the user
     exported): nvidia-smi's environment holds none of them, while the alert
     helper still gets the webhook and delivers."""
     env_log = tmp_path / "smi-env"
@@ -187,7 +187,7 @@ def test_configuration_never_reaches_nvidia_smi_but_the_alert_helper_gets_it(box
 
 
 def test_secrets_conf_beside_the_config_file(box, sink, tmp_path):
-    """Contract 3: secrets.conf beside the config file in force holds the
+    """ARCHITECTURE.md, rule 3: secrets.conf beside the config file in force holds the
     webhook; the environment still wins; group/world-readable warns."""
     conf_dir = tmp_path / "etc"
     conf_dir.mkdir()
