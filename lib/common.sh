@@ -41,11 +41,23 @@ gg_log() {
 
 # Sets the variable named $1 to a value ($2) the way an error line may show
 # it: quoted when plain and at most $3 characters; a URL (a webhook token
-# pasted into the wrong key), a longer value or one with control characters
-# is described instead, so an error stays one short line with no secret.
+# pasted into the wrong key), a value holding a piece of a secret key's
+# value (GG_SECRET_KEYS), a longer value or one with control characters is
+# described instead, so an error stays one short line with no secret.
 gg_shown_into() {
   local -n shown_ref=$1
-  local value=$2 max=${3:-200}
+  local value=$2 max=${3:-200} key piece
+  local -a pieces=()
+  for key in ${GG_SECRET_KEYS//|/ }; do
+    [[ ${#value} -ge 8 && -n ${!key:-} ]] || continue
+    IFS=$'/?&=#@:;,+ \t\n' read -r -d '' -a pieces <<<"${!key}" || true
+    for piece in ${pieces[@]+"${pieces[@]}"}; do
+      if ((${#piece} >= 8)) && [[ $value == *"$piece"* ]]; then
+        shown_ref="a value holding a secret (not shown)"
+        return 0
+      fi
+    done
+  done
   if [[ $value == *://* ]]; then
     shown_ref="a URL (not shown)"
   elif ((${#value} > max)); then
@@ -247,23 +259,26 @@ gg_state_dir_init() {
     mkdir -m 700 -- "$dir" 2>/dev/null || true
   fi
   for sub in "$dir" "$dir/outbox" "$dir/history"; do
-    gg_shown_into shown "$sub"
     [[ $sub == "$dir" || -e $sub || -L $sub ]] || mkdir -m 700 -- "$sub" 2>/dev/null || true
     if [[ -L $sub ]]; then
+      gg_shown_into shown "$sub"
       gg_usage_error "refusing state folder $shown: it is a symlink (set GPUGUARD_STATE_DIR to a folder of your own)"
       return
     fi
     if [[ ! -d $sub || ! -w $sub ]]; then
+      gg_shown_into shown "$sub"
       gg_usage_error "state folder $shown is not writable (set GPUGUARD_STATE_DIR)"
       return
     fi
     read -r owner mode < <(stat -c '%u %a' -- "$sub" 2>/dev/null) || owner=''
     if [[ $owner != "$EUID" ]]; then
+      gg_shown_into shown "$sub"
       gg_usage_error "refusing state folder $shown: owned by uid ${owner:-?}, not by us (uid $EUID)"
       return
     fi
     # someone else could have planted links in it (locks, journals)
     if (((8#${mode:-0} & 8#022) != 0)); then
+      gg_shown_into shown "$sub"
       gg_usage_error "refusing state folder $shown: writable by group or others (mode $mode); check it for links that are not yours, then chmod 700 it"
       return
     fi
