@@ -268,6 +268,7 @@ def test_bash_and_python_agree_on_which_targets_are_malformed():
     assert in_python[:5] == ["ok"] * 5 and in_python.count("ok") == 6
 
 
+@pytest.mark.slow  # three commands, doctor among them: over 1.5 s here
 def test_notify_check_and_doctor_name_the_malformed_target_in_one_line(box, sink):
     """A typo in the first of two targets: notify --check and doctor name it
     (masked: no path or token) in one line each, check the good one, and
@@ -286,6 +287,7 @@ def test_notify_check_and_doctor_name_the_malformed_target_in_one_line(box, sink
     assert "Traceback" not in r.stdout + r.stderr
 
 
+@pytest.mark.slow  # three watchdog cycles with a flush each
 def test_a_malformed_target_is_logged_once_and_the_good_one_gets_its_alert(box, sink):
     box.write_scenario([{"gpus": [idle_gpu()], "apps": [app(4242)]}] * 3)
     env = {"NOTIFY_URL": "http://[::1 " + sink.url + "/hook", "MAX_IDLE_CYCLES": "1"}
