@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Summary: alert when a GPU is held by processes but sits idle ("fake running")
 # Usage: yichuidingyin.sh [--once] [--config FILE]
+#        yichuidingyin.sh --version
 #
 # Watches every GPU with two nvidia-smi calls a cycle. A GPU whose
 # utilization stays under THRESHOLD % for MAX_IDLE_CYCLES cycles while
@@ -9,6 +10,7 @@
 #
 #   --once         run one cycle and exit; for cron: * * * * * yichuidingyin.sh --once
 #   --config FILE  read FILE (KEY=VALUE lines) instead of the default config
+#   --version      print the version
 #   -h, --help     show this help
 #
 # Keys (environment over config file over default):
@@ -24,7 +26,7 @@
 # Signals: SIGHUP re-reads the configuration (a bad file keeps the one in
 # force); SIGTERM/SIGINT stop after the current cycle, with one log line.
 # Exit status: 0 done or stopped by SIGTERM/SIGINT, 1 another instance runs,
-# 2 bad option, configuration or state folder.
+# 2 bad option, configuration or state folder (a link planted at its lock).
 
 GPUGUARD_ROOT=${GPUGUARD_ROOT:-$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/.." && pwd)}
 # shellcheck source=../lib/common.sh
@@ -60,13 +62,17 @@ main() {
         gg_help "${BASH_SOURCE[0]}"
         return 0
         ;;
+      --version)
+        gg_print_version
+        return 0
+        ;;
       *) gg_usage_error "unknown option '$1' (see --help)" || return ;;
     esac
     shift
   done
   config_load || return
   gg_state_dir_init || return
-  gg_lock "$GPUGUARD_STATE_DIR/yichuidingyin.lock" || return 1
+  gg_lock "$GPUGUARD_STATE_DIR/yichuidingyin.lock" || return
   config_warn_secrets_unreadable
   idle_init
   idle_rules_load || return

@@ -39,6 +39,37 @@ gg_log() {
   fi
 }
 
+# Sets the variable named $1 to a value ($2) the way an error line may show
+# it: quoted when plain and at most $3 characters; a URL (a webhook token
+# pasted into the wrong key), a value holding a piece of a secret key's
+# value (GG_SECRET_KEYS), a longer value or one with control characters is
+# described instead, so an error stays one short line with no secret.
+gg_shown_into() {
+  local -n shown_ref=$1
+  local value=$2 max=${3:-200} key piece
+  local -a pieces=()
+  for key in ${GG_SECRET_KEYS//|/ }; do
+    [[ ${#value} -ge 8 && -n ${!key:-} ]] || continue
+    IFS=$'/?&=#@:;,+ \t\n' read -r -d '' -a pieces <<<"${!key}" || true
+    for piece in ${pieces[@]+"${pieces[@]}"}; do
+      if ((${#piece} >= 8)) && [[ $value == *"$piece"* ]]; then
+        shown_ref="a value holding a secret (not shown)"
+        return 0
+      fi
+    done
+  done
+  if [[ $value == *://* ]]; then
+    shown_ref="a URL (not shown)"
+  elif ((${#value} > max)); then
+    shown_ref="a ${#value}-character value (not shown)"
+  elif [[ $value == *[[:cntrl:]]* ]]; then
+    shown_ref="a value with control characters (not shown)"
+  else
+    # shellcheck disable=SC2034 # nameref: assigns the caller's variable
+    shown_ref="'$value'"
+  fi
+}
+
 # Prints "prog: message" on stderr and returns 2, the exit status for bad
 # input. Callers end with `|| return` so main's status becomes the exit code.
 gg_usage_error() {
@@ -217,7 +248,12 @@ gg_python() {
 # Globals:
 #   GPUGUARD_STATE_DIR
 gg_state_dir_init() {
-  local dir=$GPUGUARD_STATE_DIR sub owner
+  local dir=$GPUGUARD_STATE_DIR sub owner mode shown
+  if [[ $dir != /* ]]; then
+    gg_shown_into shown "$dir"
+    gg_usage_error "GPUGUARD_STATE_DIR must be an absolute path (got $shown)"
+    return
+  fi
   if [[ ! -e $dir && ! -L $dir ]]; then
     mkdir -p -- "$(dirname -- "$dir")" 2>/dev/null || true
     mkdir -m 700 -- "$dir" 2>/dev/null || true
@@ -225,16 +261,25 @@ gg_state_dir_init() {
   for sub in "$dir" "$dir/outbox" "$dir/history"; do
     [[ $sub == "$dir" || -e $sub || -L $sub ]] || mkdir -m 700 -- "$sub" 2>/dev/null || true
     if [[ -L $sub ]]; then
-      gg_usage_error "refusing state folder $sub: it is a symlink (set GPUGUARD_STATE_DIR to a folder of your own)"
+      gg_shown_into shown "$sub"
+      gg_usage_error "refusing state folder $shown: it is a symlink (set GPUGUARD_STATE_DIR to a folder of your own)"
       return
     fi
     if [[ ! -d $sub || ! -w $sub ]]; then
-      gg_usage_error "state folder $sub is not writable (set GPUGUARD_STATE_DIR)"
+      gg_shown_into shown "$sub"
+      gg_usage_error "state folder $shown is not writable (set GPUGUARD_STATE_DIR)"
       return
     fi
-    owner=$(stat -c %u -- "$sub" 2>/dev/null) || owner=''
+    read -r owner mode < <(stat -c '%u %a' -- "$sub" 2>/dev/null) || owner=''
     if [[ $owner != "$EUID" ]]; then
-      gg_usage_error "refusing state folder $sub: owned by uid ${owner:-?}, not by us (uid $EUID)"
+      gg_shown_into shown "$sub"
+      gg_usage_error "refusing state folder $shown: owned by uid ${owner:-?}, not by us (uid $EUID)"
+      return
+    fi
+    # someone else could have planted links in it (locks, journals)
+    if (((8#${mode:-0} & 8#022) != 0)); then
+      gg_shown_into shown "$sub"
+      gg_usage_error "refusing state folder $shown: writable by group or others (mode $mode); check it for links that are not yours, then chmod 700 it"
       return
     fi
   done
@@ -331,11 +376,22 @@ gg_write_outage() {
 # Returns:
 #   1 when the path is a symlink or the write fails
 gg_append() {
-  if [[ -L $1 ]]; then
-    printf '%s: refusing to append to %s: it is a symlink\n' "${GG_PROG:-gpuguard}" "$1" >&2
-    return 1
-  fi
+  gg_refuse_link "$1" || return 1
   printf '%s' "$2" >>"$1"
+}
+
+# Says in one line, and returns 1, when a path about to be opened for
+# writing (a lock, a log, a journal) is a symlink: a link planted there is
+# never followed, so a missing target (/etc/nologin) is never created. Bash
+# has no O_NOFOLLOW; this check stands in for it because the state folder is
+# ours and not writable by others (gg_state_dir_init), so nobody can plant a
+# link between the check and the open.
+# Arguments:
+#   $1 the path
+gg_refuse_link() {
+  [[ -L $1 ]] || return 0
+  printf '%s: refusing to open %s: it is a symlink (planted? remove it)\n' "${GG_PROG:-gpuguard}" "$1" >&2
+  return 1
 }
 
 # Renames FILE to FILE.1 (replacing the older one) when it is larger than
@@ -349,6 +405,7 @@ gg_rotate_by_size() {
   size=$(stat -c %s -- "$file" 2>/dev/null) || return 0
   ((size > limit * 1048576)) || return 0
   if [[ -n $lock ]]; then
+    gg_refuse_link "$lock" || return 0
     exec {fd}>>"$lock" || return 0
     flock "$fd"
     mv -f -- "$file" "$file.1"
@@ -566,9 +623,11 @@ gg_proc_tree_into() {
 # Arguments:
 #   $1 lock file path
 # Returns:
-#   0 with the lock held; 1 when another process holds it (its PID logged)
+#   0 with the lock held; 1 when another process holds it (its PID logged);
+#   2 when the path is a symlink (refused in one line, never followed)
 gg_lock() {
   local lockfile=$1 fd
+  gg_refuse_link "$lockfile" || return 2
   exec {fd}>>"$lockfile" || return 1
   if ! flock -n "$fd"; then
     local holder

@@ -172,7 +172,8 @@ config_parse_file() {
 # 20-digit THRESHOLD is refused, never wrapped by bash arithmetic.
 config_validate() {
   local key=$1 value=$2 kind=$3 into=$4
-  local min max normal
+  local min max normal shown
+  gg_shown_into shown "$value" 24
   case $kind in
     int:*)
       IFS=: read -r _ min max <<<"$kind"
@@ -180,28 +181,28 @@ config_validate() {
         local range="of at least $min"
         [[ -n $max ]] && range="from $min to $max"
         [[ -z $max && $value =~ ^[0-9]{16,}$ ]] && range+=" (at most 10^15)"
-        gg_usage_error "$key must be a whole number $range (got '$value')"
+        gg_usage_error "$key must be a whole number $range (got $shown)"
         return
       fi
       printf -v "${into}[$key]" '%s' "$normal"
       ;;
     num)
       gg_number_into normal "$value" dec 0 || {
-        gg_usage_error "$key must be a decimal number from 0 to 10^15 (got '$value')"
+        gg_usage_error "$key must be a decimal number from 0 to 10^15 (got $shown)"
         return
       }
       printf -v "${into}[$key]" '%s' "$normal"
       ;;
     bool)
       [[ $value == 0 || $value == 1 ]] || {
-        gg_usage_error "$key must be 0 or 1 (got '$value')"
+        gg_usage_error "$key must be 0 or 1 (got $shown)"
         return
       }
       ;;
     enum:*)
       local allowed=${kind#enum:}
       if [[ -n $value && "|$allowed|" != *"|$value|"* ]]; then
-        gg_usage_error "$key must be one of ${allowed//|/, } (got '$value')"
+        gg_usage_error "$key must be one of ${allowed//|/, } (got $shown)"
         return
       fi
       ;;
@@ -280,7 +281,96 @@ config_load() {
   [[ -n $GPUGUARD_HOST ]] || GPUGUARD_HOST=${HOSTNAME:-$(uname -n)}
   config_default_rules
   export GPUGUARD_STATE_DIR GPUGUARD_HOST
+  config_check_targets
   config_warn_secret_file
+}
+
+# Why one alert target URL ($1, its "provider:lang+" prefix removed) cannot
+# be used, printed as a phrase; status 1 then, 0 and nothing when it is fine.
+# The same rule as url_problem in python/gpuguard_alert.py, which leaves such
+# a target out (tests/test_config_cli.py runs both over one list).
+config_url_problem() {
+  local url=$1 LC_ALL=C port
+  if ((${#url} > 2048)); then
+    printf 'longer than 2048 characters\n'
+  elif [[ $url =~ [^!-~] ]]; then
+    printf 'has a space, control or non-ASCII character (a domain goes in its xn-- form)\n'
+  elif [[ ! $url =~ ^https?://([^/?#]*) ]]; then
+    printf 'not an http:// or https:// URL\n'
+  elif [[ ! ${BASH_REMATCH[1]##*@} =~ ^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)(:([0-9]{1,5}))?$ ]]; then
+    printf 'bad host or port (an IPv6 address goes in [brackets])\n'
+  else
+    port=${BASH_REMATCH[3]}
+    if [[ -z $port ]] || ((10#$port >= 1 && 10#$port <= 65535)); then
+      return 0
+    fi
+    printf 'port out of range 1..65535\n'
+  fi
+  return 1
+}
+
+# Checks every target of NOTIFY_URL and ALERTMANAGER_URL (split on spaces,
+# commas and semicolons, as the alert helper splits them). A malformed one
+# is no reason to refuse the configuration: the helper leaves it out and
+# the others get their alerts; events_flush says it once (config_say_bad_targets).
+# Globals (set):
+#   GG_CONFIG_BAD_TARGETS: one line per malformed target, with no secret in
+#   it (the key, its place, scheme://host, the problem)
+config_check_targets() {
+  declare -ga GG_CONFIG_BAD_TARGETS=()
+  local key raw url prefix part problem shown i LC_ALL=C
+  local -a parts prefix_parts
+  for key in NOTIFY_URL ALERTMANAGER_URL; do
+    IFS=$' \t\n\r\f\v,;' read -r -d '' -a parts <<<"${!key}" || true
+    i=0
+    for raw in "${parts[@]}"; do
+      i=$((i + 1))
+      prefix='' url=$raw
+      if [[ ${raw%%://*} == *+* ]]; then
+        prefix=${raw%%+*} url=${raw#*+}
+      fi
+      problem=''
+      IFS=: read -r -a prefix_parts <<<"$prefix"
+      for part in ${prefix_parts[@]+"${prefix_parts[@]}"}; do
+        case $key:$part in
+          *:) ;;
+          *:zh | *:en | NOTIFY_URL:dingtalk | NOTIFY_URL:feishu | NOTIFY_URL:wecom | NOTIFY_URL:slack | NOTIFY_URL:generic) ;;
+          *) problem="unknown provider or language '${part:0:20}' in its prefix" ;;
+        esac
+      done
+      if [[ -z $problem ]] && problem=$(config_url_problem "$url"); then
+        continue
+      fi
+      shown="$key #$i"
+      if [[ $url =~ ^([a-z]{1,10})://([^/?#]*) ]]; then
+        part=${BASH_REMATCH[2]##*@}
+        part=${part//[^!-~]/?}
+        shown+=" (${BASH_REMATCH[1]}://${part:0:60}/***)"
+      fi
+      GG_CONFIG_BAD_TARGETS+=("$shown is malformed and gets no alert: $problem")
+    done
+  done
+}
+
+# Logs the malformed targets once: once per process and, for cron's runs,
+# once per state folder (the lines are kept in bad-targets.said) until they
+# change; the file goes when every target is well formed again.
+config_say_bad_targets() {
+  local text='' said='' file=$GPUGUARD_STATE_DIR/bad-targets.said line
+  ((${#GG_CONFIG_BAD_TARGETS[@]})) && printf -v text '%s\n' "${GG_CONFIG_BAD_TARGETS[@]}"
+  [[ $text == "${GG_BAD_TARGETS_SAID-}" ]] && return 0
+  GG_BAD_TARGETS_SAID=$text
+  if [[ -z $text ]]; then
+    [[ -f $file && ! -L $file ]] && rm -f -- "$file"
+    return 0
+  fi
+  [[ -d $GPUGUARD_STATE_DIR ]] || return 0
+  [[ -f $file && ! -L $file ]] && said=$(<"$file")
+  [[ $said$'\n' == "$text" ]] && return 0
+  for line in "${GG_CONFIG_BAD_TARGETS[@]}"; do
+    gg_log warn "$line; the other targets still get alerts (gpuguard notify --check)"
+  done
+  gg_write_atomic "$file" "$text" || true
 }
 
 # Warns when a file holding webhook credentials (the config file, or

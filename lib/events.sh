@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# The one place events leave from (contract 4). An event is one JSON object.
+# The one place events leave from (ARCHITECTURE.md, rule 4). An event is one JSON object.
 # events_emit only ENQUEUES: it appends the event to
 # $GPUGUARD_STATE_DIR/events.jsonl and, when a target is configured, writes
 # it durably to the outbox (temp file, rename, fsync); it never sends.
@@ -8,7 +8,7 @@
 # everything waiting. A crash, a missing python3, a full disk or a receiver
 # that is down never loses an event: the outbox is retried on later cycles.
 
-# Runs the alert helper with only the variables it needs (contract 2: through
+# Runs the alert helper with only the variables it needs (ARCHITECTURE.md, rule 2: through
 # gg_python where lib/common.sh has it; the configuration is not exported).
 # Arguments:
 #   $@ the helper's command and arguments
@@ -43,6 +43,8 @@ events_emit() {
   else
     events_warn_no_target
   fi
+  # a link planted at the lock is refused (one line), never followed
+  gg_refuse_link "$dir/events.lock" || return 0
   {
     flock 9
     gg_append "$dir/events.jsonl" "$event"$'\n' || gg_write_failed "$dir/events.jsonl"
@@ -92,6 +94,7 @@ events_flush() {
     events_warn_no_target
     return 0
   fi
+  declare -F config_say_bad_targets >/dev/null && config_say_bad_targets
   if [[ -d $GPUGUARD_STATE_DIR/no-target.warned ]]; then
     rmdir -- "$GPUGUARD_STATE_DIR/no-target.warned" 2>/dev/null || true
   fi

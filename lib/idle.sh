@@ -14,8 +14,8 @@
 #   the sample window, while the SMs do next to nothing and the GPU draws
 #   its idle floor.
 #
-# Default from measurements on an H200 (power limit 700 W,
-# shared/research/gpu-monitoring-anchors.md): spinning drew 121-135 W
+# Default from measurements on an H200 (power limit 700 W; the raw samples
+# are in tests/fixtures/h200/dmon-gpm.txt): spinning drew 121-135 W
 # (17-19 % of the limit) at 100 %; the lightest real work at 100 %
 # (latency-bound tiny kernels replayed by a CUDA graph) drew 183-192 W
 # (26-27 %), batch-1 GEMV decode 545-640 W, a memory copy 409-476 W, a bf16
@@ -62,7 +62,7 @@ idle_init() {
   IDLE_FAULT=() IDLE_FAULT_FIRING=()
   declare -ga IDLE_PENDING=() IDLE_PENDING_IDS=()
   declare -g IDLE_PENDING_RECOVERED=0
-  # filled by smi_sample (contract 1); declared so an older smi.sh reads as "no fault"
+  # filled by smi_sample (ARCHITECTURE.md, rule 1); declared so an older smi.sh reads as "no fault"
   declare -p SMI_GPU_FAULT &>/dev/null || declare -gA SMI_GPU_FAULT=()
   declare -p SMI_NAME &>/dev/null || declare -gA SMI_NAME=()
   declare -g MON_FAILS=0 MON_FIRING=0 MON_SINCE=0 MON_LAST_OK=0 MON_LAST_ERROR=''
@@ -244,7 +244,7 @@ idle_judge_all() {
   done
 }
 
-# Follows a GPU's device fault (SMI_GPU_FAULT, contract 1). Returns 1 while
+# Follows a GPU's device fault (SMI_GPU_FAULT, ARCHITECTURE.md, rule 1). Returns 1 while
 # the GPU reads a fault: its values are unknown, so it is not judged idle.
 idle_judge_fault() {
   local now=$1 uuid=$2

@@ -283,7 +283,7 @@ jobinfo_json_str_into() {
   js_ref="\"$esc\""
 }
 
-# Contract 5: puts a JSON object describing the job of a GPU process into
+# ARCHITECTURE.md, rule 5: puts a JSON object describing the job of a GPU process into
 # the variable named $2:
 #   {"user","uid","pid","pids","cmdline","cwd","start_ts","elapsed_s",
 #    "slurm_job","container","rank","local_rank","visible"}

@@ -187,7 +187,7 @@ leak_cycle() {
   samples+=$LEAK_ID_LINES
   LEAK_ID_LINES=''
   leak_run_detector "$samples"
-  # contract 4: events_emit only enqueues; one digest per target a cycle
+  # ARCHITECTURE.md, rule 4: events_emit only enqueues; one digest per target a cycle
   events_flush
   for pid in "${!LEAK_CPU_PREV[@]}"; do
     [[ -n ${GG_PROC_PPID[$pid]:-} ]] || unset "LEAK_CPU_PREV[$pid]"
@@ -491,7 +491,7 @@ leak_apply_options() {
   done
 }
 
-# Names this watcher (contract 6) into LEAK_INSTANCE: job-<wrapper pid>,
+# Names this watcher (ARCHITECTURE.md, rule 6) into LEAK_INSTANCE: job-<wrapper pid>,
 # all, match-<cksum of the pattern>, slurm-<job id>, pid-<pid> or
 # pids-<cksum of the list>. Each instance has its own lock
 # ($GPUGUARD_STATE_DIR/leak-$LEAK_INSTANCE.lock) and detector state, so
@@ -521,8 +521,11 @@ leak_instance_name() {
 # another watcher of the same instance runs on this state folder. With the
 # log in a file, the refusal is also said on stderr, where the user looks.
 leak_lock() {
+  local rc=0
   LEAK_LOCK_FILE=$GPUGUARD_STATE_DIR/leak-$LEAK_INSTANCE.lock
-  gg_lock "$LEAK_LOCK_FILE" && return 0
+  gg_lock "$LEAK_LOCK_FILE" || rc=$?
+  # 0: ours; 2: a planted link, refused in one line by gg_lock
+  ((rc == 1)) || return "$rc"
   if [[ -n ${GPUGUARD_LOG:-} ]]; then
     printf '%s: another gpu-leak-watch (%s) already runs on %s (see %s)\n' \
       "$GG_PROG" "$LEAK_INSTANCE" "$GPUGUARD_STATE_DIR" "$GPUGUARD_LOG" >&2
@@ -718,7 +721,7 @@ leak_job_watch_check() {
     LEAK_UNWATCHED="python3 is not installed"
   elif ! smi_available; then
     LEAK_UNWATCHED="$NVIDIA_SMI is not installed"
-  elif [[ -n $LEAK_RULES && ! -r $LEAK_RULES ]]; then
+  elif [[ -n $LEAK_RULES && ! (-f $LEAK_RULES && -r $LEAK_RULES) ]]; then
     LEAK_UNWATCHED="cannot read rules file $LEAK_RULES"
   else
     leak_sweep_job_locks

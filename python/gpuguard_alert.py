@@ -109,10 +109,12 @@ def log(level, msg):
         written = False
         if path:
             try:
-                with open(path, "a", encoding="utf-8", errors="replace") as f:
+                # never through a link planted at the log's path (as gg_append)
+                fd = open_nofollow(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                with os.fdopen(fd, "a", encoding="utf-8", errors="replace") as f:
                     f.write(line)
                 written = True
-            except OSError:
+            except (OSError, ValueError):
                 pass
         if not written:
             try:
@@ -138,7 +140,17 @@ def secrets():
             found.add(s)
     for url in split_urls(ENV.get("NOTIFY_URL", "")) + \
             split_urls(ENV.get("ALERTMANAGER_URL", "")):
-        parts = urllib.parse.urlsplit(strip_prefix(url)[1])
+        try:
+            parts = urllib.parse.urlsplit(strip_prefix(url)[1])
+        except ValueError:
+            # a malformed target: mask every long piece of its user, path
+            # and query (all of it when it has no scheme://host to show)
+            m = re.match(r"[^:/?#]*://([^/?#]*)(.*)", url, re.DOTALL)
+            rest = (m.group(1).rpartition("@")[0] + "/" + m.group(2)) if m else url
+            found.update(p for p in re.split(r"[/?&=#@:;\[\]]+", rest) if len(p) >= 4)
+            if not m and len(url) >= 4:
+                found.add(url)
+            continue
         for key, value in urllib.parse.parse_qsl(parts.query):
             if key.lower() in SECRET_QUERY_KEYS and len(value) >= 4:
                 found.add(value)
@@ -252,7 +264,11 @@ class FlushLock:
         try:
             self.fd = open_nofollow(self.path, os.O_RDWR | os.O_CREAT)
         except OSError as e:
-            self.error = f"cannot open {self.path}: {e.strerror}"
+            if e.errno == errno.ELOOP:
+                # O_NOFOLLOW: a link planted there is refused, never followed
+                self.error = f"refusing to open {self.path}: it is a symlink (planted? remove it)"
+            else:
+                self.error = f"cannot open {self.path}: {e.strerror}"
             return False
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -271,7 +287,42 @@ class FlushLock:
 # ---------------------------------------------------------------- targets --
 
 def split_urls(value):
-    return [u for u in re.split(r"[\s,;]+", value or "") if u]
+    # ASCII separators only, as lib/config.sh splits: a full-width space
+    # stays in its URL and makes that one target malformed
+    return [u for u in re.split(r"[ \t\n\r\f\v,;]+", value or "") if u]
+
+
+URL_MAX = 2048
+_AUTHORITY = re.compile(r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)(?::([0-9]{1,5}))?")
+
+
+def url_problem(url):
+    """Why one target URL (its prefix removed) cannot be used, or "". The
+    same rule as config_url_problem in lib/config.sh, which warns when the
+    configuration is read (tests/test_config_cli.py runs both on one list)."""
+    if len(url) > URL_MAX:
+        return f"longer than {URL_MAX} characters"
+    if re.search(r"[^!-~]", url):
+        return "has a space, control or non-ASCII character (a domain goes in its xn-- form)"
+    m = re.match(r"https?://([^/?#]*)", url)
+    if not m:
+        return "not an http:// or https:// URL"
+    host = _AUTHORITY.fullmatch(m.group(1).rsplit("@", 1)[-1])
+    if not host:
+        return "bad host or port (an IPv6 address goes in [brackets])"
+    if host.group(1) and not 1 <= int(host.group(1)) <= 65535:
+        return "port out of range 1..65535"
+    return ""
+
+
+def target_name(key, index, url):
+    """A malformed target as a log line may show it: the key, its place in
+    the list and scheme://host without user, path or query (tokens)."""
+    m = re.match(r"([a-z]{1,10})://([^/?#]*)", url)
+    if not m:
+        return f"{key} #{index}"
+    host = re.sub(r"[^!-~]", "?", m.group(2).rsplit("@", 1)[-1])[:60]
+    return f"{key} #{index} ({m.group(1)}://{host}/***)"
 
 
 def strip_prefix(raw):
@@ -295,8 +346,12 @@ class Target:
         return f"{self.provider} {mask_url(self.url)}"
 
 
-def targets_from_env(env=None):
+def targets_from_env(env=None, bad=None):
+    """The targets of NOTIFY_URL and ALERTMANAGER_URL. A malformed one is
+    left out, so it never blocks the others; (name, problem) goes to the
+    list `bad` when one is given."""
     env = os.environ if env is None else env
+    bad = [] if bad is None else bad
     urls = split_urls(env.get("NOTIFY_URL", ""))
     sec = [s for s in re.split(r"[\s,;]+", env.get("NOTIFY_SECRET", "")) if s]
     default_type = env.get("NOTIFY_TYPE", "") or None
@@ -312,17 +367,28 @@ def targets_from_env(env=None):
             elif part in allowed:
                 provider = part
             else:
-                raise ValueError(f"unknown provider or language '{part}' in a target prefix")
+                raise ValueError(f"unknown provider or language '{part[:20]}' in its prefix")
+        problem = url_problem(url)
+        if problem:
+            raise ValueError(problem)
         return url, provider, lang
 
     for i, raw in enumerate(urls):
-        url, provider, lang = parse(raw, PROVIDERS)
-        host = (urllib.parse.urlsplit(url).hostname or "").lower()
+        try:
+            url, provider, lang = parse(raw, PROVIDERS)
+            host = (urllib.parse.urlsplit(url).hostname or "").lower()
+        except ValueError as e:
+            bad.append((target_name("NOTIFY_URL", i + 1, strip_prefix(raw)[1]), one_line(e)))
+            continue
         provider = provider or PROVIDER_HOSTS.get(host) or default_type or "generic"
         secret = sec[i] if len(sec) == len(urls) else (sec[0] if len(sec) == 1 else "")
         out.append(Target(url, provider, secret, lang or global_lang))
-    for raw in split_urls(env.get("ALERTMANAGER_URL", "")):
-        url, _, lang = parse(raw, ())
+    for i, raw in enumerate(split_urls(env.get("ALERTMANAGER_URL", ""))):
+        try:
+            url, _, lang = parse(raw, ())
+        except ValueError as e:
+            bad.append((target_name("ALERTMANAGER_URL", i + 1, strip_prefix(raw)[1]), one_line(e)))
+            continue
         out.append(Target(url.rstrip("/"), "alertmanager", "", lang))
     return out
 
@@ -444,7 +510,7 @@ def span(values, unit=""):
 
 
 def jobs_of(event):
-    """The holding jobs of an event (contract 5: "job" object or list)."""
+    """The holding jobs of an event (ARCHITECTURE.md, rule 5: a "job" object or a list of them)."""
     j = event.get("jobs")
     if j is None:
         j = event.get("job")
@@ -1520,11 +1586,11 @@ def flush(env=None, now=None):
     if problem:
         log("error", problem)
         return len(outbox_items(outbox))
-    try:
-        targets = targets_from_env(env)
-    except ValueError as e:
-        log("error", str(e))
-        return len(outbox_items(outbox))
+    # a malformed target is left out (lib/config.sh said so once)
+    bad = []
+    targets = targets_from_env(env, bad)
+    for name, problem in bad:
+        log("debug", f"{name} is malformed ({problem}): left out")
     lock = FlushLock(state_dir)
     if not lock.acquire():
         if lock.error:
@@ -1591,10 +1657,14 @@ def test_event(env):
 def test_alert(env=None):
     global ENV
     env = ENV = os.environ if env is None else env
-    targets = targets_from_env(env)
+    bad = []
+    targets = targets_from_env(env, bad)
+    for name, problem in bad:
+        print(scrub(f"{'FAIL':<8} {name}: malformed, {problem}"))
     if not targets:
-        print("no target configured: set NOTIFY_URL or ALERTMANAGER_URL")
-        return 1
+        if not bad:
+            print("no target configured: set NOTIFY_URL or ALERTMANAGER_URL")
+        return 2 if bad else 1
     event = test_event(env)
     failed = 0
     for target in targets:
@@ -1608,7 +1678,7 @@ def test_alert(env=None):
             outcome = Outcome(Outcome.PERMANENT, one_line(e))
         print(scrub(f"{outcome.kind:<8} {target.label()}: {outcome.detail}"))
         failed += outcome.kind != Outcome.SENT
-    return 1 if failed else 0
+    return 2 if bad else 1 if failed else 0
 
 
 URL_SHAPES = {
@@ -1673,11 +1743,10 @@ def check_target(target, timeout=2.0):
 def check_targets(env=None):
     global ENV
     env = ENV = os.environ if env is None else env
-    try:
-        targets = targets_from_env(env)
-    except ValueError as e:
-        print(f"FAIL\tNOTIFY_URL\t{scrub(e)}")
-        return 1
+    bad = []
+    targets = targets_from_env(env, bad)
+    for name, problem in bad:
+        print(scrub(f"FAIL\t{name}\tmalformed: {problem}; the other targets still get alerts"))
     failed = 0
     for target in targets:
         try:
@@ -1686,7 +1755,8 @@ def check_targets(env=None):
             level, detail = "FAIL", one_line(e)
         failed += level == "FAIL"
         print(scrub(f"{level}\t{target.label()}\t{detail}"))
-    return 1 if failed else 0
+    # a malformed target is a configuration error: exit status 2
+    return 2 if bad else 1 if failed else 0
 
 
 def recorded_events(source, env):

@@ -589,7 +589,7 @@ def emit_event(stdout, pid, ev):
 
 
 def state_path(state_dir, instance=""):
-    """leak-state-<instance>.json (contract 6); leak-state.json without one."""
+    """leak-state-<instance>.json (ARCHITECTURE.md, rule 6); leak-state.json without one."""
     if instance:
         return os.path.join(state_dir, "leak-state-%s.json" % re.sub(r"[^0-9A-Za-z_.-]", "_", instance))
     return os.path.join(state_dir, "leak-state.json")

@@ -2,6 +2,7 @@
 project's nvidia-smi test double and a local webhook sink."""
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -218,12 +219,67 @@ def recording_wrapper(folder, name, log):
 
 
 def free_port():
-    """A TCP port on 127.0.0.1 that nothing listens on (for "receiver down")."""
+    """A TCP port on 127.0.0.1 that nothing listens on now, for a server a
+    test starts on it (Prometheus, node_exporter). For a receiver that is
+    down, and perhaps up later, use DownPort: it keeps the port."""
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
     s.close()
     return port
+
+
+class DownPort:
+    """A receiver that is down: a port bound but not listening, so a
+    connect is refused and no other process (a parallel suite, a leftover
+    server) can take the port meanwhile; up() starts a webhook sink on that
+    very socket. Use as a context manager, or close()."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.url = "http://127.0.0.1:%d" % self.port
+
+    def up(self, **kwargs):
+        import webhook_sink
+        sock, self.sock = self.sock, None
+        return webhook_sink.serve(sock=sock, **kwargs)
+
+    def close(self):
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+@pytest.fixture
+def down_port():
+    port = DownPort()
+    yield port
+    port.close()
+
+
+def config_keys():
+    text = (ROOT / "lib" / "config.sh").read_text()
+    return set(re.findall(r"^\s*\[([A-Z][A-Z0-9_]*)\]=", text, re.MULTILINE))
+
+
+def user_environ(**extra):
+    """The runner's environment without what would change a command's
+    behaviour behind a test's back: gpuguard's configuration keys and its
+    internal or test-double variables (a suite run after another check, or
+    from a shell where NOTIFY_URL or LOWPRIO_TIER is set, sees the same)."""
+    keys = config_keys()
+    env = {k: v for k, v in os.environ.items()
+           if k not in keys and not re.match(r"(GPUGUARD|GG|LOWPRIO|LEAK|FAKE_SMI|NOTIFY|SMI)_", k)}
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
 
 
 def wait_for(pred, timeout=15.0, step=0.05):

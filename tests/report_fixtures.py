@@ -21,7 +21,7 @@ import os
 import subprocess
 
 import gpuguard_leak as leak
-from conftest import ROOT, gpu_list
+from conftest import ROOT, gpu_list, user_environ
 
 H200 = ROOT / "tests" / "fixtures" / "h200"
 T0 = 1796220302          # the leak recordings' first second
@@ -98,7 +98,7 @@ def build(state, with_gpu_history=True, with_leak=True):
                       {"pid": HEALTHY_PID, "process_name": "python3", "used_memory": int(mem[HEALTHY_PID]), "gpu": 1},
                       {"pid": IDLE_PID, "process_name": "python3", "used_memory": int(mem[IDLE_PID]), "gpu": 1}]}
             for _, g0, g1, mem in steps]}))
-        env = dict(os.environ, PATH="%s:%s" % (ROOT / "tests/fakebin", os.environ.get("PATH", "/usr/bin:/bin")),
+        env = user_environ(PATH="%s:%s" % (ROOT / "tests/fakebin", os.environ.get("PATH", "/usr/bin:/bin")),
                    GPUGUARD_CONFIG="/dev/null", GPUGUARD_STATE_DIR=str(state), FAKE_SMI_SCENARIO=str(scenario),
                    FAKE_SMI_STATE=str(state.parent / "smi-step"), GPUGUARD_HOST="h200-demo")
         for now, *_ in steps:

@@ -13,7 +13,7 @@ import gpuguard_messages_en
 import gpuguard_messages_zh
 import pytest
 import webhook_sink
-from conftest import ROOT, app, idle_gpu
+from conftest import ROOT, app, idle_gpu, user_environ
 
 JOB = {"user": "alice", "pid": 23690, "pids": [23690 + i for i in range(8)],
        "cmdline": "python3 train.py --config cfg/llama.yaml --api-key sk-live-0123456789 --lr 3e-4",
@@ -231,7 +231,7 @@ def test_untrusted_job_fields_cannot_mention_anyone(env):
 # ------------------------------------------- notify and doctor ----
 
 def gpuguard(args, env, input=None):
-    full = dict(os.environ, GPUGUARD_CONFIG="/dev/null")
+    full = user_environ(GPUGUARD_CONFIG="/dev/null")
     full.update(env)
     return subprocess.run([str(ROOT / "bin/gpuguard")] + args, env=full, capture_output=True, text=True, check=False,
                           timeout=60, input=input)
@@ -308,7 +308,7 @@ events_flush
 """
     record = tmp_path / "record.jsonl"
     server, rec = webhook_sink.serve(quiet=True, record=str(record))
-    env = dict(os.environ, GPUGUARD_ROOT=str(ROOT), GPUGUARD_STATE_DIR=str(state), RECORD=str(record),
+    env = user_environ(GPUGUARD_ROOT=str(ROOT), GPUGUARD_STATE_DIR=str(state), RECORD=str(record),
                GPUGUARD_LOG=str(tmp_path / "log"),
                NOTIFY_URL=f"http://127.0.0.1:{server.server_address[1]}/generic")
     try:

@@ -12,7 +12,7 @@ import urllib.parse
 import gpuguard_alert as alert
 import pytest
 import webhook_sink
-from conftest import ROOT, app, free_port, idle_gpu
+from conftest import ROOT, app, idle_gpu, user_environ
 
 IDLE_EVENT = {"ts": 1796206508, "host": "node7", "event": "gpu_idle", "state": "firing",
               "reason": "utilization", "gpu": 0, "uuid": "GPU-21b026da-3a23-ca8c-52da-f8eedc850d97",
@@ -211,7 +211,9 @@ def test_429_with_short_retry_after_is_honoured(outbox_env):
     assert alert.flush(env) == 0
     assert [r["reply_status"] for r in sink.requests] == [429, 200]
     assert sink.requests[1]["time"] - sink.requests[0]["time"] >= 0.9
-    assert time.time() - start < 5
+    # retried within this flush after the 1 s asked for, not after a
+    # back-off (30 s and more): a bound a loaded machine cannot reach
+    assert time.time() - start < 20
 
 
 def test_429_with_long_retry_after_waits_for_a_later_cycle(outbox_env):
@@ -242,9 +244,8 @@ def test_timeout_is_retried(outbox_env):
     assert len(sink.requests) == 2
 
 
-def test_receiver_down_for_several_cycles_then_delivered_once_in_order(outbox_env):
-    port = free_port()
-    env = dict(outbox_env, NOTIFY_URL="http://127.0.0.1:%d/generic" % port, NOTIFY_RETRIES="1")
+def test_receiver_down_for_several_cycles_then_delivered_once_in_order(outbox_env, down_port):
+    env = dict(outbox_env, NOTIFY_URL=down_port.url + "/generic", NOTIFY_RETRIES="1")
     queue(env, IDLE_EVENT)
     now = time.time()
     for cycle in range(4):
@@ -252,7 +253,7 @@ def test_receiver_down_for_several_cycles_then_delivered_once_in_order(outbox_en
         if cycle == 2:
             queue(env, resolved())
     assert len(queued(env)) == 2
-    server, sink = webhook_sink.serve(port=port, quiet=True)
+    server, sink = down_port.up(quiet=True)
     try:
         assert alert.flush(env, now=now + 600) == 0
         assert alert.flush(env, now=now + 660) == 0
@@ -261,16 +262,15 @@ def test_receiver_down_for_several_cycles_then_delivered_once_in_order(outbox_en
         server.shutdown()
 
 
-def test_one_target_down_does_not_block_or_duplicate_the_other(outbox_env, sink):
-    port = free_port()
-    env = dict(outbox_env, NOTIFY_URL="%s/generic http://127.0.0.1:%d/generic" % (sink.url, port),
+def test_one_target_down_does_not_block_or_duplicate_the_other(outbox_env, sink, down_port):
+    env = dict(outbox_env, NOTIFY_URL="%s/generic %s/generic" % (sink.url, down_port.url),
                NOTIFY_RETRIES="0")
     queue(env, IDLE_EVENT)
     now = time.time()
     assert alert.flush(env, now=now) == 1
     assert alert.flush(env, now=now + 400) == 1
     assert len(sink.requests) == 1          # not sent twice to the healthy one
-    server, sink2 = webhook_sink.serve(port=port, quiet=True)
+    server, sink2 = down_port.up(quiet=True)
     try:
         assert alert.flush(env, now=now + 800) == 0
         assert len(sink2.requests) == 1 and len(sink.requests) == 1
@@ -278,8 +278,8 @@ def test_one_target_down_does_not_block_or_duplicate_the_other(outbox_env, sink)
         server.shutdown()
 
 
-def test_outbox_is_bounded_and_says_what_it_drops(outbox_env):
-    env = dict(outbox_env, NOTIFY_URL="http://127.0.0.1:%d/generic" % free_port(),
+def test_outbox_is_bounded_and_says_what_it_drops(outbox_env, down_port):
+    env = dict(outbox_env, NOTIFY_URL="http://127.0.0.1:%d/generic" % down_port.port,
                OUTBOX_MAX="3", NOTIFY_RETRIES="0")
     queue(env, *[dict(IDLE_EVENT, gpu=i) for i in range(5)])
     first_two = queued(env)[:2]
@@ -368,7 +368,7 @@ def test_secrets_never_in_logs_events_or_argv(box, tmp_path):
 def test_test_alert_reports_each_target(tmp_path):
     ok = serve()
     bad = serve(script=[{"status": 200, "body": {"errcode": 93000, "errmsg": "invalid webhook url"}}])
-    env = dict(os.environ, NOTIFY_URL="%s/generic wecom+%s/wecom/send?key=KEYSECRET99" % (ok.url, bad.url),
+    env = user_environ(NOTIFY_URL="%s/generic wecom+%s/wecom/send?key=KEYSECRET99" % (ok.url, bad.url),
                GPUGUARD_CONFIG="/dev/null", GPUGUARD_STATE_DIR=str(tmp_path / "s"), NOTIFY_RETRIES="0")
     r = subprocess.run([str(ROOT / "bin/gpuguard"), "test-alert"], env=env, capture_output=True, text=True,
                        timeout=60)
@@ -390,8 +390,8 @@ def test_render_languages():
     assert alert.language({"LANG": "en_US.UTF-8", "NOTIFY_LANG": "zh"}) == "zh"
 
 
-def test_a_dead_receiver_is_tried_less_and_less_often(outbox_env):
-    env = dict(outbox_env, NOTIFY_URL="http://127.0.0.1:%d/generic" % free_port(), NOTIFY_RETRIES="0")
+def test_a_dead_receiver_is_tried_less_and_less_often(outbox_env, down_port):
+    env = dict(outbox_env, NOTIFY_URL="http://127.0.0.1:%d/generic" % down_port.port, NOTIFY_RETRIES="0")
     queue(env, IDLE_EVENT)
     now = time.time()
     tries = []
@@ -405,12 +405,11 @@ def test_a_dead_receiver_is_tried_less_and_less_often(outbox_env):
     assert "next try in 30 s" in log_text(env)
 
 
-def test_a_receiver_down_for_days_still_gets_its_alert(outbox_env):
+def test_a_receiver_down_for_days_still_gets_its_alert(outbox_env, down_port):
     """Thousands of failed attempts (about four days at the 5-minute pause)
     must not break the back-off arithmetic: the receiver gets the alert once
     it is back."""
-    port = free_port()
-    env = dict(outbox_env, NOTIFY_URL="http://127.0.0.1:%d/generic" % port, NOTIFY_RETRIES="0")
+    env = dict(outbox_env, NOTIFY_URL=down_port.url + "/generic", NOTIFY_RETRIES="0")
     queue(env, IDLE_EVENT)
     now = time.time()
     assert alert.flush(env, now=now) == 1
@@ -423,7 +422,7 @@ def test_a_receiver_down_for_days_still_gets_its_alert(outbox_env):
         json.dump(state, f)
     assert alert.flush(env, now=now + 400) == 1        # still down: kept
     assert "next try in 300 s" in log_text(env)
-    server, sink = webhook_sink.serve(port=port, quiet=True)
+    server, sink = down_port.up(quiet=True)
     try:
         assert alert.flush(env, now=now + 800) == 0
         assert [e["uuid"] for r in sink.requests for e in r["body"]["events"]] == [IDLE_EVENT["uuid"]]

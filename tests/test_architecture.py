@@ -8,6 +8,7 @@ Each rule is a function from files to violations. The tree must have none,
 and each rule is also fed a second place (a violation planted in another
 file) to show that it would catch one."""
 import re
+from pathlib import Path
 
 import pytest
 from conftest import ROOT
@@ -192,7 +193,7 @@ def config_keys():
     return set(re.findall(r"^\s*\[([A-Z][A-Z0-9_]*)\]=", read("lib/config.sh"), re.MULTILINE))
 
 
-# Contract 2: gg_python exports these to a Python helper besides the keys it
+# ARCHITECTURE.md, rule 2: gg_python exports these to a Python helper besides the keys it
 # is given; everything else stays unexported so that secrets never reach
 # nvidia-smi, the job or any other child.
 EXPORT_OK = {"GPUGUARD_STATE_DIR", "GPUGUARD_HOST", "GPUGUARD_LOG", "GPUGUARD_LOG_LEVEL", "GPUGUARD_SYSLOG"}
@@ -287,3 +288,60 @@ def test_export_rule_catches_a_config_export_and_spares_gg_python():
     assert export_violations([("bin/x", "export GPUGUARD_STATE_DIR GPUGUARD_HOST PATH\n")], keys) == []
     gg_python = 'gg_python() {\n  (\n    export "${names[@]}" GPUGUARD_LOG\n    exec python3 -S "$f"\n  )\n}\n'
     assert export_violations([("lib/common.sh", gg_python)], keys) == []
+
+
+# ----------------------------------------------------- citations (issue 25) --
+
+CITED_FILES = ["bin", "lib", "python", "etc", "docs", "tests", "bench", ".ci", "install.sh", "README.md",
+               "CONTRIBUTING.md", "Makefile"]
+
+
+def defined_rules():
+    """The numbers of the list under "Rules the code cites" in ARCHITECTURE.md."""
+    text = read("docs/ARCHITECTURE.md").split("## Rules the code cites", 1)[1].split("\n## ", 1)[0]
+    return {int(n) for n in re.findall(r"^(\d+)\. \*\*", text, re.MULTILINE)}
+
+
+def citation_violations(files, rules):
+    """A "contract N" (defined nowhere in the repository), a shared/research
+    path (outside it), or an "ARCHITECTURE.md, rule N" whose N is not in
+    the list."""
+    hits = []
+    for rel, text in files:
+        for n, line in enumerate(text.splitlines(), 1):
+            if re.search(r"\bcontracts? \d", line, re.IGNORECASE) or "shared/research" in line:
+                hits.append(f"{rel}:{n}: {line.strip()[:80]}")
+            for m in re.finditer(r"ARCHITECTURE\.md, rules? (\d+)", line):
+                if int(m.group(1)) not in rules:
+                    hits.append(f"{rel}:{n}: rule {m.group(1)} is not in ARCHITECTURE.md's list")
+    return hits
+
+
+def cited_files():
+    paths = []
+    for name in CITED_FILES:
+        top = ROOT / name
+        paths += [top] if top.is_file() else [p for p in sorted(top.rglob("*")) if p.is_file()]
+    me = Path(__file__).resolve()
+    out = []
+    for p in paths:
+        if p.resolve() == me or "__pycache__" in p.parts or p.suffix in (".pyc", ".png", ".gz"):
+            continue
+        try:
+            out.append((str(p.relative_to(ROOT)), p.read_text(encoding="utf-8")))
+        except (UnicodeDecodeError, OSError):
+            continue
+    return out
+
+
+def test_every_citation_is_defined_in_this_repository():
+    rules = defined_rules()
+    assert rules == set(range(1, len(rules) + 1)) and rules
+    assert citation_violations(cited_files(), rules) == [], \
+        "say it in place, or point at a rule of docs/ARCHITECTURE.md's list"
+
+
+def test_citation_rule_catches_an_undefined_one():
+    files = [("lib/x.sh", "# as contract 4 says\n# see shared/research/notes.md\n# ARCHITECTURE.md, rule 99\n"
+                          "# ARCHITECTURE.md, rule 2\n")]
+    assert [h.split(":")[1] for h in citation_violations(files, {1, 2})] == ["1", "2", "3"]

@@ -166,7 +166,7 @@ SECRET_ENV = {"NOTIFY_SECRET": "SECsigningsecret123", "ALERTMANAGER_URL": "http:
 
 
 def test_configuration_never_reaches_nvidia_smi_but_the_alert_helper_gets_it(box, sink, tmp_path):
-    """Contract 2: config_load exports no key (not even one the user
+    """ARCHITECTURE.md, rule 2: config_load exports no key (not even one the user
     exported): nvidia-smi's environment holds none of them, while the alert
     helper still gets the webhook and delivers."""
     env_log = tmp_path / "smi-env"
@@ -187,7 +187,7 @@ def test_configuration_never_reaches_nvidia_smi_but_the_alert_helper_gets_it(box
 
 
 def test_secrets_conf_beside_the_config_file(box, sink, tmp_path):
-    """Contract 3: secrets.conf beside the config file in force holds the
+    """ARCHITECTURE.md, rule 3: secrets.conf beside the config file in force holds the
     webhook; the environment still wins; group/world-readable warns."""
     conf_dir = tmp_path / "etc"
     conf_dir.mkdir()
@@ -240,3 +240,64 @@ def test_config_with_bom_crlf_and_leading_zeros_is_read(box, tmp_path):
     ev = box.events()
     assert [e["state"] for e in ev] == ["firing"]
     assert ev[0]["threshold"] == 10
+
+
+# ------------------------------------------------------ alert targets (25) --
+
+URL_CASES = [
+    "http://127.0.0.1:8080/hook", "https://oapi.dingtalk.com/robot/send?access_token=abc", "http://[::1]:9/x",
+    "https://user:pw@host.example/x", "http://host_name.internal", "http://[::1", "http://[::1]:99999/",
+    "http://host:0/", "http://host:/", "ftp://host/", "//host/x", "http:///x", "http://exa mple/",
+    "http://a\x01b/", "http://例子.中国/", "https://h/" + "a" * 2039, "https://h/" + "a" * 2038,
+    "HTTP://host/", "http://[zz]/", "http://h\u3000/",
+]
+
+
+def test_bash_and_python_agree_on_which_targets_are_malformed():
+    """lib/config.sh warns about the targets the alert helper leaves out:
+    both apply one rule (a disagreement would be a target dropped in
+    silence, or a warning about one that gets its alerts)."""
+    import gpuguard_alert as alert
+    script = 'source lib/common.sh; source lib/config.sh; for u in "$@"; do ' \
+             'if config_url_problem "$u" >/dev/null; then echo ok; else echo bad; fi; done'
+    r = subprocess.run(["bash", "-c", script, "bash"] + URL_CASES, cwd=ROOT, capture_output=True, text=True,
+                       env={"PATH": os.environ["PATH"], "LANG": "C.UTF-8"}, check=True)
+    in_bash = r.stdout.split()
+    in_python = ["bad" if alert.url_problem(u) else "ok" for u in URL_CASES]
+    assert in_bash == in_python
+    assert in_python[:5] == ["ok"] * 5 and in_python.count("ok") == 6
+
+
+@pytest.mark.slow  # three commands, doctor among them: over 1.5 s here
+def test_notify_check_and_doctor_name_the_malformed_target_in_one_line(box, sink):
+    """A typo in the first of two targets: notify --check and doctor name it
+    (masked: no path or token) in one line each, check the good one, and
+    --check exits 2, a configuration error."""
+    box.write_scenario([{"gpus": [idle_gpu()], "apps": []}])
+    env = {"NOTIFY_URL": "http://[::1/robot/send?access_token=T0KEN5ecret " + sink.url + "/hook"}
+    r = box.run("notify", "--check", cmd="bin/gpuguard", env=env)
+    lines = r.stdout.splitlines()
+    assert r.returncode == 2 and r.stderr == ""
+    assert lines[0] == ("FAIL\tNOTIFY_URL #1 (http://[::1/***)\tmalformed: bad host or port (an IPv6 address "
+                        "goes in [brackets]); the other targets still get alerts")
+    assert lines[1].startswith("OK\tgeneric http://127.0.0.1/***") and len(lines) == 2
+    r = box.run("doctor", cmd="bin/gpuguard", env=env)
+    named = [line for line in r.stdout.splitlines() if "NOTIFY_URL #1" in line]
+    assert len(named) == 1 and named[0].startswith("FAIL") and "T0KEN5ecret" not in r.stdout + r.stderr
+    assert "Traceback" not in r.stdout + r.stderr
+
+
+@pytest.mark.slow  # three watchdog cycles with a flush each
+def test_a_malformed_target_is_logged_once_and_the_good_one_gets_its_alert(box, sink):
+    box.write_scenario([{"gpus": [idle_gpu()], "apps": [app(4242)]}] * 3)
+    env = {"NOTIFY_URL": "http://[::1 " + sink.url + "/hook", "MAX_IDLE_CYCLES": "1"}
+    err = "".join(box.once(now=60 * i, env=env).stderr for i in range(3))
+    assert len(sink.requests) == 1 and "Traceback" not in err
+    assert err.count("NOTIFY_URL #1 (http://[::1/***) is malformed and gets no alert") == 1, err
+
+
+@pytest.mark.parametrize("name", ["yichuidingyin.sh", "gpu-leak-watch", "gpuguard", "lowprio-run"])
+def test_every_command_answers_version(name):
+    r = subprocess.run([str(ROOT / "bin" / name), "--version"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0 and r.stderr == ""
+    assert r.stdout == "%s %s\n" % (name.removesuffix(".sh"), (ROOT / "VERSION").read_text().strip())

@@ -1,9 +1,8 @@
 """The nvidia-smi test double answers as the H200 recordings show, and the
 README's `make demo` works as a newcomer runs it."""
-import os
 import subprocess
 
-from conftest import FAKEBIN, ROOT
+from conftest import FAKEBIN, ROOT, user_environ
 
 DOUBLE = str(FAKEBIN / "nvidia-smi")
 RECORDING = ROOT / "tests/fixtures/h200/recording-idle-then-busy.txt"
@@ -11,7 +10,7 @@ SESSION = (ROOT / "tests/fixtures/h200/session.log").read_text()
 
 
 def smi(*args, env=None):
-    full = dict(os.environ)
+    full = user_environ()
     full.pop("FAKE_SMI_SCENARIO", None)
     full.update(env or {})
     return subprocess.run([DOUBLE] + list(args), capture_output=True, text=True, env=full)

@@ -1,4 +1,4 @@
-"""Who holds an idle GPU (lib/jobinfo.sh, contract 5) and per-job idle
+"""Who holds an idle GPU (lib/jobinfo.sh, ARCHITECTURE.md, rule 5) and per-job idle
 rules (IDLE_RULES), as a user meets them: real processes stand in for the
 training job (they hold a stand-in GPU device file), the nvidia-smi double
 lists their PIDs, and the watchdog's events name the job."""

@@ -1,7 +1,7 @@
 """The stuck-job signal (utilization high, power at the idle floor), as a
-user meets it: every pattern measured on an H200
-(shared/research/gpu-monitoring-anchors.md, both tables, and the raw
-samples in tests/fixtures/h200/dmon-gpm.txt) replayed through the
+user meets it: every pattern measured on an H200 (the raw samples in
+tests/fixtures/h200/dmon-gpm.txt and the power and utilization figures
+lib/idle.sh quotes) replayed through the
 nvidia-smi double with the default configuration: every spin raises one
 gpu_stuck alert, no busy pattern ever does."""
 import json

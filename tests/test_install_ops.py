@@ -8,13 +8,13 @@ import subprocess
 import tempfile
 
 import pytest
-from conftest import ROOT, app, idle_gpu, require
+from conftest import ROOT, app, idle_gpu, require, user_environ
 
 COMMANDS = ["yichuidingyin.sh", "gpu-leak-watch", "lowprio-run", "gpuguard"]
 
 
 def install(args, env=None, cwd=ROOT):
-    full = dict(os.environ)
+    full = user_environ()
     full.update(env or {})
     return subprocess.run([str(ROOT / "install.sh")] + args, env=full, cwd=cwd, capture_output=True,
                           text=True, timeout=60)
@@ -177,7 +177,7 @@ def test_cron_without_a_running_daemon_warns_and_says_what_to_do(tmp_path):
 def test_modes_do_not_depend_on_the_callers_umask(tmp_path, umask):
     dest = tmp_path / "dest"
     r = subprocess.run(["sh", "-c", "umask %03o; exec \"$@\"" % umask, "sh", str(ROOT / "install.sh"),
-                        "--prefix", "/opt/gg", "--cron"], env=dict(os.environ, DESTDIR=str(dest)),
+                        "--prefix", "/opt/gg", "--cron"], env=user_environ(DESTDIR=str(dest)),
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     for d, dirs, files in os.walk(dest):
@@ -247,7 +247,7 @@ def test_a_second_user_after_a_root_install_runs_every_command(box):
     try:
         dest = os.path.join(top, "dest")
         r = subprocess.run(["sh", "-c", 'umask 077; exec "$@"', "sh", str(ROOT / "install.sh"), "--prefix", "/opt/gg"],
-                           env=dict(os.environ, DESTDIR=dest), capture_output=True, text=True, timeout=120)
+                           env=user_environ(DESTDIR=dest), capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, r.stderr
         bin_dir = os.path.join(dest, "opt/gg/bin")
         conf = os.path.join(dest, "etc/gpuguard/gpuguard.conf")

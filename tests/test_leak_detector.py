@@ -12,7 +12,7 @@ import zlib
 
 import gpuguard_leak as leak
 import pytest
-from conftest import ROOT
+from conftest import ROOT, user_environ
 
 sys.path.insert(0, str(ROOT / "bench"))
 import leakcorpus as corpus
@@ -231,8 +231,7 @@ def test_severity_follows_the_projection(oom_h, severity):
 # ------------------------------------------------------------ the CLI --
 
 def run(args, env=None):
-    import os
-    full = dict(os.environ, GPUGUARD_CONFIG="/dev/null")
+    full = user_environ(GPUGUARD_CONFIG="/dev/null")
     full.update(env or {})
     return subprocess.run([str(ROOT / "bin/gpu-leak-watch")] + args, env=full, text=True,
                           capture_output=True, timeout=120)

@@ -5,18 +5,17 @@ real 36 GB/h leak; RL phases; a decelerating serving cache; a fast fill to
 CUDA out of memory), replayed through `gpu-leak-watch --replay` as a user
 would with the GPU's capacity known."""
 import json
-import os
 import subprocess
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, user_environ
 
 TRACES = ROOT / "tests" / "fixtures" / "h200" / "training-2026-12-03"
 H200_MIB = "143771"
 
 
 def replay(tmp_path, csv_path):
-    env = dict(os.environ, GPUGUARD_CONFIG="/dev/null", GPUGUARD_STATE_DIR=str(tmp_path / "state"))
+    env = user_environ(GPUGUARD_CONFIG="/dev/null", GPUGUARD_STATE_DIR=str(tmp_path / "state"))
     r = subprocess.run([str(ROOT / "bin/gpu-leak-watch"), "--replay", str(csv_path), "--gpu-total-mib", H200_MIB],
                        env=env, text=True, capture_output=True, timeout=120)
     assert r.returncode == 0, r.stderr

@@ -11,7 +11,7 @@ import subprocess
 import cdp
 import pytest
 import report_fixtures as fx
-from conftest import ROOT, app, idle_gpu, require, wait_for
+from conftest import ROOT, app, idle_gpu, require, user_environ, wait_for
 
 pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning")
 
@@ -25,7 +25,7 @@ def story(tmp_path_factory):
 
 
 def gg_report(state, *args, cwd=None, cmd="bin/gpuguard"):
-    env = dict(os.environ, GPUGUARD_CONFIG="/dev/null", GPUGUARD_STATE_DIR=str(state), GPUGUARD_HOST="h200-demo",
+    env = user_environ(GPUGUARD_CONFIG="/dev/null", GPUGUARD_STATE_DIR=str(state), GPUGUARD_HOST="h200-demo",
                TZ="UTC")
     verb = ["report"]
     return subprocess.run([str(ROOT / cmd)] + verb + list(args), env=env, cwd=cwd, capture_output=True, text=True,

@@ -8,7 +8,7 @@ import shutil
 import signal
 import subprocess
 
-from conftest import H200_UUID, ROOT, app, idle_gpu, require, wait_for
+from conftest import H200_UUID, ROOT, app, default_signals, idle_gpu, require, wait_for
 
 
 def leak_state(box, series):
@@ -73,7 +73,8 @@ def test_status_watch_without_a_terminal_has_no_colour(box, tmp_path):
     log = tmp_path / "out.txt"
     with open(log, "w") as f:
         p = subprocess.Popen([str(ROOT / "bin/gpuguard"), "status", "--watch", "--interval", "1"],
-                             env=box.env, stdout=f, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                             env=box.env, stdout=f, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                             preexec_fn=default_signals)
         redrawn = wait_for(lambda: log.read_text().count("gpuguard status") >= 2, timeout=30)
         # Ctrl-C reaches the whole foreground process group, the sleep between
         # frames included
@@ -203,7 +204,8 @@ def test_ctrl_c_while_a_frame_is_drawn_still_exits_0(box, tmp_path):
     # being drawn, not in the pause between frames
     box.write_scenario([{"gpus": [idle_gpu()], "apps": [app(1410)]}] * 2 + [{"fault": "hang", "seconds": 30}])
     p = subprocess.Popen([str(ROOT / "bin/gpuguard"), "status", "--watch", "--interval", "0.2"], env=box.env,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                         preexec_fn=default_signals)
     try:
         assert wait_for(lambda: len(box.smi_calls()) >= 5, timeout=30), box.smi_calls()
         os.killpg(p.pid, signal.SIGINT)

@@ -228,7 +228,9 @@ def test_hanging_nvidia_smi_is_cut_by_the_timeout(box):
     box.write_scenario([{"fault": "hang", "seconds": 30}])
     start = time.time()
     r = box.once(env={"SMI_TIMEOUT": "1"})
-    assert time.time() - start < 8
+    # cut long before the 30 s hang ends (a loose bound: a loaded machine
+    # may take seconds to start the cycle)
+    assert time.time() - start < 25
     assert "timed out after 1s" in r.stderr
     assert box.events() == []
 

@@ -138,10 +138,18 @@ class QuietServer(ThreadingHTTPServer):
             super().handle_error(request, client_address)
 
 
-def serve(port=0, **kwargs):
-    """Starts a sink in a thread; returns (server, sink). For tests."""
+def serve(port=0, sock=None, **kwargs):
+    """Starts a sink in a thread; returns (server, sink). For tests. `sock`:
+    a socket already bound (a port the test kept while the receiver was
+    down), on which the sink listens."""
     sink = Sink(**kwargs)
-    server = QuietServer(("127.0.0.1", port), make_handler(sink))
+    if sock is None:
+        server = QuietServer(("127.0.0.1", port), make_handler(sink))
+    else:
+        server = QuietServer(sock.getsockname(), make_handler(sink), bind_and_activate=False)
+        server.socket.close()
+        server.socket = sock
+        server.server_activate()
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server, sink
 

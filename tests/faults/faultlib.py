@@ -41,6 +41,14 @@ ROWS = [
     ("sighup", "SIGHUP", "daemon stops silently", "reloads and says so; TERM/INT one log line"),
     ("config", "config path that is a folder; a file with a BOM", "unbound variable; misread",
      "one clear line, exit 2; BOM ignored"),
+    ("badurl", "a malformed first target (http://[::1) before a good one, 3 cron cycles",
+     "0 alerts to the good one, 9 tracebacks", "the good one gets its alert; the bad one named in 1 log line"),
+    ("fuzz", "hostile values (brackets, spaces, control characters, unicode, 50 KB, secrets) in every key "
+     "that reaches Python", "tracebacks, exit 1", "one-line errors, exit 0/1/2, no secret shown"),
+    ("locklink", "a symlink planted at each lock, pointing at a missing file", "root creates the file",
+     "0/4 followed, each refused in one line"),
+    ("cronprune", "200 short-lived series, 8 days past RETENTION_DAYS=7, gpu-leak-watch --all --once",
+     "201 -> 201 files", "pruned to the recent ones"),
 ]
 RESULTS = {}
 

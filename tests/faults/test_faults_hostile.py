@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import flaky_receiver
-from conftest import ROOT, app, uuid_for
+from conftest import ROOT, app, default_signals, uuid_for
 from faultlib import base_env, record, run_once, scenario_file, wait_until
 
 GPU0 = uuid_for(0)
@@ -145,8 +145,10 @@ def test_sighup_reloads_and_sigterm_stops_with_one_line(tmp_path):
     conf.write_text("THRESHOLD=10\n")
     env = base_env(tmp_path, idle_scenario(tmp_path, 1), GPUGUARD_CONFIG=conf, GPUGUARD_LOG=tmp_path / "log")
     log = tmp_path / "log"
+    # SIGHUP and SIGINT as a terminal leaves them: under nohup or a script's
+    # background job they are ignored on entry, and bash cannot trap them
     proc = subprocess.Popen([str(ROOT / "bin/yichuidingyin.sh")], env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=default_signals)
     try:
         assert wait_until(lambda: log.exists() and "watching GPUs" in log.read_text(), 60)
         conf.write_text("THRESHOLD=25\n")

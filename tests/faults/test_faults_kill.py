@@ -1,6 +1,6 @@
 """kill -9 of the watchdog at random points, with a flaky receiver, and
 two flushes at once (issue 14). Delivery guarantees are the alerts branch's
-(contract 4: enqueue durably, save, then flush under one lock) and the
+(ARCHITECTURE.md, rule 4: enqueue durably, save, then flush under one lock) and the
 idle branch's (state saved before the send). A connection reset or closed
 without an answer is retried until delivered; only a timeout after the
 request went out counts as maybe delivered."""
