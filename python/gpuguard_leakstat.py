@@ -875,16 +875,19 @@ class Series:
                 break
             wx, wy = lows_x[-w:], lows_y[-w:]
             tail = raw[n - w * k:]
-            if not any(b < a - p["min_growth"] for a, b in zip(tail, tail[1:])):
-                # no cycles: the pool was never given back, the lows are
-                # the floors, and the records test has judged them
-                break
+            # with no cycle (the pool never given back: the lows are the
+            # floors), a leak still raises the low of almost every hour,
+            # new batch shapes raise a few, in a burst that stops...
+            cycles = any(b < a - p["min_growth"] for a, b in zip(tail, tail[1:]))
+            if not cycles and w < 12:
+                continue        # ... and is judged over half a day at least
             growth = median(wy[-2:]) - median(wy[:2])
             beta = theil_sen(wx, wy)
             z = mann_kendall_z(wy)
             span = wx[-1] - wx[0] + k * p["bucket_s"] / 3600.0
             d = [b - a for a, b in zip(wy, wy[1:])]
-            big = p["step_mib"]
+            # (a jump stands out from the hour-to-hour scatter of the lows)
+            big = max(p["step_mib"], 4.0 * median([abs(x) for x in d]))
             md = median([x for x in d if x < big])
             if max(d) >= big:
                 # a jump (a new batch shape) raises every low after it at
@@ -900,7 +903,7 @@ class Series:
                 beta = theil_sen(wx, wy)
                 z = mann_kendall_z(wy)
             rises = [b - a for a, b in zip(wy, wy[1:]) if b > a]
-            if 2 * len(rises) < len(d) or not spread(rises, w / 3.0):
+            if len(rises) < (0.5 if cycles else 0.75) * len(d) or not spread(rises, w / 3.0):
                 continue
             if growth >= p["min_growth"] and beta >= p["threshold"] and z >= p["z_min"] \
                     and not self.decelerating(lows_x, lows_y, beta):
