@@ -5,12 +5,15 @@ spikes, restarts, shrinking; leaks at 10/60/100/200/500 MB/h and staircase
 leaks), scored for recall, false alerts per 24 h of clean traces, detection
 delay and lead time before OOM, gpuguard's detector beside the source
 article's rule (last 3 samples, growth > 50 MB/h); the labelled corpus of
-issue 12's ten phenomena (bench/leakcorpus.py); the cost of a live cycle and
-of replays. Prints Markdown.
+issue 12's ten phenomena (bench/leakcorpus.py); corpus C, a third generator
+family replayed through bin/gpu-leak-watch (bench/leakcorpus_c.py, with any
+other corpus in its manifest format given by --corpus); the cost of a live
+cycle and of replays. Prints Markdown.
 
   python3 bench/leak.py [--quick]   the make-bench set (about 2 minutes)
   python3 bench/leak.py --full      60 seeds per tidy kind, held-out seeds
-  python3 bench/leak.py --full --before OLD/gpuguard_leak.py   a before row"""
+  python3 bench/leak.py --full --before OLD/gpuguard_leak.py   a before row
+  python3 bench/leak.py --only corpusc [--corpus DIR]...   corpus C (~15 s)"""
 import argparse
 import math
 import os
@@ -304,6 +307,27 @@ def corpus_tables(quick, before):
             print()
 
 
+def corpus_c_tables(extra):
+    """Corpus C (6 seeds of each kind, the figures of bench/RESULTS.md),
+    written to a temporary directory and replayed as a live watcher reads
+    it; then each corpus of `extra` (a directory with a manifest.json in
+    the same format, e.g. ../shared/leak-corpus-b/corpus)."""
+    import tempfile
+
+    import leakcorpus_c
+    seeds = int(os.environ.get("BENCH_LEAK_C_SEEDS", "6"))
+    with tempfile.TemporaryDirectory() as work:
+        leakcorpus_c.generate(work, seeds)
+        man, alerts = leakcorpus_c.replay_all(work)
+        print(leakcorpus_c.table(leakcorpus_c.score(man, alerts),
+                                 "Corpus C (bench/leakcorpus_c.py, seeds 0-%d), bin/gpu-leak-watch" % (seeds - 1)))
+        print()
+    for corpus in extra:
+        man, alerts = leakcorpus_c.replay_all(corpus)
+        print(leakcorpus_c.table(leakcorpus_c.score(man, alerts), "%s, bin/gpu-leak-watch" % corpus))
+        print()
+
+
 def tidy_tables(seeds):
     cases = [(k, None, s) for k in CLEAN + [k + "@full" for k in CLEAN] + HARD for s in range(seeds)] + \
             [(k, r, s) for k, r in LEAKS for s in range(seeds)]
@@ -353,14 +377,21 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="the make-bench set (about 2 minutes)")
     ap.add_argument("--full", action="store_true", help="60 seeds per tidy kind, held-out seeds, 100 cycles")
     ap.add_argument("--before", default="", help="an older gpuguard_leak.py to score beside this one")
-    ap.add_argument("--only", default="", help="tidy, corpus or cost")
+    ap.add_argument("--only", default="", help="tidy, corpus, corpusc or cost")
+    ap.add_argument("--corpus", action="append", default=[],
+                    help="another corpus directory with a manifest.json to score beside corpus C")
     a = ap.parse_args(argv)
+    for d in a.corpus:
+        if not os.path.isfile(os.path.join(d, "manifest.json")):
+            ap.error("no manifest.json in %s" % d)
     quick = not a.full
     seeds = int(os.environ.get("BENCH_LEAK_SEEDS", "3" if quick else "60"))
     if a.only in ("", "tidy"):
         tidy_tables(seeds)
     if a.only in ("", "corpus"):
         corpus_tables(quick, a.before)
+    if a.only in ("", "corpusc"):
+        corpus_c_tables(a.corpus)
     if a.only in ("", "cost"):
         cost_table(quick)
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Summary: run the benches and print the figures as Markdown, with progress on stderr
-# Usage: bench/run.sh [--full] [idle|leak|lowprio]...
+# Usage: bench/run.sh [--full] [idle|leak|corpusc|lowprio]...
 # Speed and memory figures live here, never in timed tests. The default set
 # (`make bench`) finishes in a few minutes on a 2-core machine: fewer cycles,
 # the leak detector's --quick trace set, shorter lowprio phases. --full
@@ -50,13 +50,13 @@ main() {
   while (($#)); do
     case $1 in
       --full) full=1 ;;
-      idle | leak | lowprio) which+=("$1") ;;
+      idle | leak | corpusc | lowprio) which+=("$1") ;;
       -h | --help)
         sed -n 's/^# \{0,1\}\(Summary\|Usage\): //p' "${BASH_SOURCE[0]}"
         return 0
         ;;
       *)
-        printf 'bench/run.sh: unknown bench %s (idle, leak, lowprio, --full)\n' "'$1'" >&2
+        printf 'bench/run.sh: unknown bench %s (idle, leak, corpusc, lowprio, --full)\n' "'$1'" >&2
         return 2
         ;;
     esac
@@ -75,6 +75,8 @@ main() {
     n=$((n + 1))
     case $b in
       leak) bench_run "$n/${#which[@]} $b" python3 "$root/bench/leak.py" "${leak_args[@]}" || failed=1 ;;
+      # corpus C alone (the leak bench includes it)
+      corpusc) bench_run "$n/${#which[@]} $b" python3 "$root/bench/leak.py" --only corpusc || failed=1 ;;
       *) bench_run "$n/${#which[@]} $b" python3 "$root/bench/$b.py" || failed=1 ;;
     esac
   done

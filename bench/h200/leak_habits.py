@@ -1,0 +1,454 @@
+#!/usr/bin/env python3
+"""Records five PyTorch habits on one GPU, each in its own process, as the
+leak watcher sees them: one CSV per habit (timestamp,pid,used_memory_mib,
+the replay format) and manifest.json with the labels of bench/leakcorpus_c.py
+(leak, start_s, rate_mib_h, leak_pid, total_mib...), so
+../shared/leak-corpus-b/score.py and `bench/leakcorpus_c.py --score` read it.
+
+  python3 bench/h200/leak_habits.py --out $OUT [--minutes 4] [--stretch 60]
+  python3 bench/h200/leak_habits.py --out DIR --dry-run --minutes 1   (CPU)
+
+The habits, each a child process training the same small model (LayerNorm
+and Linear blocks in bf16 autocast, random data, about 2-4 GiB each):
+  a eval_graph   leaking: evaluation without torch.no_grad() that sums
+                 `val += loss` and keeps `history.append(val / n)`: the
+                 graph of every evaluation batch stays alive
+  b eval_item    healthy twin: `val += loss.item()`
+  c metrics_list leaking slowly: `losses.append(loss)` and the per-token
+                 losses appended each step without .item()/.detach()
+  d ckpt_cache   healthy: checkpoints copy the state to the CPU, evaluation
+                 under no_grad, torch.cuda.empty_cache() after both and
+                 every 200 steps
+  e dyn_shapes   healthy: sequence lengths drawn at random each step, now
+                 and then a new longest one
+Time is stretched: a second of the run is --stretch seconds of the job
+(default 60: a 4-minute run reads as 4 hours), as the timestamps say
+(T0 = 1796200000 + stretched seconds since the start).  The rate of a leak
+is measured inside the child (torch.cuda.memory_allocated), not taken from
+the curve the detector reads.
+
+The sampler reads each child's used memory once a second from NVML
+(nvidia-ml-py), or from nvidia-smi through lib/smi.sh when NVML is missing,
+or, with --dry-run, the children's resident memory from /proc (CPU run).
+At most 8 files go to --out: five CSVs, manifest.json, log.txt.
+"""
+import argparse
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+T0 = 1796200000.0
+MIB = 1 << 20
+HABITS = {
+    "a": ("eval_graph", True, "evaluation without no_grad, val += loss, history.append(val / n)"),
+    "b": ("eval_item", False, "evaluation without no_grad, val += loss.item()"),
+    "c": ("metrics_list", True, "losses.append(loss) and per-token losses appended on the GPU each step"),
+    "d": ("ckpt_cache", False, "checkpoint copies to CPU, no_grad evaluation, empty_cache() after them"),
+    "e": ("dyn_shapes", False, "random sequence lengths, a new longest one now and then"),
+}
+STARTUP_S = 40          # CUDA init and the model's first steps, inside --minutes
+SMALL = {"width": 128, "tokens": 1024, "pace": 10.0}       # --dry-run on a CPU
+FULL = {"width": 1024, "tokens": 32768, "pace": 15.0}
+
+
+# --------------------------------------------------------------- child --
+
+def _child(habit, seconds, device, events_path, size):
+    """One habit's training loop for `seconds`; appends its events (JSON
+    lines: evaluations, checkpoints, allocated memory) to events_path."""
+    import torch
+    torch.manual_seed(ord(habit))
+    rnd = random.Random(ord(habit))
+    dev = torch.device(device)
+    cuda = dev.type == "cuda"
+    width, tokens, pace = size["width"], size["tokens"], size["pace"]
+    blocks = []
+    for _ in range(4):
+        blocks += [torch.nn.LayerNorm(width), torch.nn.Linear(width, 2 * width), torch.nn.GELU(),
+                   torch.nn.Linear(2 * width, width)]
+    model = torch.nn.Sequential(*blocks).to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    state = {"history": [], "losses": [], "token_losses": [], "max_seq": 512, "evals": 0}
+
+    def note(event, **kw):
+        kw.update(t=time.time(), event=event)
+        if cuda:
+            kw.update(allocated_mib=round(torch.cuda.memory_allocated() / MIB, 1),
+                      reserved_mib=round(torch.cuda.memory_reserved() / MIB, 1))
+        with open(events_path, "a") as f:
+            f.write(json.dumps(kw) + "\n")
+
+    def forward(n_tokens, seq):
+        x = torch.randn(max(1, n_tokens // seq), seq, width, device=dev)
+        with torch.autocast(device_type=dev.type, dtype=torch.bfloat16, enabled=cuda):
+            out = model(x)
+        return ((out.float() - x) ** 2).mean(-1)       # per-token loss, (batch, seq)
+
+    note("start", pid=os.getpid())
+    start = time.time()
+    next_eval, next_ckpt, step = start + 30, start + 40, 0
+    while time.time() < start + seconds:
+        seq = _seq_len(habit, rnd, state)
+        loss_tok = forward(16 * seq if habit == "e" else tokens, seq)   # e: 16 rows of any length
+        loss = loss_tok.mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if habit == "c":
+            state["losses"].append(loss)            # the habit: no .item(), no .detach()
+            state["token_losses"].append(loss_tok)
+        elif step % 50 == 0:
+            loss.item()                             # logging as it should be
+        step += 1
+        if step == 1:
+            note("first_step")
+        now = time.time()
+        if now >= next_eval and habit in "abd":
+            _evaluate(habit, forward, state, torch, note)
+            next_eval = now + 30
+        if habit == "d" and (now >= next_ckpt or step % 200 == 0):
+            if now >= next_ckpt:
+                _checkpoint(model, opt)
+                next_ckpt = now + 40
+                note("checkpoint")
+            if cuda:
+                torch.cuda.empty_cache()
+        if step % 100 == 0:
+            note("steps", step=step)
+        _pace(start, step, pace)
+    note("end", step=step)
+
+
+def _seq_len(habit, rnd, state):
+    """The sequence length of one step: fixed, or for dyn_shapes drawn from
+    a long tail (a new longest one now and then, up to 4096)."""
+    if habit != "e":
+        return 512
+    seq = min(4096, int(rnd.lognormvariate(6.2, 0.6)) + 64)
+    state["max_seq"] = max(state["max_seq"], seq)
+    return seq
+
+
+def _evaluate(habit, forward, state, torch, note):
+    """An evaluation of 4 batches: without no_grad for habits a and b (the
+    graph is built), under no_grad for d."""
+    val = 0.0
+    n = 4
+    if habit == "d":
+        with torch.no_grad():
+            for _ in range(n):
+                val += forward(4096, 512).mean().item()
+    else:
+        for _ in range(n):
+            loss = forward(512, 512).mean()
+            if habit == "a":
+                val += loss                         # the habit: keeps each batch's graph
+            else:
+                val += loss.item()
+        if habit == "a":
+            state["history"].append(val / n)        # ...and keeps the sum after the evaluation
+    state["evals"] += 1
+    note("eval", n=state["evals"])
+
+
+def _checkpoint(model, opt):
+    """A checkpoint as jobs write it: the state copied to the CPU."""
+    cpu = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+    for group in opt.state.values():
+        for k, v in group.items():
+            if hasattr(v, "to"):
+                cpu["opt." + k + str(len(cpu))] = v.detach().to("cpu", copy=True)
+    return len(cpu)
+
+
+def _pace(start, step, pace):
+    """Steps at a fixed pace, so the five processes share the GPU evenly and
+    a leak per step is a leak per second."""
+    ahead = start + step / pace - time.time()
+    if ahead > 0:
+        time.sleep(ahead)
+
+
+# ------------------------------------------------------------ samplers --
+
+class NvmlSampler:
+    """Per-process used memory of one GPU from NVML."""
+
+    def __init__(self, index=0):
+        import pynvml
+        self.nv = pynvml
+        try:
+            pynvml.nvmlInit()
+            self.handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            self.total_mib = pynvml.nvmlDeviceGetMemoryInfo(self.handle).total // MIB
+            name = pynvml.nvmlDeviceGetName(self.handle)
+        except pynvml.NVMLError as e:
+            raise RuntimeError("NVML: %s" % e) from None
+        self.name = name.decode() if isinstance(name, bytes) else name
+
+    def sample(self, pids):
+        out = {}
+        try:
+            procs = self.nv.nvmlDeviceGetComputeRunningProcesses(self.handle)
+        except self.nv.NVMLError as e:
+            raise RuntimeError("NVML: %s" % e) from None
+        for p in procs:
+            if p.usedGpuMemory is not None:
+                out[p.pid] = p.usedGpuMemory // MIB
+        return out
+
+
+class SmiSampler:
+    """Per-process used memory from nvidia-smi, run through lib/smi.sh (the
+    project's one nvidia-smi caller, with its timeout)."""
+
+    def __init__(self, index=0):
+        self.index = index
+        lines = self._run("--query-gpu=memory.total,name", "-i", str(index)).splitlines()
+        total, _, name = lines[0].partition(",") if lines else ("", "", "")
+        if not total.strip().isdigit():
+            raise RuntimeError("nvidia-smi did not answer: %s" % (lines[:1] or ["no output"])[0])
+        self.total_mib, self.name = int(total), name.strip()
+
+    def _run(self, *args):
+        script = ('source "$1/lib/common.sh"; source "$1/lib/smi.sh"; shift; '
+                  'smi_run "$@" --format=csv,noheader,nounits')
+        try:
+            p = subprocess.run(["bash", "-c", script, "sh", ROOT] + list(args), capture_output=True, text=True,
+                               timeout=30)
+        except (OSError, subprocess.SubprocessError):
+            return ""
+        return p.stdout if p.returncode == 0 else ""
+
+    def sample(self, pids):
+        out = {}
+        for line in self._run("--query-compute-apps=pid,used_memory", "-i", str(self.index)).splitlines():
+            pid, _, used = line.partition(",")
+            if pid.strip().isdigit() and used.strip().isdigit():
+                out[int(pid)] = int(used)
+        return out
+
+
+class ProcSampler:
+    """--dry-run: each child's resident memory from /proc, in MiB, as a
+    stand-in for GPU memory (exercises every path but the GPU's)."""
+
+    total_mib, name = 143771, "dry-run (resident memory of CPU processes)"
+
+    def sample(self, pids):
+        out = {}
+        for pid in pids:
+            try:
+                with open("/proc/%d/status" % pid) as f:
+                    for line in f:
+                        if line.startswith("VmRSS:"):
+                            out[pid] = int(line.split()[1]) // 1024
+            except OSError:
+                continue
+        return out
+
+
+def make_sampler(kind):
+    if kind == "proc":
+        return ProcSampler()
+    if kind == "nvml":
+        return NvmlSampler()
+    if kind == "smi":
+        return SmiSampler()
+    try:
+        return NvmlSampler()
+    except (ImportError, RuntimeError):     # no nvidia-ml-py, or NVML refuses: nvidia-smi instead
+        return SmiSampler()
+
+
+# -------------------------------------------------------------- parent --
+
+def _start_children(habits, seconds, device, work, size_name):
+    kids = {}
+    for h in habits:
+        events = os.path.join(work, h + ".jsonl")
+        log = open(os.path.join(work, h + ".log"), "w")
+        cmd = [sys.executable, os.path.abspath(__file__), "--child", h, "--seconds", str(seconds),
+               "--device", device, "--events", events, "--size", size_name]
+        kids[h] = {"proc": subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), "events": events,
+                   "log": log, "rows": []}
+        time.sleep(1.0)         # staggered: the PIDs appear in the order of the habits
+    return kids
+
+
+def _record(kids, sampler, start, deadline, stretch, before):
+    """Samples every second until the children end or the deadline.
+    before: the GPU's PIDs before the run."""
+    pids = {k["proc"].pid: h for h, k in kids.items()}
+    strangers = []          # PIDs the children do not have: another PID namespace?
+    while time.time() < deadline and any(k["proc"].poll() is None for k in kids.values()):
+        tick = time.time()
+        try:
+            seen = sampler.sample(list(pids))
+        except (OSError, RuntimeError, subprocess.SubprocessError) as e:  # a lost sample, not the end
+            seen = {}
+            print("sample failed: %s" % e, file=sys.stderr)
+        strangers += [p for p in seen if p not in pids and p not in strangers and p not in before]
+        if tick - start > 60 and not any(k["rows"] for k in kids.values()) and len(strangers) == len(kids):
+            # the GPU reports PIDs of another namespace: the children started
+            # a second apart, so their GPU processes appeared in that order
+            print("PIDs differ from the children's (namespace?): mapped by order %s" % strangers, file=sys.stderr)
+            pids = dict(zip(strangers, kids))
+        ts = T0 + (tick - start) * stretch
+        for pid, used in seen.items():
+            if pid in pids:
+                kids[pids[pid]]["rows"].append((ts, pid, used))
+        time.sleep(max(0.0, 1.0 - (time.time() - tick)))
+
+
+def _stop(kids):
+    """Stops the children still running (ours, by PID), and waits for them."""
+    for k in kids.values():
+        if k["proc"].poll() is None:
+            k["proc"].terminate()
+    for k in kids.values():
+        try:
+            k["proc"].wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            k["proc"].kill()
+            k["proc"].wait()
+        k["log"].close()
+
+
+def _events(path):
+    try:
+        with open(path) as f:
+            return [json.loads(line) for line in f if line.strip()]
+    except (OSError, ValueError):
+        return []
+
+
+def _label(h, kid, start, stretch, sampler, device):
+    """The manifest entry of one habit: the leak's start and its rate from
+    the child's own allocated-memory notes, in stretched time."""
+    name, leak, what = HABITS[h]
+    ev = _events(kid["events"])
+    pid = kid["rows"][0][1] if kid["rows"] else kid["proc"].pid     # as the GPU reports it
+    hours = (kid["rows"][-1][0] - T0) / 3600 if kid["rows"] else 0.0
+    lab = {"kind": name, "habit": h, "what": what, "leak": leak, "pid": pid, "pids": [pid],
+           "total_mib": int(sampler.total_mib), "gpu": sampler.name, "stretch": stretch, "dt_s": stretch,
+           "hours": round(hours, 2), "device": device, "samples": len(kid["rows"]),
+           "exit": kid["proc"].returncode, "recorded_unix_start": round(start, 1)}
+    # the leak starts at the first evaluation (a) or the first step (c); its
+    # rate is what the child had allocated from then to its last note
+    marks = ("eval",) if h == "a" else ("first_step", "steps", "end")
+    first = next((e for e in ev if e["event"] in marks), None)
+    last = next((e for e in reversed(ev) if e["event"] in marks), None)
+    if leak:        # from the first evaluation (a) or the first steps (c); else the first sample
+        begin = first["t"] if first else start + ((kid["rows"][0][0] - T0) / stretch if kid["rows"] else 0)
+        lab.update(start_s=round((begin - start) * stretch, 1), leak_pid=pid)
+    if leak and first and last and last["t"] > first["t"] and "allocated_mib" in first:
+        grown = last["allocated_mib"] - first["allocated_mib"]
+        lab["rate_mib_h"] = round(grown / ((last["t"] - first["t"]) * stretch / 3600), 1)
+    lab["evals"] = sum(1 for e in ev if e["event"] == "eval")
+    lab["steps"] = max([e.get("step", 0) for e in ev] or [0])
+    return lab
+
+
+def _write_out(out, kids, start, stretch, sampler, device):
+    manifest = {}
+    for h, kid in kids.items():
+        name = "habit_%s_%s.csv" % (h, HABITS[h][0])
+        with open(os.path.join(out, name), "w") as f:
+            f.write("timestamp,pid,used_memory_mib\n")
+            f.writelines("%.3f,%d,%d\n" % (ts, pid, used) for ts, pid, used in kid["rows"])
+        manifest[name] = _label(h, kid, start, stretch, sampler, device)
+    with open(os.path.join(out, "manifest.json"), "w") as f:
+        json.dump(manifest, f, indent=1, sort_keys=True)
+    return manifest
+
+
+def _report(out, manifest, kids, work):
+    """log.txt: each child's own output, then one line per habit (printed too)."""
+    lines = []
+    for name, lab in sorted(manifest.items()):
+        kid = kids[lab["habit"]]
+        used = [r[2] for r in kid["rows"]]
+        lines.append("%-26s pid %-7d %s samples %4d  used %s -> %s MiB (max %s)  evals %d steps %d  %s" % (
+            name, lab["pid"], "LEAK" if lab["leak"] else "ok  ", lab["samples"], used[0] if used else "-",
+            used[-1] if used else "-", max(used) if used else "-", lab["evals"], lab["steps"],
+            ("measured %s MiB/h from %.0f s" % (lab.get("rate_mib_h", "?"), lab.get("start_s", 0)))
+            if lab["leak"] else ""))
+    with open(os.path.join(out, "log.txt"), "w") as f:
+        for h in kids:
+            with open(os.path.join(work, h + ".log")) as child:
+                f.write("== child %s\n%s" % (h, child.read()[-4000:]))
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def run(a):
+    sampler = make_sampler("proc" if a.dry_run else a.sampler)
+    device = "cpu" if a.dry_run else a.device
+    seconds = max(20, a.minutes * 60 - STARTUP_S)
+    work = tempfile.mkdtemp(prefix="leak-habits-")
+    try:
+        start = time.time()
+        deadline = start + a.minutes * 60 - 15
+        before = set(sampler.sample([]))
+        kids = _start_children(a.habits, seconds, device, work, "small" if a.dry_run else "full")
+        try:
+            _record(kids, sampler, start, deadline, a.stretch, before)
+        finally:
+            _stop(kids)
+        manifest = _write_out(a.out, kids, start, a.stretch, sampler, device)
+        _report(a.out, manifest, kids, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    bad = [n for n, lab in manifest.items() if lab["samples"] < 10 or lab["exit"] not in (0, -15)]
+    if bad:
+        print("leak_habits.py: too few samples or a failed child: %s (see log.txt)" % ", ".join(bad),
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description="record five PyTorch memory habits, one process each, on GPU 0")
+    ap.add_argument("--out", help="the output directory ($OUT)")
+    ap.add_argument("--minutes", type=float, default=4.0, help="wall-clock length of the whole run (default 4)")
+    ap.add_argument("--stretch", type=float, default=60.0, help="job seconds per wall second (default 60)")
+    ap.add_argument("--habits", default="abcde", help="which habits (default abcde)")
+    ap.add_argument("--sampler", default="auto", choices=["auto", "nvml", "smi"])
+    ap.add_argument("--device", default="cuda:0")
+    ap.add_argument("--dry-run", action="store_true", help="on the CPU, resident memory as the sampler")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--seconds", type=float, help=argparse.SUPPRESS)
+    ap.add_argument("--events", help=argparse.SUPPRESS)
+    ap.add_argument("--size", default="full", help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.child:
+        _child(a.child, a.seconds, a.device, a.events, SMALL if a.size == "small" else FULL)
+        return 0
+    problem = None
+    if not a.out:
+        problem = "--out DIR is required"
+    elif not 1 <= a.minutes <= 30 or a.stretch <= 0:
+        problem = "--minutes must be 1-30 and --stretch positive"
+    elif not a.habits or any(h not in HABITS for h in a.habits) or len(set(a.habits)) != len(a.habits):
+        problem = "--habits takes letters of abcde, each once"
+    if problem:
+        print("leak_habits.py: %s" % problem, file=sys.stderr)
+        return 2
+    os.makedirs(a.out, exist_ok=True)
+    try:
+        return run(a)
+    except (OSError, RuntimeError, subprocess.SubprocessError) as e:   # no GPU, no sampler: one line
+        print("leak_habits.py: %s" % e, file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
