@@ -995,6 +995,12 @@ class Series:
         if held < base + 0.5 * growth:
             return False, rate, 0.0, "not held"
         j = max(0, i - 1 - (n - i))
+        free = self.last.get("free")
+        if 2 * (i - 1 - j) < n - i and (free is None or free > 24.0 * rate):
+            # no hours before the window to tell a creep that will slow
+            # down (fragmentation, a cache filling) from a leak's pace;
+            # one that fills the GPU within a day is not waited for
+            return False, rate, 0.0, "young"
         if self.decelerating(xs[j:], rec[j:], rate):
             return False, rate, 0.0, "decelerating/saturating"
         rx, ry = reduce_points(xs[i - 1:], raw[i - 1:])
