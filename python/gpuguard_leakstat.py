@@ -870,6 +870,7 @@ class Series:
         lows_x.reverse()
         lows_y.reverse()
         best = (False, 0.0, 0.0, "flat", 0.0)
+        infl = None
         for w in (6, 12, 24):
             if len(lows_y) < w:
                 break
@@ -905,6 +906,14 @@ class Series:
             rises = [b - a for a, b in zip(wy, wy[1:]) if b > a]
             if len(rises) < (0.5 if cycles else 0.75) * len(d) or not spread(rises, w / 3.0):
                 continue
+            if z >= p["z_min"] and len(lows_y) >= 12:
+                # lows that wander for hours (an MoE's expert load, a
+                # curriculum) hold fewer independent hours than they
+                # number: the same inflation as the noisy tier, from the
+                # segment's lows around a line bent once
+                if infl is None:
+                    infl = inflation(hinge_residuals(lows_x[-24:], lows_y[-24:]))
+                z /= math.sqrt(infl)
             if growth >= p["min_growth"] and beta >= p["threshold"] and z >= p["z_min"] \
                     and not self.decelerating(lows_x, lows_y, beta):
                 return True, beta, z, "steady (cycle lows)", span
