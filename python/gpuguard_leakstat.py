@@ -92,6 +92,7 @@ DEFAULTS = {
     "note_h": 168.0,            # beyond this: a trend note
     "noise_min": 0.03,          # median successive difference / level: a noisy series
     "noisy_windows": (36, 72, 144),
+    "regap_up": 0.02,           # after a gap, a level this much higher is a restart (moved)
     "held_buckets": 6,          # the lows of the last hour are still to come (records_verdict)
     "noisy_z": 4.0,             # z of the level slope; tested every bucket (see noisy_verdict)
 }
@@ -568,7 +569,7 @@ class Series:
         level, under 2 %)."""
         if change < 0:
             return -change > self.p["step_mib"]
-        return change > max(self.p["step_mib"], 0.02 * level)
+        return change > max(self.p["step_mib"], self.p["regap_up"] * level)
 
     def close_fine(self):
         if self.fine is None:
@@ -931,6 +932,11 @@ class Series:
         n = len(raw)
         away = [False] * n
         span = 2 * max(1, round(3600.0 / p["bucket_s"]))
+        # a segment that begins inside an excursion (it was cut there)
+        lead = 0
+        while lead < min(n - 3, span) and raw[lead] >= median(raw[lead + 1:lead + 7]) + p["step_mib"]:
+            away[lead] = True
+            lead += 1
         for a in range(1, n):
             jump = raw[a] - raw[a - 1]
             if jump < p["step_mib"]:
@@ -1178,7 +1184,10 @@ class Series:
             if len(settled) < len(seg):
                 cut = len(seg) - len(settled)
                 xs, ys = xs[cut:], [y - ys[cut] + raw[cut] for y in ys[cut:]]
-            leaking, slope, z, trend, span = self.records_verdict(xs, raw[len(raw) - len(xs):])
+            if (self.noise or 0.0) < p["noise_min"]:
+                # (a noisy series' floors are the tail of its noise: the
+                # noisy tier below judges its levels)
+                leaking, slope, z, trend, span = self.records_verdict(xs, raw[len(raw) - len(xs):])
             held, since = seg, xs[-1] - span
         if leaking and trend != "steps" and not self.above_held(held, since):
             leaking, trend = False, "back to a level held before"
