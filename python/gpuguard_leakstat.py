@@ -286,7 +286,8 @@ class Series:
     """One process (or process tree) incarnation: floors and alert state."""
 
     FIELDS = ("fs", "dts", "pend", "prev_v", "fed_ts", "prev_fed", "bucket", "fine", "fine_min", "fine_cur",
-              "fines", "floors", "cut", "streak", "fstreak", "calm", "firing", "last", "noise", "meds", "regap")
+              "fines", "floors", "cut", "streak", "fstreak", "calm", "firing", "last", "noise", "meds", "regap",
+              "dipped")
 
     def __init__(self, params, key, pid):
         self.p = params
@@ -310,6 +311,7 @@ class Series:
         self.noise = None           # running median successive difference / level
         self.cut = None             # bucket index where the segment starts
         self.regap = None           # [ts, level, slope] after a gap that did not cut (see feed)
+        self.dipped = False         # the sample before this one was an empty_cache() dip, dropped
         self.streak = 0
         self.fstreak = 0
         self.calm = 0
@@ -436,9 +438,12 @@ class Series:
             return None
         pts, pv = pend
         if prev is not None and pv < 0.85 * prev and pv < 0.85 * mib:
+            self.dipped = True
             return None
         self.prev_v = pv
-        return self.feed(pts, pv)
+        ev = self.feed(pts, pv)
+        self.dipped = False
+        return ev
 
     def add_many(self, tss, vals, frees=None):
         """add() over columns (a replay): the same result, with the common
@@ -465,6 +470,7 @@ class Series:
             # the held-back sample (pts, pv) is decided now
             if prev is not None and pv < 0.85 * prev and pv < 0.85 * mib:
                 pts, pv = ts, mib
+                self.dipped = True
                 i += 1
                 continue
             if int(pts // fs) == fine:
@@ -480,6 +486,7 @@ class Series:
             self.prev_v = pv
             last["ts"], last["used"], last["free"] = ts, mib, frees[i] if frees is not None else None
             ev = self.feed(pts, pv)
+            self.dipped = False
             if ev:
                 events.append(ev)
             fs, fine, fmin = self.fs, self.fine, self.fine_min
@@ -519,7 +526,11 @@ class Series:
                 self.cut = int(gts // p["bucket_s"])
                 self.fstreak = self.streak = 0
         restarted = False
-        if prev_ts is not None and ts - prev_ts > p["gap_check_s"] and self.prev_fed is not None:
+        # (a gap left by a dropped empty_cache() dip is no absence: the
+        # job was there, at its allocated floor; an evaluation starting
+        # right after it is not a restart)
+        if prev_ts is not None and ts - prev_ts > p["gap_check_s"] and self.prev_fed is not None \
+                and not (self.dipped and ts - prev_ts <= 2 * p["gap_check_s"]):
             # a gap and a different level after it: the process restarted
             # (a watcher that was away finds the level where it was)
             grown = max(0.0, self.last.get("slope") or 0.0) * (ts - prev_ts) / 3600.0
