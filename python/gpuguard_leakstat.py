@@ -86,10 +86,14 @@ DEFAULTS = {
     "fast_oom_h": 6.0,          # fast tier: OOM projected this close
     "fast_min_s": 120.0,        # ... observed for at least this long
     "fast_linear_share": 0.35,  # ... and this share of the time left when linear
+    "fast_min_floors": 10,      # ... and this many fine floors since the segment began: a
+                                # model's weights load in a few minutes and then stop
     "critical_h": 6.0,          # severity by projected hours to OOM
     "note_h": 168.0,            # beyond this: a trend note
     "noise_min": 0.03,          # median successive difference / level: a noisy series
     "noisy_windows": (36, 72, 144),
+    "regap_up": 0.02,           # after a gap, a level this much higher is a restart (moved)
+    "held_buckets": 6,          # the lows of the last hour are still to come (records_verdict)
     "noisy_z": 4.0,             # z of the level slope; tested every bucket (see noisy_verdict)
 }
 MAX_FINES = 120
@@ -232,6 +236,14 @@ def drop_dips(values, share=0.85):
     return out or values
 
 
+def spread(rises, most):
+    """True when the growth is spread over at least `most` rises as
+    counted by the effective number (sum d)^2 / sum d^2: n alike rises
+    count n, one big rise beside small ones about one."""
+    total = sum(rises)
+    return total > 0 and total * total >= most * sum(d * d for d in rises)
+
+
 def pack(flat):
     """A flat list of (index, value) pairs as one string: "FIRST|" and then
     index - FIRST and the value, comma-separated, whole numbers without a
@@ -274,7 +286,8 @@ class Series:
     """One process (or process tree) incarnation: floors and alert state."""
 
     FIELDS = ("fs", "dts", "pend", "prev_v", "fed_ts", "prev_fed", "bucket", "fine", "fine_min", "fine_cur",
-              "fines", "floors", "cut", "streak", "fstreak", "calm", "firing", "last", "noise", "meds", "regap")
+              "fines", "floors", "cut", "streak", "fstreak", "calm", "firing", "last", "noise", "meds", "regap",
+              "dipped")
 
     def __init__(self, params, key, pid):
         self.p = params
@@ -298,6 +311,7 @@ class Series:
         self.noise = None           # running median successive difference / level
         self.cut = None             # bucket index where the segment starts
         self.regap = None           # [ts, level, slope] after a gap that did not cut (see feed)
+        self.dipped = False         # the sample before this one was an empty_cache() dip, dropped
         self.streak = 0
         self.fstreak = 0
         self.calm = 0
@@ -424,9 +438,12 @@ class Series:
             return None
         pts, pv = pend
         if prev is not None and pv < 0.85 * prev and pv < 0.85 * mib:
+            self.dipped = True
             return None
         self.prev_v = pv
-        return self.feed(pts, pv)
+        ev = self.feed(pts, pv)
+        self.dipped = False
+        return ev
 
     def add_many(self, tss, vals, frees=None):
         """add() over columns (a replay): the same result, with the common
@@ -453,6 +470,7 @@ class Series:
             # the held-back sample (pts, pv) is decided now
             if prev is not None and pv < 0.85 * prev and pv < 0.85 * mib:
                 pts, pv = ts, mib
+                self.dipped = True
                 i += 1
                 continue
             if int(pts // fs) == fine:
@@ -468,6 +486,7 @@ class Series:
             self.prev_v = pv
             last["ts"], last["used"], last["free"] = ts, mib, frees[i] if frees is not None else None
             ev = self.feed(pts, pv)
+            self.dipped = False
             if ev:
                 events.append(ev)
             fs, fine, fmin = self.fs, self.fine, self.fine_min
@@ -507,7 +526,11 @@ class Series:
                 self.cut = int(gts // p["bucket_s"])
                 self.fstreak = self.streak = 0
         restarted = False
-        if prev_ts is not None and ts - prev_ts > p["gap_check_s"] and self.prev_fed is not None:
+        # (a gap left by a dropped empty_cache() dip is no absence: the
+        # job was there, at its allocated floor; an evaluation starting
+        # right after it is not a restart)
+        if prev_ts is not None and ts - prev_ts > p["gap_check_s"] and self.prev_fed is not None \
+                and not (self.dipped and ts - prev_ts <= 2 * p["gap_check_s"]):
             # a gap and a different level after it: the process restarted
             # (a watcher that was away finds the level where it was)
             grown = max(0.0, self.last.get("slope") or 0.0) * (ts - prev_ts) / 3600.0
@@ -557,7 +580,7 @@ class Series:
         level, under 2 %)."""
         if change < 0:
             return -change > self.p["step_mib"]
-        return change > max(self.p["step_mib"], 0.02 * level)
+        return change > max(self.p["step_mib"], self.p["regap_up"] * level)
 
     def close_fine(self):
         if self.fine is None:
@@ -652,6 +675,21 @@ class Series:
             if max(hour) - min(hour) < still:
                 return seg[j:] if vals[j] - min(vals[:j]) >= p["min_growth"] else seg
         return seg
+
+    def above_held(self, seg, since_h):
+        """True when the recent floor stands above every level the job held
+        before the window (for two buckets in a row) by min_growth: a leak
+        keeps setting records that persist, while a job coming back to a
+        level it already held (an evaluation phase that raised the cache, a
+        climb back after empty_cache(), a batch shape seen before) does not."""
+        p = self.p
+        bh = p["bucket_s"] / 3600.0
+        vals = [float(v) for _, v in seg]
+        xs = [b * bh for b, _ in seg]
+        prior = [min(vals[j], vals[j + 1]) for j in range(len(vals) - 1) if xs[j + 1] < since_h]
+        if not prior:
+            return True
+        return median(vals[-3:]) - max(prior) >= p["min_growth"]
 
     def level_shifts(self, ys):
         """De-shifted floors and the persistent up-shifts [(index, size)]."""
@@ -798,6 +836,206 @@ class Series:
         slack = 0.1 * top
         return all(b <= a + slack for a, b in zip(after, after[1:]))
 
+    def records_verdict(self, xs, raw):
+        """(leaking, slope, z, trend, span_h) from the floor's records.
+
+        The caching allocator only grows its pool when a step needs more
+        than it holds, and gives memory back only on empty_cache(): a
+        healthy job's floor comes back to levels it already held (after an
+        evaluation, a checkpoint's release, a restart of the data loader),
+        and its new records come ever more rarely (records of a bounded
+        quantity: about ln(t2 / t1) of them between t1 and t2). A leak keeps
+        setting records, at a steady pace, and the job holds them. So each
+        window is judged on the running maximum of the floor: its growth
+        without one-time jumps, spread over at least min_rises records that
+        keep coming in the window's second half, at the threshold's rate or
+        faster, and held by the floor at the end."""
+        n = len(raw)
+        if n < 2:
+            return False, 0.0, 0.0, "flat", 0.0
+        rec, top = [], raw[0]
+        for v, away in zip(raw, self.excursions(raw)):
+            top = v if v > top and not away else top
+            rec.append(top)
+        out = self.record_windows(xs, raw, rec)
+        if out[0] or (self.noise or 0.0) >= self.p["noise_min"]:
+            return out
+        cyc = self.cycle_lows(xs, raw)
+        return cyc if cyc[0] else out
+
+    def cycle_lows(self, xs, raw):
+        """(leaking, slope, z, trend, span_h) from the lows of each hour.
+        After an empty_cache() the pool holds what is live, so under a
+        checkpoint or evaluation sawtooth the hour's low is the allocated
+        memory: a healthy job comes back to the same lows, hour after hour
+        (they scatter with the batch in flight, without a trend), while a
+        leak raises them cycle after cycle. Each window of 6, 12 or 24
+        hourly lows is tested as floors are: Theil-Sen >= the threshold,
+        Mann-Kendall Z >= z_min, growth >= min_growth, not decelerating."""
+        p = self.p
+        k = p["held_buckets"]
+        n = len(raw)
+        lows_x, lows_y = [], []
+        for end in range(n, k - 1, -k):
+            lows_x.append(xs[end - 1])
+            lows_y.append(min(raw[end - k:end]))
+        lows_x.reverse()
+        lows_y.reverse()
+        best = (False, 0.0, 0.0, "flat", 0.0)
+        infl = None
+        for w in (6, 12, 24):
+            if len(lows_y) < w:
+                break
+            wx, wy = lows_x[-w:], lows_y[-w:]
+            tail = raw[n - w * k:]
+            # with no cycle (the pool never given back: the lows are the
+            # floors), a leak still raises the low of almost every hour,
+            # new batch shapes raise a few, in a burst that stops...
+            cycles = any(b < a - p["min_growth"] for a, b in zip(tail, tail[1:]))
+            if not cycles and w < 12:
+                continue        # ... and is judged over half a day at least
+            growth = median(wy[-2:]) - median(wy[:2])
+            beta = theil_sen(wx, wy)
+            z = mann_kendall_z(wy)
+            span = wx[-1] - wx[0] + k * p["bucket_s"] / 3600.0
+            d = [b - a for a, b in zip(wy, wy[1:])]
+            # (a jump stands out from the hour-to-hour scatter of the lows)
+            big = max(p["step_mib"], 4.0 * median([abs(x) for x in d]))
+            md = median([x for x in d if x < big])
+            if max(d) >= big:
+                # a jump (a new batch shape) raises every low after it at
+                # once: a level, not a pace; what is left must rise. Jumps
+                # that come alike and steadily are the staircase test's
+                # (evaluate); faster smooth leaks set records every bucket
+                off, flat = 0.0, [wy[0]]
+                for x, y in zip(d, wy[1:]):
+                    off += x - md if x >= big else 0.0
+                    flat.append(y - off)
+                wy = flat
+                growth = median(wy[-2:]) - median(wy[:2])
+                beta = theil_sen(wx, wy)
+                z = mann_kendall_z(wy)
+            rises = [b - a for a, b in zip(wy, wy[1:]) if b > a]
+            if len(rises) < (0.5 if cycles else 0.75) * len(d) or not spread(rises, w / 3.0):
+                continue
+            if z >= p["z_min"] and len(lows_y) >= 12:
+                # lows that wander for hours (an MoE's expert load, a
+                # curriculum) hold fewer independent hours than they
+                # number: the same inflation as the noisy tier, from the
+                # segment's lows around a line bent once
+                if infl is None:
+                    infl = inflation(hinge_residuals(lows_x[-24:], lows_y[-24:]))
+                z /= math.sqrt(infl)
+            if growth >= p["min_growth"] and beta >= p["threshold"] and z >= p["z_min"] \
+                    and not self.decelerating(lows_x, lows_y, beta):
+                return True, beta, z, "steady (cycle lows)", span
+            if beta > best[1]:
+                best = (False, beta, z, "flat", span)
+        return best
+
+    def excursions(self, raw):
+        """Per floor, True inside an excursion: a jump up of at least
+        step_mib that comes back down by most of it within two hours (an
+        evaluation or a checkpoint copy that held the pool up for a while,
+        then empty_cache() gave it back). Such a level is not the job's:
+        it sets no record. A jump that has not come back yet is kept."""
+        p = self.p
+        n = len(raw)
+        away = [False] * n
+        span = 2 * max(1, round(3600.0 / p["bucket_s"]))
+        # a segment that begins inside an excursion (it was cut there)
+        lead = 0
+        while lead < min(n - 3, span) and raw[lead] >= median(raw[lead + 1:lead + 7]) + p["step_mib"]:
+            away[lead] = True
+            lead += 1
+        for a in range(1, n):
+            jump = raw[a] - raw[a - 1]
+            if jump < p["step_mib"]:
+                continue
+            for b in range(a + 1, min(n, a + span + 1)):
+                if raw[b] <= raw[a - 1] + 0.5 * jump:
+                    for k in range(a, b):
+                        away[k] = True
+                    break
+        return away
+
+    def record_windows(self, xs, raw, rec):
+        """records_verdict's windows over one record series."""
+        p = self.p
+        bh = p["bucket_s"] / 3600.0
+        n = len(raw)
+        end = xs[-1]
+        best = (False, 0.0, 0.0, "flat", 0.0)
+        for w in p["windows"]:
+            lo = end - (w - 0.5) * bh
+            i = n
+            while i > 1 and xs[i - 1] > lo:
+                i -= 1
+            if n - i < max(6, 0.6 * w) or xs[0] > lo + bh:
+                break
+            ok, rate, z, trend = self.record_window(xs, raw, rec, i)
+            if ok:
+                return True, rate, z, trend, end - xs[i - 1]
+            if rate > best[1] or best[4] == 0:
+                best = (False, rate, z, trend, end - xs[i - 1])
+        return best
+
+    def record_window(self, xs, raw, rec, i):
+        """(leaking, rate, z, trend) of the records from index i on (i >= 1)."""
+        p = self.p
+        n = len(raw)
+        base = rec[i - 1]
+        incs = [rec[k] - rec[k - 1] for k in range(i, n)]
+        pos = [d for d in incs if d > 0]
+        if not pos:
+            return False, 0.0, 0.0, "flat"
+        # a one-time jump (a new batch shape) is a level, not a rate
+        md = median(pos)
+        big = 4.0 * md if md >= p["step_mib"] / 4.0 else p["step_mib"]
+        small = [d for d in pos if d < big]
+        growth = sum(small)
+        span = xs[-1] - xs[i - 1]
+        rate = growth / span if span > 0 else 0.0
+        if growth < p["min_growth"]:
+            return False, rate, 0.0, "flat"
+        if len(small) < p["min_rises"] or max(small) > p["max_jump_share"] * growth:
+            return False, rate, 0.0, "jumpy"
+        if len(small) < p["few_rises"] and min(small) < 0.5 * median(small) \
+                and median(small) > 2 * growth / len(incs):
+            # a few bursty records of unlike sizes: new record lengths
+            return False, rate, 0.0, "steps"
+        if rate < p["threshold"]:
+            return False, rate, 0.0, "slow"
+        # a leak's growth is spread over many records (one every 40 minutes
+        # at the least); a few new batch shapes carry theirs in a handful
+        # of unlike rises. The effective number of records, (sum d)^2 /
+        # sum d^2, counts alike rises fully and small ones beside big ones
+        # hardly.
+        if not spread(small, max(p["min_rises"], (n - i) / 4.0)):
+            return False, rate, 0.0, "steps"
+        half = xs[i - 1] + span / 2.0
+        late = sum(d for k, d in zip(range(i, n), incs) if 0 < d < big and xs[k] > half)
+        if late < 0.25 * growth:
+            return False, rate, 0.0, "decelerating/saturating"
+        held = max(min(raw[j], raw[j + 1]) for j in range(max(i - 1, n - 7), n - 1))
+        if held < base + 0.5 * growth:
+            return False, rate, 0.0, "not held"
+        j = max(0, i - 1 - (n - i))
+        free = self.last.get("free")
+        if 2 * (i - 1 - j) < n - i and (free is None or free > 24.0 * rate):
+            # no hours before the window to tell a creep that will slow
+            # down (fragmentation, a cache filling) from a leak's pace;
+            # one that fills the GPU within a day is not waited for
+            return False, rate, 0.0, "young"
+        if self.decelerating(xs[j:], rec[j:], rate):
+            return False, rate, 0.0, "decelerating/saturating"
+        rx, ry = reduce_points(xs[i - 1:], raw[i - 1:])
+        z = mann_kendall_z(ry)
+        prev = 0.0
+        if i - 1 - j >= 6:
+            prev = (rec[i - 1] - rec[j]) / (xs[i - 1] - xs[j]) if xs[i - 1] > xs[j] else 0.0
+        return True, rate, z, "accelerating" if prev > 0 and rate > 1.5 * prev else "steady"
+
     def windows_verdict(self, xs, ys):
         """(leaking, slope, z, trend, span_h) over the time windows."""
         p = self.p
@@ -940,6 +1178,15 @@ class Series:
             main = max((high, low), key=lambda ph: sum(1 for x, _ in ph if x > recent))
             leaking, slope, z, trend, span = self.windows_verdict([x for x, _ in main], [y for _, y in main])
             trend = trend if trend != "steady" else "steady (phase-aware)"
+            held = [[round(x / (p["bucket_s"] / 3600.0)), y] for x, y in main]
+            since = main[-1][0] - span if main else 0.0
+            if not leaking and (self.noise or 0.0) < p["noise_min"]:
+                # the low phase of every hour (the memory left when the
+                # cache is given back) is compared across the job's cycles
+                ok = self.cycle_lows(xs, raw)
+                if ok[0]:
+                    leaking, slope, z, trend, span = ok
+                    held, since = seg, xs[-1] - span
         else:
             # the windows start where a long warm-up settled (the step test
             # above keeps the whole segment: a run of steps after an unlike
@@ -948,7 +1195,13 @@ class Series:
             if len(settled) < len(seg):
                 cut = len(seg) - len(settled)
                 xs, ys = xs[cut:], [y - ys[cut] + raw[cut] for y in ys[cut:]]
-            leaking, slope, z, trend, span = self.windows_verdict(xs, ys)
+            if (self.noise or 0.0) < p["noise_min"]:
+                # (a noisy series' floors are the tail of its noise: the
+                # noisy tier below judges its levels)
+                leaking, slope, z, trend, span = self.records_verdict(xs, raw[len(raw) - len(xs):])
+            held, since = seg, xs[-1] - span
+        if leaking and trend != "steps" and not self.above_held(held, since):
+            leaking, trend = False, "back to a level held before"
         if not leaking and seg and (self.noise or 0.0) >= p["noise_min"]:
             ok = self.noisy_verdict(seg[0][0])
             if ok is not None:
@@ -1016,7 +1269,7 @@ class Series:
         if len(vals) != len(pts):
             keep = set(vals)
             pts = [(f, v) for f, v in pts if v in keep]
-        if len(pts) < 5:
+        if len(pts) < p["fast_min_floors"]:
             return None
         end = pts[-1][0]
         xs = [(f - end) * fs / 3600.0 for f, _ in pts]
@@ -1117,7 +1370,13 @@ class Series:
             if self.last.get("tier") == "fast" or self.last.get("trend") == "steps":
                 conf = min(0.99, max(conf, 0.8))
             since = self.last.get("since")
-            ev.update({"severity": severity_for(oom, self.p), "trend": self.last.get("trend", "steady"),
+            severity = severity_for(oom, self.p)
+            if severity == "critical" and self.last.get("tier") != "fast" and span_h < 2.0:
+                # a page is earned: evidence over at least two hours (two of
+                # a training job's checkpoint or evaluation cycles); the fast
+                # tier earns it by the minutes its rise kept its pace
+                severity = "warning"
+            ev.update({"severity": severity, "trend": self.last.get("trend", "steady"),
                        "since_ts": int(since) if since is not None else None,
                        "confidence": round(conf, 2), "tier": self.last.get("tier", "slow")})
         return ev
