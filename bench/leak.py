@@ -328,6 +328,108 @@ def corpus_c_tables(extra):
         print()
 
 
+CORPUS_B = os.path.join(os.path.dirname(ROOT), "shared", "leak-corpus-b", "corpus")
+H200_TRACES = os.path.join(ROOT, "tests", "fixtures", "h200")
+
+
+def _summary(kinds):
+    """(recall, healthy flagged, critical on healthy, median delay h,
+    false alerts per 100 healthy job-days) of leakcorpus_c.score()'s counts."""
+    import statistics
+    pos = [k for k in kinds.values() if k["leak"]]
+    neg = [k for k in kinds.values() if not k["leak"]]
+    delays = [d for k in pos for d in k["delays"]]
+    days = sum(k["job_days"] for k in neg)
+    return ("%d/%d" % (sum(k["hit"] for k in pos), sum(k["n"] for k in pos)),
+            "%d/%d" % (sum(k["flagged"] for k in neg), sum(k["n"] for k in neg)),
+            sum(k["critical"] for k in neg),
+            "%.2f" % statistics.median(delays) if delays else "-",
+            "%.1f" % (100.0 * sum(k["false"] for k in neg) / days) if days else "-")
+
+
+def _h200_row(work):
+    """The real H200 recordings (tests/fixtures/h200/*/manifest.json, time
+    stretched as recorded), as one corpus."""
+    import json
+    import shutil
+
+    import leakcorpus_c
+    man = {}
+    for sub in sorted(os.listdir(H200_TRACES)):
+        path = os.path.join(H200_TRACES, sub, "manifest.json")
+        if not os.path.isfile(path):
+            continue
+        with open(path) as f:
+            for name, lab in json.load(f).items():
+                shutil.copy(os.path.join(H200_TRACES, sub, name), os.path.join(work, sub + "-" + name))
+                man[sub + "-" + name] = lab
+    if not man:
+        return None
+    with open(os.path.join(work, "manifest.json"), "w") as f:
+        json.dump(man, f)
+    m, alerts = leakcorpus_c.replay_all(work)
+    return leakcorpus_c.score(m, alerts)
+
+
+def _replay_in_process(args):
+    """Firing alerts of one trace replayed with these detector settings."""
+    path, total, settings = args
+    params = dict(leak.params_from({}), **settings)
+    events = leak.replay_columns(leak.read_csv_columns(path, total), params)
+    return os.path.basename(path), [{"ts": float(e["ts"]), "pid": e["pid"], "severity": e.get("severity")}
+                                    for e in events if e["state"] == "firing"]
+
+
+def _score_settings(corpus, settings):
+    import json
+
+    import leakcorpus_c
+    with open(os.path.join(corpus, "manifest.json")) as f:
+        man = json.load(f)
+    work = [(os.path.join(corpus, n), man[n]["total_mib"], settings) for n in sorted(man)]
+    with Pool(min(2, os.cpu_count() or 1)) as pool:
+        alerts = dict(pool.map(_replay_in_process, work, chunksize=2))
+    return leakcorpus_c.score(man, alerts)
+
+
+# How long a slow-tier verdict must hold before it pages: passes among the
+# last evaluations (one per 10-minute bucket). The default is the middle row.
+SETTINGS = [("2 in a row (v2)", {"slow_passes": 2, "slow_look": 2}),
+            ("3 of the last 4", {}),
+            ("4 of the last 6", {"slow_passes": 4, "slow_look": 6})]
+
+
+def goals_table(settings):
+    """Issue 22's goal table: each corpus nobody tuned on and the real
+    recordings, for each setting (the trade-off between false pages and
+    delay). Corpus-b is read from ../shared when it is there."""
+    import tempfile
+
+    import leakcorpus_c
+    print("## Leak detector v3: goals and trade-off\n")
+    print("| corpus | slow-tier verdict held | recall | healthy flagged | critical on healthy | median delay h "
+          "| false alerts / 100 healthy job-days |")
+    print("|---|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as work:
+        corpora = []
+        if os.path.isfile(os.path.join(CORPUS_B, "manifest.json")):
+            corpora.append(("leak-corpus-b (../shared)", CORPUS_B))
+        for label, first in (("corpus C seeds 0-5", 0), ("corpus C seeds 100-105 (held out)", 100)):
+            d = os.path.join(work, "c%d" % first)
+            leakcorpus_c.generate(d, 6, first=first)
+            corpora.append((label, d))
+        for label, d in corpora:
+            for name, values in settings:
+                print("| %s | %s | %s | %s | %d | %s | %s |" % ((label, name) + _summary(_score_settings(d, values))))
+        h = os.path.join(work, "h200")
+        os.makedirs(h)
+        kinds = _h200_row(h)
+        if kinds:
+            print("| real H200 recordings (tests/fixtures/h200) | 3 of the last 4 | %s | %s | %d | %s | %s |"
+                  % _summary(kinds))
+    print()
+
+
 def tidy_tables(seeds):
     cases = [(k, None, s) for k in CLEAN + [k + "@full" for k in CLEAN] + HARD for s in range(seeds)] + \
             [(k, r, s) for k, r in LEAKS for s in range(seeds)]
@@ -377,7 +479,7 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="the make-bench set (about 2 minutes)")
     ap.add_argument("--full", action="store_true", help="60 seeds per tidy kind, held-out seeds, 100 cycles")
     ap.add_argument("--before", default="", help="an older gpuguard_leak.py to score beside this one")
-    ap.add_argument("--only", default="", help="tidy, corpus, corpusc or cost")
+    ap.add_argument("--only", default="", help="tidy, corpus, corpusc, goals or cost")
     ap.add_argument("--corpus", action="append", default=[],
                     help="another corpus directory with a manifest.json to score beside corpus C")
     a = ap.parse_args(argv)
@@ -392,6 +494,8 @@ def main(argv=None):
         corpus_tables(quick, a.before)
     if a.only in ("", "corpusc"):
         corpus_c_tables(a.corpus)
+    if a.only in ("", "goals"):
+        goals_table(SETTINGS[1:2] if quick else SETTINGS)
     if a.only in ("", "cost"):
         cost_table(quick)
 

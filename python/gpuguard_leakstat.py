@@ -74,7 +74,9 @@ DEFAULTS = {
     "windows": (12, 18, 36, 72, 144),
     "z_min": 2.326,             # one-sided alpha = 0.01
     "decel_ratio": 0.6,         # slope / slope before it under this: decelerating
-    "debounce": 2,
+    "debounce": 2,              # fast tier: passes in a row; resolving: calm evaluations
+    "slow_passes": 3,           # slow tier: passing evaluations ...
+    "slow_look": 4,             # ... among the last this many (at most 30)
     "max_jump_share": 0.4,      # one bucket's jump may carry at most this of the growth
     "min_rises": 4,             # a leak raises the floor in at least this many buckets
     "few_rises": 8,             # ... and with fewer than this, by rises of alike size
@@ -287,7 +289,7 @@ class Series:
 
     FIELDS = ("fs", "dts", "pend", "prev_v", "fed_ts", "prev_fed", "bucket", "fine", "fine_min", "fine_cur",
               "fines", "floors", "cut", "streak", "fstreak", "calm", "firing", "last", "noise", "meds", "regap",
-              "dipped")
+              "dipped", "dt")
 
     def __init__(self, params, key, pid):
         self.p = params
@@ -312,6 +314,7 @@ class Series:
         self.cut = None             # bucket index where the segment starts
         self.regap = None           # [ts, level, slope] after a gap that did not cut (see feed)
         self.dipped = False         # the sample before this one was an empty_cache() dip, dropped
+        self.dt = None              # the sampling interval (median of the first intervals)
         self.streak = 0
         self.fstreak = 0
         self.calm = 0
@@ -509,6 +512,7 @@ class Series:
                 self.dts.append(ts - prev_ts)
             if len(self.dts) >= 4 or (prev_ts is not None and ts - prev_ts >= p["bucket_s"] / 10.0):
                 dt = median(self.dts) if self.dts else p["bucket_s"]
+                self.dt = dt
                 self.fs = min(p["bucket_s"] / 10.0, max(p["bucket_s"] / 60.0, 10.0 * dt))
                 self.fine = None if self.fine is None else int(prev_ts // self.fs)
         f = int(ts // self.fine_s())
@@ -529,8 +533,11 @@ class Series:
         # (a gap left by a dropped empty_cache() dip is no absence: the
         # job was there, at its allocated floor; an evaluation starting
         # right after it is not a restart)
-        if prev_ts is not None and ts - prev_ts > p["gap_check_s"] and self.prev_fed is not None \
-                and not (self.dipped and ts - prev_ts <= 2 * p["gap_check_s"]):
+        # (a watcher sampling every 2 minutes, from cron say, leaves no
+        # gap by sampling: a gap is 1.5 intervals at the least)
+        gap_check = max(p["gap_check_s"], 1.5 * (self.dt or 0.0))
+        if prev_ts is not None and ts - prev_ts > gap_check and self.prev_fed is not None \
+                and not (self.dipped and ts - prev_ts <= 2 * gap_check):
             # a gap and a different level after it: the process restarted
             # (a watcher that was away finds the level where it was)
             grown = max(0.0, self.last.get("slope") or 0.0) * (ts - prev_ts) / 3600.0
@@ -545,7 +552,7 @@ class Series:
                 # (a dropped empty_cache dip leaves a 2-sample gap: only
                 # longer ones, the job absent, are watched; and not before
                 # the noise is known: a noisy series moves by its noise)
-                long_gap = ts - prev_ts > 2 * p["gap_check_s"] and self.noise is not None
+                long_gap = ts - prev_ts > 2 * gap_check and self.noise is not None
                 self.regap = [ts, self.prev_fed, max(0.0, self.last.get("slope") or 0.0)] \
                     if long_gap and not restarted else None
             elif ts - prev_ts > p["bucket_s"]:
@@ -1214,8 +1221,12 @@ class Series:
             self.last["z"] = z
         if self.firing:
             return self.maybe_resolve(leaking, seg)
-        self.streak = self.streak + 1 if leaking else 0
-        if self.streak >= p["debounce"]:
+        # the last four evaluations as bits: a verdict that flickers on a
+        # healthy curve (a wander, a creep near the threshold) passes once
+        # or twice; a leak passes most of the time, with a miss now and
+        # then that must not start the count again
+        self.streak = ((self.streak << 1) | int(leaking)) & ((1 << p["slow_look"]) - 1)
+        if bin(self.streak).count("1") >= p["slow_passes"]:
             return self.fire("slow")
         return None
 

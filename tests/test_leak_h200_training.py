@@ -60,8 +60,13 @@ def test_healthy_training_curves_stay_quiet(tmp_path, name, factor):
 
 
 def test_real_leak_under_empty_cache_eval_and_checkpoints_is_caught(tmp_path):
-    events, summary = replay(tmp_path, stretched(tmp_path, "leak.csv", 60))
+    # Stretched 120x: 2390 MiB leaked over 8 h, about 300 MiB/h. (At 60x
+    # the whole recording is 4.1 h, and a leak from the job's first minute
+    # is judged only once the job has hours before the window: in its
+    # first hours a creep that will slow down, fragmentation or a cache
+    # filling, looks the same; docs/LEAK.md, "Records".)
+    events, summary = replay(tmp_path, stretched(tmp_path, "leak.csv", 120))
     firing = [e for e in events if e["state"] == "firing"]
     assert firing, summary
-    # 2390 MiB leaked over 4 h of stretched time: about 600 MiB/h
-    assert 300 <= firing[0]["slope_mib_per_hour"] <= 3000, firing[0]
+    assert 150 <= firing[0]["slope_mib_per_hour"] <= 1500, firing[0]
+    assert firing[0]["severity"] != "critical", firing[0]
