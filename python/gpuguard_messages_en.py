@@ -107,4 +107,18 @@ MESSAGES = {
     "currency": "",
     "gib": "{v:.1f} GiB",
     "mem_each": "{n} × {each}",
+    # ledger (python/gpuguard_ledger.py): the daily digest and gpuguard ledger
+    "tag_ledger": "DAILY",
+    "ledger_what": "GPU ledger {span}",
+    "ledger_head": "{idle} GPU-hours held idle ({pct}% of {held} GPU-hours held were idle or stuck)",
+    "ledger_head_cost": ", wasted {cost}",
+    "ledger_users": "By user (idle / held, GPU-hours):",
+    "ledger_user": "{user}: idle {idle} / held {held}, longest idle stretch {longest}",
+    "ledger_user_cost": ", wasted {cost}",
+    "ledger_more_users": "and {n} more users",
+    "ledger_worst": "Worst incidents:",
+    "ledger_slurm": "Slurm job {id}",
+    "ledger_incident": "{n}. GPU {gpus} idle for {longest} (until {end}): {who}",
+    "ledger_trend": "Idle GPU-hours, last 7 days: {days}",
+    "ledger_change": "; {pct}% on the 7 days before",
 }

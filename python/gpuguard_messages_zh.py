@@ -92,4 +92,18 @@ MESSAGES = {
     "currency": "¥",
     "gib": "{v:.1f} GiB",
     "mem_each": "{n} × {each}",
+    # ledger (python/gpuguard_ledger.py): the daily digest and gpuguard ledger
+    "tag_ledger": "日报",
+    "ledger_what": "GPU 占用日报 {span}",
+    "ledger_head": "空闲占卡 {idle} GPU 时（共占用 {held} GPU 时，其中 {pct}% 空闲或卡死）",
+    "ledger_head_cost": "，浪费 {cost}",
+    "ledger_users": "按用户（空闲 / 占用，GPU 时）：",
+    "ledger_user": "{user}：空闲 {idle} / 占用 {held}，最长一次连续空闲 {longest}",
+    "ledger_user_cost": "，浪费 {cost}",
+    "ledger_more_users": "另有 {n} 位用户",
+    "ledger_worst": "最严重的几次：",
+    "ledger_slurm": "Slurm 作业 {id}",
+    "ledger_incident": "{n}. GPU {gpus} 连续空闲 {longest}（至 {end}）：{who}",
+    "ledger_trend": "近 7 天空闲 GPU 时：{days}",
+    "ledger_change": "；比前 7 天 {pct}%",
 }
