@@ -1,0 +1,356 @@
+"""The ledger (lib/ledger.sh, python/gpuguard_ledger.py) as a shared lab box
+meets it: one simulated day, the clock pinned (GPUGUARD_NOW, TZ=UTC),
+cycles every 10 minutes from cron (--once) and from the daemon, two users
+whose real processes hold the stand-in GPU device file, idle, stuck and
+busy stretches, a kill -9 in the middle. The ledger is checked to the
+minute against the schedule, then the daily digest per provider (exactly
+once), the JSON, the privacy modes and the textfile counters."""
+import json
+import os
+import pwd
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+
+import pytest
+import webhook_sink
+from conftest import (ROOT, Box, app, busy_gpu, idle_gpu, require, run_killed_after, start_daemon, stop_daemon,
+                      wait_for)
+
+DAY0 = 1796169600                       # 2026-12-02 00:00 UTC
+H, M = 3600, 60
+STEP = 10 * M
+PYTHON = "/usr/bin/python3"             # the second user cannot run a venv under /root
+HOLD = "import sys, time; f = open(sys.argv[1]); print('ready', flush=True); time.sleep(3600)"
+
+
+def at(hh, mm=0, day=0):
+    return DAY0 + day * 86400 + hh * H + mm * M
+
+
+class Holder:
+    """A training job of one user: its own session, holding the stand-in
+    GPU device file open as a CUDA process holds /dev/nvidia*."""
+
+    def __init__(self, dev, user, tag):
+        pw = pwd.getpwnam(user)
+        self.proc = subprocess.Popen([PYTHON, "-c", HOLD, dev, tag], user=pw.pw_uid, group=pw.pw_gid,
+                                     stdout=subprocess.PIPE, text=True, start_new_session=True, cwd="/")
+        assert self.proc.stdout.readline().strip() == "ready"
+        self.pid = self.proc.pid
+
+    def stop(self):
+        os.killpg(self.pid, signal.SIGKILL)
+        self.proc.wait()
+
+
+def spinning_gpu(mem=30000):
+    # a collective waiting for a dead peer: 100 % at the idle power floor
+    return {"utilization.gpu": 100, "memory.used": mem, "power.draw": 121.0}
+
+
+def schedule(t, a, b1, b2):
+    """The day as a list of (gpus, apps) at sample time t (minutes since
+    midnight, the sample covering the 10 minutes before it):
+      GPU 0: root's job a 08:00-13:00, idle 10:00-12:00; nobody's job b2
+             15:00-16:00, idle all along;
+      GPU 1: nobody's job b1 09:00-17:00, idle 14:00-15:30, stuck
+             16:00-16:30, busy otherwise."""
+    gpu0, gpu1, apps = idle_gpu(mem=0), idle_gpu(mem=0), []
+    if 8 * 60 <= t <= 13 * 60:
+        gpu0 = idle_gpu(mem=30000) if 10 * 60 < t <= 12 * 60 else busy_gpu(mem=30000)
+        apps.append(app(a, gpu=0, mem=29800))
+    elif 15 * 60 < t <= 16 * 60:
+        gpu0 = idle_gpu(mem=20000)
+        apps.append(app(b2, gpu=0, mem=19800))
+    if 9 * 60 < t <= 17 * 60:
+        if 14 * 60 < t <= 15 * 60 + 30:
+            gpu1 = idle_gpu(mem=40000)
+        elif 16 * 60 < t <= 16 * 60 + 30:
+            gpu1 = spinning_gpu(mem=40000)
+        else:
+            gpu1 = busy_gpu(mem=40000)
+        apps.append(app(b1, gpu=1, mem=39800))
+    return [{"gpus": [gpu0, gpu1], "apps": apps}]
+
+
+# What the schedule says, by hand: sample 08:00 is the first cycle ever
+# (it accounts nothing); every later sample accounts its 10 minutes.
+ROOT_HELD, ROOT_IDLE = 5 * H, 2 * H                 # a: 08:10-13:00 held, 10:10-12:00 idle
+B1_HELD, B1_IDLE, B1_LONGEST = 8 * H, 2 * H, 90 * M    # 1 h 30 idle + 30 min stuck
+B2_HELD = B2_IDLE = 1 * H
+PRICE = 20
+
+
+def env_for(box, extra=None):
+    env = {"TZ": "UTC", "CHECK_INTERVAL": "600", "GPU_HOUR_PRICE": str(PRICE), "GPUGUARD_HOST": "lab-8gpu",
+           "GPUGUARD_TEXTFILE_DIR": str(box.tmp / "textfile")}
+    env.update(extra or {})
+    return env
+
+
+def cycle(box, t_min, ids, env=None, day=0):
+    box.write_scenario(schedule(t_min, *ids), gpus=2)
+    box.once(now=at(0, t_min, day), env=env_for(box, env))
+
+
+def daemon_cycle_then(box, t_min, ids, how):
+    """The daemon runs its cycle at t (pinned), then is stopped by `how`:
+    SIGKILL once its cycle reached the journal, or SIGTERM."""
+    box.write_scenario(schedule(t_min, *ids), gpus=2)
+    journal = box.state / "ledger" / "journal"
+    proc = start_daemon(box, env=dict(env_for(box), GPUGUARD_NOW=str(at(0, t_min))))
+    assert wait_for(lambda: journal.exists() and f"\t{at(0, t_min)}\t" in journal.read_text(), timeout=30)
+    if how == "kill":
+        proc.kill()
+        proc.communicate(timeout=15)
+    else:
+        rc, _, err = stop_daemon(proc)
+        assert rc == 0, err
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """One simulated day, run once for the module's tests."""
+    require(os.geteuid() == 0, "two users' jobs need root (a job of the user nobody)")
+    require(os.access(PYTHON, os.X_OK), PYTHON + " missing")
+    box = Box(tmp_path_factory.mktemp("lab"))
+    devdir = tempfile.mkdtemp(prefix="gg-ledger-dev-")
+    os.chmod(devdir, 0o755)
+    dev = os.path.join(devdir, "nvidia0")
+    open(dev, "w").close()
+    os.chmod(dev, 0o644)
+    box.env["JOBINFO_DEVICE_GLOB"] = os.path.join(devdir, "nvidia*")
+    holders = [Holder(dev, "root", "train_llama.py"), Holder(dev, "nobody", "sft.py"),
+               Holder(dev, "nobody", "eval.py")]
+    ids = [h.pid for h in holders]
+    try:
+        for t in range(8 * 60, 11 * 60, 10):              # 08:00-10:50 from cron
+            cycle(box, t, ids)
+        daemon_cycle_then(box, 11 * 60, ids, "kill")        # 11:00 the daemon, then kill -9
+        # 11:10: a daemon killed at some point of its cycle, then cron at the same time
+        box.write_scenario(schedule(11 * 60 + 10, *ids), gpus=2)
+        env = dict(box.env, **env_for(box), GPUGUARD_NOW=str(at(11, 10)))
+        run_killed_after([str(ROOT / "bin/yichuidingyin.sh")], env, 0.15)
+        for t in range(11 * 60 + 10, 14 * 60, 10):
+            cycle(box, t, ids)
+        daemon_cycle_then(box, 14 * 60, ids, "term")        # 14:00 the daemon, stopped cleanly
+        for t in range(14 * 60 + 10, 18 * 60 + 10, 10):   # 14:10-18:00 from cron
+            cycle(box, t, ids)
+        yield box, holders
+    finally:
+        for h in holders:
+            h.stop()
+        shutil.rmtree(devdir, ignore_errors=True)
+
+
+def ledger(box, *args, now=at(18), env=None):
+    r = box.run("ledger", *args, cmd="bin/gpuguard", env=dict(env_for(box, env), GPUGUARD_NOW=str(now)))
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+@pytest.mark.slow
+def test_the_day_is_accounted_to_the_minute_across_cron_daemon_and_kill(lab):
+    box, holders = lab
+    s = json.loads(ledger(box, "--json"))
+    assert (s["from"], s["to"], s["names"]) == ("2026-12-02", "2026-12-02", "user")
+    users = {u["user"]: (u["held_s"], u["idle_s"], u["longest_s"]) for u in s["users"]}
+    assert users == {"nobody": (B1_HELD + B2_HELD, B1_IDLE + B2_IDLE, B1_LONGEST),
+                     "root": (ROOT_HELD, ROOT_IDLE, 2 * H)}
+    assert s["held_s"] == 14 * H and s["idle_s"] == 5 * H
+    # 5 idle GPU-hours at 20 an hour
+    assert s["cost"] == 100.0 and s["currency"] == "¥"
+    assert [u["user"] for u in s["users"]] == ["nobody", "root"]        # most idle first
+    assert [u["cost"] for u in s["users"]] == [60.0, 40.0]
+    worst = [(w["user"], w["gpus"], w["longest_s"], w["end_ts"]) for w in s["worst"]]
+    assert worst == [("root", ["0"], 2 * H, at(12)), ("nobody", ["1"], B1_LONGEST, at(15, 30)),
+                     ("nobody", ["0"], H, at(16))]
+    assert "train_llama.py" in s["worst"][0]["cmd"]
+    assert s["worst"][0]["job"] == "pid:%d@%s" % (holders[0].pid, s["worst"][0]["job"].split("@")[1])
+    # the day file on disk says the same (the journal holds at most 10 cycles)
+    day = (box.state / "ledger" / "2026-12-02.tsv").read_text()
+    assert day.startswith("# gpuguard ledger 1\nday\t2026-12-02\n")
+    journal = (box.state / "ledger" / "journal").read_text().splitlines()
+    assert len(journal) < 10
+
+
+@pytest.mark.slow
+def test_text_and_a_later_day(lab):
+    box, _ = lab
+    text = ledger(box, env={"NOTIFY_LANG": "zh"})
+    assert "[gpuguard 日报] lab-8gpu：GPU 占用日报 2026-12-02" in text
+    assert "空闲占卡 5.0 GPU 时（共占用 14.0 GPU 时，其中 36% 空闲或卡死），浪费 ¥ 100.00" in text
+    assert "nobody：空闲 3.0 / 占用 9.0，最长一次连续空闲 1 小时 30 分，浪费 ¥ 60.00" in text
+    en = ledger(box)
+    assert "5.0 GPU-hours held idle (36% of 14.0 GPU-hours held were idle or stuck), wasted ¥ 100.00" in en
+    assert "1. GPU 0 idle for 2 h 0 min (until 12:00): root · " in en and "train_llama.py" in en
+    # a week: the day shows in the trend; a day later without samples is empty
+    week = json.loads(ledger(box, "--since", "7d", "--json", now=at(12, day=1)))
+    assert week["from"] == "2026-11-27" and week["to"] == "2026-12-03"
+    assert [t["idle_s"] for t in week["trend"]] == [0, 0, 0, 0, 0, 5 * H, 0]
+    today = json.loads(ledger(box, "--json", now=at(12, day=1)))
+    assert today["held_s"] == 0 and today["users"] == [] and today["worst"] == []
+
+
+@pytest.mark.slow
+def test_privacy_hash_and_none(lab):
+    box, _ = lab
+    hashed = json.loads(ledger(box, "--json", env={"LEDGER_NAMES": "hash"}))
+    names = [u["user"] for u in hashed["users"]]
+    assert all(re.fullmatch(r"u[0-9a-f]{8}", n) for n in names) and len(set(names)) == 2
+    assert json.loads(ledger(box, "--json", env={"LEDGER_NAMES": "hash"}))["users"] == hashed["users"]
+    assert "root" not in json.dumps(hashed) and "nobody" not in json.dumps(hashed)
+    assert all(w["cmd"] is None for w in hashed["worst"])
+    none = json.loads(ledger(box, "--json", env={"LEDGER_NAMES": "none"}))
+    assert none["users"] == [] and none["idle_s"] == 5 * H
+    assert all(w["user"] is None and w["cmd"] is None for w in none["worst"])
+    text = ledger(box, env={"LEDGER_NAMES": "none"})
+    assert "root" not in text and "nobody" not in text and "5.0 GPU-hours held idle" in text
+
+
+@pytest.mark.slow
+def test_counters_in_the_textfile(lab):
+    box, _ = lab
+    text = (box.tmp / "textfile" / "gpuguard_idle.prom").read_text()
+    assert "# TYPE gpuguard_gpu_held_seconds_total counter" in text
+    assert 'gpuguard_gpu_held_seconds_total{user="root"} %d' % ROOT_HELD in text
+    assert 'gpuguard_gpu_idle_held_seconds_total{user="nobody"} %d' % (B1_IDLE + B2_IDLE) in text
+    promtool = shutil.which("promtool")
+    require(promtool is not None, "promtool (Debian package prometheus) not installed")
+    r = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def providers_of(sink):
+    out = {}
+    for r in sink.requests:
+        out.setdefault(r["path"].split("/")[1], []).append(r["body"])
+    return out
+
+
+TEXT_OF = {"dingtalk": lambda b: b["markdown"]["text"], "feishu": lambda b: b["content"]["text"],
+           "wecom": lambda b: b["markdown"]["content"], "slack": lambda b: b["text"]}
+
+
+@pytest.mark.slow
+def test_daily_digest_once_per_target_across_restarts_kill_and_cron(lab, tmp_path):
+    src, _ = lab
+    box = Box(tmp_path)
+    shutil.copytree(src.state, box.state)
+    box.env["JOBINFO_DEVICE_GLOB"] = src.env["JOBINFO_DEVICE_GLOB"]
+    server, sink = webhook_sink.serve(quiet=True)
+    url = "http://127.0.0.1:%d" % server.server_address[1]
+    try:
+        digest = {"LEDGER_DIGEST_AT": "09:00", "NOTIFY_URL": (
+            f"dingtalk+{url}/dingtalk/robot/send?access_token=t1 feishu+{url}/feishu/hook/abc "
+            f"wecom+{url}/wecom/send?key=k1 slack+{url}/slack/services/T/B/C"),
+            "ALERTMANAGER_URL": url}
+        empty = [{"gpus": [idle_gpu(mem=0), idle_gpu(mem=0)], "apps": []}]
+        box.write_scenario(empty, gpus=2)
+        box.once(now=at(8, 50, day=1), env=env_for(box, digest))
+        assert sink.requests == []                                   # not yet 09:00
+        box.once(now=at(9, 0, day=1), env=env_for(box, digest))
+        posts = providers_of(sink)
+        assert sorted(posts) == ["api", "dingtalk", "feishu", "slack", "wecom"]
+        assert posts["api"] == [[]]                                  # Alertmanager: a report is no alert
+        for p in ("dingtalk", "feishu", "wecom", "slack"):
+            assert len(posts[p]) == 1, p
+        texts = {p: TEXT_OF[p](posts[p][0]) for p in TEXT_OF}
+        for p in ("dingtalk", "feishu", "wecom"):
+            t = texts[p]
+            assert "[gpuguard 日报] lab-8gpu：GPU 占用日报 2026-12-02" in t, t
+            assert "空闲占卡 5.0 GPU 时" in t and "浪费 ¥ 100.00" in t
+            assert "root：空闲 2.0 / 占用 5.0，最长一次连续空闲 2 小时 0 分，浪费 ¥ 40.00" in t
+            assert "1. GPU 0 连续空闲 2 小时 0 分（至 12:00）：root" in t
+            assert "近 7 天空闲 GPU 时：11-26 0.0 · 11-27 0.0 · 11-28 0.0 · 11-29 0.0 · 11-30 0.0 · 12-01 0.0 · 12-02 5.0" in t
+        assert "*[gpuguard DAILY] lab-8gpu: GPU ledger 2026-12-02*" in texts["slack"]
+        assert "nobody: idle 3.0 / held 9.0, longest idle stretch 1 h 30 min, wasted ¥ 60.00" in texts["slack"]
+        assert not any("@" in t for t in texts.values())             # a report mentions nobody
+        examples = tmp_path / "examples"
+        examples.mkdir()
+        for p, t in texts.items():
+            (examples / p).write_text(t)
+        n = len(sink.requests)
+        # later cycles, a restart, a kill -9 of the daemon, a lost marker: never again
+        box.once(now=at(9, 10, day=1), env=env_for(box, digest))
+        proc = start_daemon(box, env=dict(env_for(box, digest), GPUGUARD_NOW=str(at(9, 20, day=1))))
+        assert wait_for(lambda: f"\t{at(9, 20, day=1)}\t" in (box.state / "ledger" / "journal").read_text())
+        proc.kill()
+        proc.communicate(timeout=15)
+        (box.state / "ledger" / "digest-sent").unlink()           # as if killed before the mark
+        box.once(now=at(9, 30, day=1), env=env_for(box, digest))
+        assert len(sink.requests) == n
+        assert (box.state / "ledger" / "digest-sent").read_text() == "2026-12-02\n"
+        # the next day had no held GPU: nothing is sent for it
+        box.once(now=at(9, 0, day=2), env=env_for(box, digest))
+        assert len(sink.requests) == n
+        assert (box.state / "ledger" / "digest-sent").read_text() == "2026-12-03\n"
+    finally:
+        server.shutdown()
+
+
+# ------------------------------------------------ fast, one user ----
+
+def test_bad_since_and_digest_time_are_one_line_errors(box):
+    r = box.run("ledger", "--since", "yesterday", cmd="bin/gpuguard")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--since" in r.stderr
+    r = box.run("ledger", "--bogus", cmd="bin/gpuguard")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    r = box.run("--once", env={"LEDGER_DIGEST_AT": "9am"})
+    assert r.returncode == 2 and "LEDGER_DIGEST_AT" in r.stderr and r.stderr.count("\n") == 1
+    r = box.run("--once", env={"LEDGER_NAMES": "initials"})
+    assert r.returncode == 2 and "LEDGER_NAMES" in r.stderr
+
+
+def test_a_stopped_watchdog_does_not_invent_held_time(box):
+    """Cron stopped for five hours: the first cycle after accounts at most
+    3 cycles; a failed nvidia-smi sample accounts nothing."""
+    box.write_scenario([{"gpus": [idle_gpu(mem=30000)], "apps": [app(os.getpid(), mem=29800)]}])
+    env = {"CHECK_INTERVAL": "60", "TZ": "UTC", "JOBINFO_DEVICE_GLOB": "/nonexistent*"}
+    for t in (0, 60, 120, 120 + 5 * H):
+        box.once(now=at(10) + t, env=env)
+    box.write_scenario([{"fault": "driver"}])
+    box.once(now=at(10) + 5 * H + 180, env=env)
+    s = json.loads(ledger(box, "--json", now=at(23), env=env))
+    # 2 minutes, then 3 cycles (180 s) for the 5-hour gap; the failed sample: 0
+    assert s["held_s"] == 300 and s["idle_s"] == 300
+    # a PID this namespace cannot vouch for is no one's: "?"
+    assert [u["user"] for u in s["users"]] == ["?"]
+
+
+def test_busy_box_stays_under_a_megabyte_a_month(box):
+    """A day of 400 jobs (a new job every few minutes on 8 GPUs) keeps
+    LEDGER_MAX_JOBS rows; the rest of a user's jobs add up in one row."""
+    ledger_dir = box.state / "ledger"
+    ledger_dir.mkdir(parents=True)
+    lines = []
+    for i in range(1, 401):
+        entries = "\t".join(f"GPU-{g}|{g}|{i % 2}|user{i % 7}|slurm:{100000 + i * 8 + g // 4}" for g in range(8))
+        lines.append(f"c\t{i}\t{at(0, 3 * i)}\t180\t{entries}")
+    (ledger_dir / "journal").write_text("\n".join(lines) + "\n")
+    box.write_scenario([{"gpus": [idle_gpu(mem=0)], "apps": []}])
+    box.once(now=at(0, 3 * 401), env={"CHECK_INTERVAL": "180", "TZ": "UTC"})
+    day = (ledger_dir / "2026-12-02.tsv").read_text()
+    rows = [ln for ln in day.splitlines() if ln.startswith("job\t")]
+    assert len(rows) <= 150 + 7
+    assert len(day.encode()) * 31 < 1 << 20
+    s = json.loads(ledger(box, "--json", now=at(23), env={"TZ": "UTC"}))
+    assert s["held_s"] == 400 * 8 * 180                   # nothing dropped, only merged
+    assert (ledger_dir / "journal").read_text() == ""
+
+
+def test_retention_prunes_old_day_files(box):
+    ledger_dir = box.state / "ledger"
+    ledger_dir.mkdir(parents=True)
+    old, recent = ledger_dir / "2026-10-01.tsv", ledger_dir / "2026-11-30.tsv"
+    for f in (old, recent):
+        f.write_text("# gpuguard ledger 1\n")
+    os.utime(old, (at(0) - 40 * 86400, at(0) - 40 * 86400))
+    os.utime(recent, (at(0) - 2 * 86400, at(0) - 2 * 86400))
+    box.write_scenario([{"gpus": [idle_gpu(mem=0)], "apps": []}])
+    box.once(now=at(0), env={"TZ": "UTC"})
+    assert not old.exists() and recent.exists()
