@@ -24,7 +24,7 @@ DAY0 = 1796169600                       # 2026-12-02 00:00 UTC
 H, M = 3600, 60
 STEP = 10 * M
 PYTHON = "/usr/bin/python3"             # the second user cannot run a venv under /root
-HOLD = "import sys, time; f = open(sys.argv[1]); print('ready', flush=True); time.sleep(3600)"
+HOLD = "import sys, time\nf = open(sys.argv[1])\nprint('ready', flush=True)\ntime.sleep(3600)\n"
 
 
 def at(hh, mm=0, day=0):
@@ -35,9 +35,12 @@ class Holder:
     """A training job of one user: its own session, holding the stand-in
     GPU device file open as a CUDA process holds /dev/nvidia*."""
 
-    def __init__(self, dev, user, tag):
+    def __init__(self, dev, user, script):
         pw = pwd.getpwnam(user)
-        self.proc = subprocess.Popen([PYTHON, "-c", HOLD, dev, tag], user=pw.pw_uid, group=pw.pw_gid,
+        path = os.path.join(os.path.dirname(dev), script)
+        with open(path, "w") as f:
+            f.write(HOLD)
+        self.proc = subprocess.Popen([PYTHON, path, dev], user=pw.pw_uid, group=pw.pw_gid,
                                      stdout=subprocess.PIPE, text=True, start_new_session=True, cwd="/")
         assert self.proc.stdout.readline().strip() == "ready"
         self.pid = self.proc.pid
@@ -105,11 +108,32 @@ def daemon_cycle_then(box, t_min, ids, how):
     proc = start_daemon(box, env=dict(env_for(box), GPUGUARD_NOW=str(at(0, t_min))))
     assert wait_for(lambda: journal.exists() and f"\t{at(0, t_min)}\t" in journal.read_text(), timeout=30)
     if how == "kill":
-        proc.kill()
-        proc.communicate(timeout=15)
+        kill9(proc)
     else:
         rc, _, err = stop_daemon(proc)
         assert rc == 0, err
+
+
+def kill9(proc):
+    """kill -9 of the daemon; its `sleep` child, which a real kill leaves
+    behind holding nothing of ours, is ended too."""
+    kids = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                if entry.isdigit() and int(f.read().rsplit(")", 1)[1].split()[1]) == proc.pid:
+                    kids.append(int(entry))
+        except (OSError, IndexError, ValueError):
+            pass
+    proc.kill()
+    proc.wait(timeout=15)
+    for pid in kids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.stdout.close()
+    proc.stderr.close()
 
 
 @pytest.fixture(scope="module")
@@ -279,8 +303,7 @@ def test_daily_digest_once_per_target_across_restarts_kill_and_cron(lab, tmp_pat
         box.once(now=at(9, 10, day=1), env=env_for(box, digest))
         proc = start_daemon(box, env=dict(env_for(box, digest), GPUGUARD_NOW=str(at(9, 20, day=1))))
         assert wait_for(lambda: f"\t{at(9, 20, day=1)}\t" in (box.state / "ledger" / "journal").read_text())
-        proc.kill()
-        proc.communicate(timeout=15)
+        kill9(proc)
         (box.state / "ledger" / "digest-sent").unlink()           # as if killed before the mark
         box.once(now=at(9, 30, day=1), env=env_for(box, digest))
         assert len(sink.requests) == n
