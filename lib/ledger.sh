@@ -7,7 +7,7 @@
 # - every cycle, one line is appended to ledger/journal (a plain append,
 #   no fork): the cycle's sequence number, time, the seconds it accounts
 #   and, per held GPU, who held it and whether it was idle or stuck;
-# - every LEDGER_SAVE_EVERY cycles, at a day's end and when the daemon
+# - every LEDGER_SAVE_EVERY (20) cycles, at a day's end and when the daemon
 #   stops, the day's aggregate is written atomically to ledger/DAY.tsv
 #   (with the last sequence number it holds) and the journal is emptied.
 #
@@ -24,11 +24,11 @@
 # the journal is this module's own. The daily digest is built there too and
 # queued here, once per day (see ledger_digest_maybe).
 
-LEDGER_SAVE_EVERY=10
+LEDGER_SAVE_EVERY=20
 LEDGER_GAP_CYCLES=3
 # Job rows kept per day; later jobs of a user are added to its "(other)" row,
-# so a day file stays under ~30 KB (about 1 MB a month) on a busy box.
-LEDGER_MAX_JOBS=150
+# so a day file stays under ~28 KB (0.9 MB a month) on the busiest box.
+LEDGER_MAX_JOBS=120
 LEDGER_CMD_MAX=100
 
 # Declares the ledger's arrays and loads the saved ledger (see module comment).
@@ -40,7 +40,11 @@ ledger_init() {
   declare -g LG_DAY='' LG_LAST=0 LG_SEQ=0 LG_SAVED_SEQ=0 LG_JOURNAL_N=0 LG_NJOBS=0
   declare -g LG_READONLY=0 LG_DIR=$GPUGUARD_STATE_DIR/ledger LG_DIGEST_DONE='' LG_OK=1
   [[ ${1:-} == readonly ]] && LG_READONLY=1
-  if [[ -L $LG_DIR ]] || { [[ ! -d $LG_DIR ]] && ((!LG_READONLY)) && ! mkdir -m 700 -- "$LG_DIR" 2>/dev/null; }; then
+  if ((LG_READONLY)) && [[ ! -d $LG_DIR ]]; then
+    LG_OK=0
+    return 0
+  fi
+  if [[ -L $LG_DIR ]] || { [[ ! -d $LG_DIR ]] && ! mkdir -m 700 -- "$LG_DIR" 2>/dev/null; }; then
     gg_log warn "ledger: cannot use $LG_DIR (a link, or not writable); the ledger is off"
     LG_OK=0
     return 0
@@ -113,11 +117,22 @@ ledger_account() {
   local seq=$1 ts=$2 dt=$3 entry uuid idx idle user job key day run
   shift 3
   printf -v day '%(%Y-%m-%d)T' "$ts"
-  [[ $day == "$LG_DAY" ]] || ledger_rollover "$day"
+  if [[ $day != "$LG_DAY" ]]; then
+    # a clock set back past midnight never reopens (and empties) a finished day
+    if [[ -n $LG_DAY && $day < $LG_DAY ]]; then
+      LG_SEQ=$seq
+      return 0
+    fi
+    ledger_rollover "$day"
+  fi
   local -A seen=()
   for entry in "$@"; do
-    IFS='|' read -r uuid idx idle user job <<<"$entry"
-    [[ -n $job ]] || continue
+    # UUID|INDEX|IDLE|USER|JOB, split without a here-string (no temp file)
+    uuid=${entry%%|*} entry=${entry#*|}
+    idx=${entry%%|*} entry=${entry#*|}
+    idle=${entry%%|*} entry=${entry#*|}
+    user=${entry%%|*} job=${entry#*|}
+    [[ -n $job && $job != *'|'* ]] || continue
     key=$user$'\t'$job
     if [[ -z ${LG_HELD[$key]+set} ]]; then
       if ((LG_NJOBS >= LEDGER_MAX_JOBS)); then
@@ -218,26 +233,33 @@ ledger_day_text_into() {
 ledger_cycle() {
   local now=$1
   ((${LG_OK:-0})) || return 0
-  # a failed sample tells nothing: the next good one covers the gap
-  if ((MON_FAILS == 0)); then
-    local dt=0 cap=$((LEDGER_GAP_CYCLES * CHECK_INTERVAL))
-    ((LG_LAST > 0 && now > LG_LAST)) && dt=$((now - LG_LAST))
-    ((dt <= cap)) || dt=$cap
-    local -a entries=()
-    ledger_entries_into entries
-    local seq=$((LG_SEQ + 1)) line entry
-    ledger_account "$seq" "$now" "$dt" "${entries[@]}"
-    printf -v line 'c\t%s\t%s\t%s' "$seq" "$now" "$dt"
-    for entry in "${entries[@]}"; do line+=$'\t'$entry; done
-    if gg_append "$LG_DIR/journal" "$line"$'\n' 2>/dev/null; then
-      LG_JOURNAL_N=$((LG_JOURNAL_N + 1))
-    else
-      # the journal cannot grow (disk full): save the day now instead
-      LG_JOURNAL_N=$LEDGER_SAVE_EVERY
-    fi
-    ((LG_JOURNAL_N < LEDGER_SAVE_EVERY)) || ledger_save || true
+  # a failed sample tells nothing: the next good one covers the gap; a
+  # clock set back accounts nothing until it passes the last cycle again
+  if ((MON_FAILS == 0 && now >= LG_LAST)); then
+    ledger_cycle_account "$now"
   fi
   [[ -z ${LEDGER_DIGEST_AT:-} ]] || ledger_digest_maybe "$now"
+}
+
+# Accounts this cycle's sample, journals it, and saves every
+# LEDGER_SAVE_EVERY journaled cycles.
+ledger_cycle_account() {
+  local now=$1 dt=0 cap=$((LEDGER_GAP_CYCLES * CHECK_INTERVAL)) seq line entry
+  ((LG_LAST == 0)) || dt=$((now - LG_LAST))
+  ((dt <= cap)) || dt=$cap
+  local -a entries=()
+  ledger_entries_into entries
+  seq=$((LG_SEQ + 1))
+  ledger_account "$seq" "$now" "$dt" "${entries[@]}"
+  printf -v line 'c\t%s\t%s\t%s' "$seq" "$now" "$dt"
+  for entry in "${entries[@]}"; do line+=$'\t'$entry; done
+  if gg_append "$LG_DIR/journal" "$line"$'\n' 2>/dev/null; then
+    LG_JOURNAL_N=$((LG_JOURNAL_N + 1))
+  else
+    # the journal cannot grow (disk full): save the day now instead
+    LG_JOURNAL_N=$LEDGER_SAVE_EVERY
+  fi
+  ((LG_JOURNAL_N < LEDGER_SAVE_EVERY)) || ledger_save || true
 }
 
 # Puts one entry per held GPU of this cycle's sample into the array named
@@ -246,17 +268,25 @@ ledger_cycle() {
 # IDLE_MEM_MIB; it is idle or stuck while the watchdog counts it so.
 ledger_entries_into() {
   local -n entries_ref=$1
-  local uuid pid mem best best_mem held idle user job key
+  local uuid pid mem best best_mem held idle key rest line
   local -A pids_now=()
   for uuid in "${SMI_UUIDS[@]}"; do
     best='' best_mem=-1
-    while IFS=$'\t' read -r pid _ mem; do
-      [[ -n $pid ]] || continue
+    # "PID<TAB>NAME<TAB>MIB" lines, read by expansion (a cycle forks nothing)
+    rest=${SMI_PROCS[$uuid]:-}
+    while [[ -n $rest ]]; do
+      line=${rest%%$'\n'*}
+      rest=${rest#"$line"}
+      rest=${rest#$'\n'}
+      pid=${line%%$'\t'*} mem=${line##*$'\t'}
+      [[ -n $pid && $pid != "$line" ]] || continue
       pids_now[$pid]=1
-      if ((${mem%.*} > best_mem)); then
-        best=$pid best_mem=${mem%.*}
+      mem=${mem%.*}
+      [[ -n $mem && $mem != *[!0-9]* ]] || mem=0
+      if ((mem > best_mem)); then
+        best=$pid best_mem=$mem
       fi
-    done <<<"${SMI_PROCS[$uuid]:-}"
+    done
     held=0
     if [[ -n $best ]]; then
       held=1
@@ -401,13 +431,14 @@ ledger_digest_queued() {
   grep -qsF -- "\"id\":\"$1\"" "$dir"/outbox/*.json "$dir/events.jsonl" "$dir/events.jsonl.1" 2>/dev/null
 }
 
-# Prints the ledger as it stands (the day files, and today's rows with the
-# journal replayed) for gpuguard ledger: options go to the Python helper.
-ledger_show() {
+# Runs a command (gpuguard ledger, gpuguard report) with today's ledger on
+# its stdin: the day file's text as the watchdog holds it (the journal
+# replayed), read only; nothing is written.
+ledger_with_today() {
   ledger_init readonly
   local text=''
   ((LG_OK)) && [[ -n $LG_DAY ]] && ledger_day_text_into text
-  gg_python gpuguard_ledger.py "LEDGER_NAMES GPU_HOUR_PRICE GPU_PRICE_CURRENCY NOTIFY_LANG" show "$@" <<<"$text"
+  "$@" <<<"$text"
 }
 
 # Checks the ledger's keys that the configuration's kinds cannot.

@@ -198,6 +198,34 @@ def summarize(by_day, span, trend_days, prev_days, env):
             "worst": worst, "trend": trend, "prev_idle_s": prev_idle}
 
 
+def span_days(first, last):
+    """The days from first to last (ISO dates), at most ten years."""
+    span = []
+    d = last
+    while d >= first and len(span) < 3660:
+        span.append(d)
+        d = days_back(d, 2)[0]
+    return span[::-1]
+
+
+def period(env, first, last, today_text=""):
+    """(summary, jobs) of the days first..last for a report: the summary
+    as `gpuguard ledger` shows it, and every job row of the period (names
+    as LEDGER_NAMES says; no command line unless names are shown), most
+    idle first."""
+    span = span_days(first, last)
+    prev = days_back(span[0], len(span) + 1)[:-1]
+    by_day = read_days(ledger_dir(env), prev + span, today=(day_in(today_text), today_text))
+    summary = summarize(by_day, span, span, prev, env)
+    mode = summary["names"]
+    name = namer(mode, ledger_dir(env))
+    jobs = [dict(j, day=d, user=name(j["user"]), cmd=j["cmd"] if mode == "user" else "",
+                 job=j["job"] if mode == "user" or j["job"].startswith("slurm:") else "")
+            for d in span for j in by_day.get(d, [])]
+    jobs.sort(key=lambda j: (-j["idle_s"], -j["held_s"]))
+    return summary, jobs
+
+
 def digest_event(day, now, env):
     """The daily digest of `day` (None when no GPU was held that day):
     the day, the 7 days ending with it, and the 7 before for the change."""
@@ -341,12 +369,7 @@ def show(args, env, stdin_text, now=None):
     first = parse_since(since, now)
     if first > today:
         raise UsageError(f"--since {since} is in the future")
-    span = []
-    d = today
-    while d >= first and len(span) < 3660:
-        span.append(d)
-        d = days_back(d, 2)[0]
-    span.reverse()
+    span = span_days(first, today)
     prev = days_back(span[0], len(span) + 1)[:-1]
     by_day = read_days(ledger_dir(env), prev + span, today=(day_in(stdin_text), stdin_text))
     s = summarize(by_day, span, span, prev, env)
