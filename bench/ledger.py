@@ -33,7 +33,7 @@ def busy_day_bytes(work):
     lines = []
     for i in range(1, 471):
         entries = "\t".join(f"GPU-{g}|{g}|{i % 2}|user{i % 7}|slurm:{100000 + i * 8 + g // 4}" for g in range(8))
-        lines.append(f"c\t{i}\t{DAY0 + 180 * i}\t180\t{entries}")
+        lines.append(f"c\t{i}\t{DAY0 + 180 * i}\t180\t{entries}\t.")
     with open(os.path.join(state, "ledger", "journal"), "w") as f:
         f.write("\n".join(lines) + "\n")
     scen = os.path.join(work, "scenario.json")

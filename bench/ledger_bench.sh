@@ -8,6 +8,7 @@
 # N" (this shell and its children: the day file's atomic writes fork)
 # and "day_file_bytes N".
 
+# shellcheck disable=SC2034 # the arrays and globals are the libraries' (the sample, the verdicts)
 GPUGUARD_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 for lib in "$GPUGUARD_ROOT"/lib/*.sh; do
   # shellcheck source=/dev/null
@@ -30,6 +31,8 @@ main() {
   : >"$dev"
   JOBINFO_DEVICE_GLOB="$GPUGUARD_STATE_DIR/nvidia*"
   for i in 0 1 2 3 4 5 6 7; do
+    # a job holding the GPU: the stand-in device file open, as /dev/nvidia*
+    # shellcheck disable=SC2217 # the open file is the point, not the input
     sleep 3600 <"$dev" &
     pids+=("$!")
   done
@@ -44,7 +47,7 @@ main() {
     SMI_UUIDS+=("$uuid")
     SMI_INDEX[$uuid]=$i SMI_MEM_USED[$uuid]=30000
     SMI_PROCS[$uuid]="${pids[i]}"$'\t'python3$'\t'29800
-    ((i % 2)) && IDLE_CYCLES[$uuid]=1
+    ((i % 2)) && IDLE_CYCLES["$uuid"]=1
   done
   # the first cycle looks the jobs up (once per PID); then the steady state
   ledger_cycle 1000000

@@ -65,11 +65,15 @@ ledger_load() {
   local -a f
   LG_REPLAYING=1
   for line in "${lines[@]}"; do
-    # c SEQ TS DT ENTRY...; a line cut by a kill lacks its newline only
+    # c SEQ TS DT ENTRY... . (the dot ends a whole line: a write cut
+    # short by a full disk is left out)
     IFS=$'\t' read -r -a f <<<"$line"
-    [[ ${f[0]:-} == c ]] && gg_is_uint "${f[1]:-}" && gg_is_uint "${f[2]:-}" && gg_is_uint "${f[3]:-}" || continue
+    if [[ ${f[0]:-} != c || ${f[${#f[@]} - 1]} != . ]] || ! gg_is_uint "${f[1]:-}" ||
+      ! gg_is_uint "${f[2]:-}" || ! gg_is_uint "${f[3]:-}"; then
+      continue
+    fi
     ((f[1] > LG_SEQ)) || continue
-    ledger_account "${f[@]:1}"
+    ledger_account "${f[@]:1:${#f[@]}-2}"
   done
   LG_REPLAYING=0
   # the journal stays as it is: the next save takes it in
@@ -187,7 +191,7 @@ ledger_rollover() {
 # Writes the day file atomically, then empties the journal (unless $1 is
 # "keep-journal": more lines of it may belong to the next day).
 ledger_save() {
-  ((LG_OK && !LG_READONLY)) && [[ -n $LG_DAY ]] || return 0
+  ((LG_OK && ! LG_READONLY)) && [[ -n $LG_DAY ]] || return 0
   local text key user
   ledger_day_text_into text
   gg_write_atomic "$LG_DIR/$LG_DAY.tsv" "$text" || return 1
@@ -253,7 +257,7 @@ ledger_cycle_account() {
   ledger_account "$seq" "$now" "$dt" "${entries[@]}"
   printf -v line 'c\t%s\t%s\t%s' "$seq" "$now" "$dt"
   for entry in "${entries[@]}"; do line+=$'\t'$entry; done
-  if gg_append "$LG_DIR/journal" "$line"$'\n' 2>/dev/null; then
+  if gg_append "$LG_DIR/journal" "$line"$'\t.\n' 2>/dev/null; then
     LG_JOURNAL_N=$((LG_JOURNAL_N + 1))
   else
     # the journal cannot grow (disk full): save the day now instead
@@ -348,6 +352,7 @@ ledger_holder_key() {
 # The label a user gets outside this box (LEDGER_NAMES): the name, a
 # salted hash ("u" and 8 hex digits; the salt stays in the ledger folder)
 # or nothing ('').
+# shellcheck disable=SC2034 # name_ref: nameref, assigns the caller's variable
 ledger_name_into() {
   local user=$1 salt=''
   local -n name_ref=$2
@@ -404,7 +409,7 @@ ledger_samples_into() {
 # events.jsonl. Nothing is sent for a day without held GPUs.
 ledger_digest_maybe() {
   local now=$1 hm h m s yesterday
-  ((!LG_READONLY)) || return 0
+  ((! LG_READONLY)) || return 0
   printf -v hm '%(%H:%M)T' "$now"
   [[ ! $hm < $LEDGER_DIGEST_AT ]] || return 0
   printf -v h '%(%H %M %S)T' "$now"

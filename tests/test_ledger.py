@@ -12,13 +12,11 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 
 import pytest
 import webhook_sink
-from conftest import (ROOT, Box, app, busy_gpu, idle_gpu, require, run_killed_after, start_daemon, stop_daemon,
-                      wait_for)
+from conftest import ROOT, Box, app, busy_gpu, idle_gpu, require, run_killed_after, start_daemon, stop_daemon, wait_for
 
 DAY0 = 1796169600                       # 2026-12-02 00:00 UTC
 H, M = 3600, 60
@@ -171,7 +169,8 @@ def lab(tmp_path_factory):
         shutil.rmtree(devdir, ignore_errors=True)
 
 
-def ledger(box, *args, now=at(18), env=None):
+def ledger(box, *args, now=None, env=None):
+    now = at(18) if now is None else now
     r = box.run("ledger", *args, cmd="bin/gpuguard", env=dict(env_for(box, env), GPUGUARD_NOW=str(now)))
     assert r.returncode == 0, r.stderr
     return r.stdout
@@ -373,7 +372,7 @@ def test_busy_box_stays_under_a_megabyte_a_month(box):
     lines = []
     for i in range(1, 401):
         entries = "\t".join(f"GPU-{g}|{g}|{i % 2}|user{i % 7}|slurm:{100000 + i * 8 + g // 4}" for g in range(8))
-        lines.append(f"c\t{i}\t{at(0, 3 * i)}\t180\t{entries}")
+        lines.append(f"c\t{i}\t{at(0, 3 * i)}\t180\t{entries}\t.")
     (ledger_dir / "journal").write_text("\n".join(lines) + "\n")
     box.write_scenario([{"gpus": [idle_gpu(mem=0)], "apps": []}])
     box.once(now=at(0, 3 * 401), env={"CHECK_INTERVAL": "180", "TZ": "UTC"})
@@ -397,3 +396,87 @@ def test_retention_prunes_old_day_files(box):
     box.write_scenario([{"gpus": [idle_gpu(mem=0)], "apps": []}])
     box.once(now=at(0), env={"TZ": "UTC"})
     assert not old.exists() and recent.exists()
+
+
+def test_a_torn_journal_line_is_left_out(box):
+    box.write_scenario([{"gpus": [idle_gpu(mem=30000)], "apps": []}])
+    env = {"CHECK_INTERVAL": "60", "TZ": "UTC"}
+    for t in (0, 60):
+        box.once(now=at(10) + t, env=env)
+    with open(box.state / "ledger" / "journal", "a") as f:
+        f.write(f"c\t3\t{at(10, 2)}\t60\tGPU-x|0|1|mallory|pid:1@1")     # a write cut short
+    s = json.loads(ledger(box, "--json", now=at(23), env=env))
+    assert s["held_s"] == 60 and [u["user"] for u in s["users"]] == ["?"]
+
+
+@pytest.mark.slow
+def test_counters_through_the_real_prometheus(lab, tmp_path):
+    """The textfile as node_exporter serves it, scraped by the real
+    Prometheus with the shipped rules: the counters by user, and the
+    recording rule's idle GPU-hours per user and day."""
+    import http.server
+    import threading
+    import urllib.parse
+    import urllib.request
+
+    from conftest import free_port, stop_processes
+    prometheus = shutil.which("prometheus")
+    require(prometheus is not None, "prometheus (Debian package prometheus) not installed")
+    src, _ = lab
+    box = Box(tmp_path)
+    shutil.copytree(src.state, box.state)
+    box.env["JOBINFO_DEVICE_GLOB"] = src.env["JOBINFO_DEVICE_GLOB"]
+    prom_file = box.tmp / "textfile" / "gpuguard_idle.prom"
+    cycle(box, 18 * 60, [h.pid for h in lab[1]])
+
+    class Metrics(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = prom_file.read_bytes()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = free_port()
+    (tmp_path / "prom.yml").write_text(json.dumps({
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "rule_files": [str(ROOT / "etc/prometheus/gpuguard.rules.yml")],
+        "scrape_configs": [{"job_name": "node", "static_configs": [
+            {"targets": ["127.0.0.1:%d" % server.server_address[1]], "labels": {"instance": "lab-8gpu"}}]}]}))
+    proc = subprocess.Popen([prometheus, "--config.file=%s" % (tmp_path / "prom.yml"),
+                             "--storage.tsdb.path=%s" % (tmp_path / "tsdb"),
+                             "--web.listen-address=127.0.0.1:%d" % port],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def query(expr):
+        url = "http://127.0.0.1:%d/api/v1/query?%s" % (port, urllib.parse.urlencode({"query": expr}))
+        try:
+            with urllib.request.urlopen(url, timeout=3) as r:
+                doc = json.loads(r.read())
+        except OSError:
+            return {}
+        return {x["metric"].get("user"): float(x["value"][1]) for x in doc["data"]["result"]}
+
+    try:
+        assert wait_for(lambda: len(query("gpuguard_gpu_held_seconds_total")) == 2, timeout=90, step=0.5)
+        assert query("gpuguard_gpu_held_seconds_total") == {"root": ROOT_HELD, "nobody": B1_HELD + B2_HELD}
+        assert query("gpuguard_gpu_idle_held_seconds_total") == {"root": ROOT_IDLE, "nobody": B1_IDLE + B2_IDLE}
+        # nobody's eval job idles on GPU 0 for one more cycle: the counter and the rule follow
+        box.write_scenario([{"gpus": [idle_gpu(mem=20000), idle_gpu(mem=0)],
+                             "apps": [app(lab[1][2].pid, gpu=0, mem=19800)]}], gpus=2)
+        box.once(now=at(18, 10), env=env_for(box))
+        assert wait_for(lambda: query("gpuguard_gpu_idle_held_seconds_total").get("nobody") ==
+                        B1_IDLE + B2_IDLE + 600, timeout=60, step=0.5)
+        assert wait_for(lambda: query("gpuguard:gpu_idle_held_hours:by_user_1d").get("nobody", 0) > 0,
+                        timeout=60, step=0.5)
+        rule = query("gpuguard:gpu_idle_held_hours:by_user_1d")
+        assert rule["root"] == 0 and rule["nobody"] >= 600 / 3600
+    finally:
+        stop_processes([proc])
+        server.shutdown()
