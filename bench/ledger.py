@@ -44,7 +44,18 @@ def busy_day_bytes(work):
     env = dict(base_env(state), FAKE_SMI_SCENARIO=scen, CHECK_INTERVAL="180", GPUGUARD_NOW=str(DAY0 + 86000))
     subprocess.run([os.path.join(ROOT, "bin", "yichuidingyin.sh"), "--once"], env=env, check=True,
                    capture_output=True)
-    return os.path.getsize(os.path.join(state, "ledger", "2026-12-02.tsv"))
+    with open(os.path.join(state, "ledger", "2026-12-02.tsv"), encoding="utf-8") as f:
+        text = f.read()
+    # the worst case: every row with a 32-character user and a full
+    # (LEDGER_CMD_MAX, 100 characters) command line
+    worst = 0
+    for line in text.splitlines(keepends=True):
+        f = line.rstrip("\n").split("\t")
+        if f[0] == "job":
+            f[1], f[9] = "u" * 32, "c" * 100
+            line = "\t".join(f) + "\n"
+        worst += len(line.encode())
+    return len(text.encode()), worst
 
 
 DAY_FILE = """# gpuguard ledger 1
@@ -79,13 +90,16 @@ def main():
     cycles = int(os.environ.get("BENCH_LEDGER_CYCLES", "1000"))
     with tempfile.TemporaryDirectory() as work:
         cost = cycle_cost(work, cycles)
-        day = busy_day_bytes(work)
+        day, worst = busy_day_bytes(work)
         print("## Ledger: cost per watchdog cycle and disk (%d cycles, 8 GPUs held by 8 jobs)\n" % cycles)
         print("| what | figure | bound |")
         print("|---|---|---|")
         print("| CPU added to a cycle (ledger_cycle, day file saved every 20 cycles) | %.2f ms | 2 ms |" % cost)
         print("| day file of a busy day (470 jobs on 8 GPUs, 120-row cap) | %.1f KB | - |" % (day / 1000))
         print("| a month of such days | %.2f MB | 1 MB |" % (31 * day / 1e6))
+        print("| the same day, every row with a 32-character user and a 100-character command line | %.1f KB | - |"
+              % (worst / 1000))
+        print("| a month of those | %.2f MB | 1 MB |" % (31 * worst / 1e6))
         print("\n## Ledger: the daily digest as each provider shows it (2 users, 14 GPU-hours held, 5 idle)\n")
         for provider, text in examples(work):
             print("### %s\n\n```\n%s\n```\n" % (provider, text))

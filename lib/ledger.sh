@@ -410,6 +410,8 @@ ledger_samples_into() {
 ledger_digest_maybe() {
   local now=$1 hm h m s yesterday
   ((! LG_READONLY)) || return 0
+  # a value a SIGHUP reload let through unchecked sends nothing
+  [[ $LEDGER_DIGEST_AT == [0-2][0-9]:[0-5][0-9] ]] || return 0
   printf -v hm '%(%H:%M)T' "$now"
   [[ ! $hm < $LEDGER_DIGEST_AT ]] || return 0
   printf -v h '%(%H %M %S)T' "$now"
@@ -421,7 +423,10 @@ ledger_digest_maybe() {
   if ! ledger_digest_queued "$id"; then
     event=$(gg_python gpuguard_ledger.py "LEDGER_NAMES GPU_HOUR_PRICE GPU_PRICE_CURRENCY" \
       digest-event "$yesterday" --now "$now") || {
-      gg_log warn "ledger: could not build the digest for $yesterday; trying again next cycle"
+      # said once a day, tried again every cycle
+      [[ ${LG_DIGEST_FAILED:-} == "$yesterday" ]] ||
+        gg_log warn "ledger: could not build the digest for $yesterday; trying again every cycle"
+      LG_DIGEST_FAILED=$yesterday
       return 0
     }
     [[ -z $event ]] || events_emit "$event"
