@@ -930,6 +930,7 @@ def ledger_section(env, opts, now, today_text=""):
     the watchdog's memory on stdin)."""
     last = gpuguard_ledger.day_of(now)
     first = gpuguard_ledger.day_of(opts["since"]) if opts["since"] else gpuguard_ledger.days_back(last, 7)[0]
+    first = min(first, last)            # --since in the future: today, empty
     s, jobs = gpuguard_ledger.period(env, first, last, today_text)
     out = ["<h2 id='ledger'>Ledger: who held GPUs, and how long idle <small>%s – %s</small></h2>" % (first, last)]
     if not jobs:
@@ -960,7 +961,9 @@ def ledger_bars(users):
         return ""
     top = max(u["held_s"] for u in users) or 1
     row, left, width = 22, 140, 560
-    parts = ["<svg class='chart' id='ledger-bars' width='%d' height='%d' role='img' "
+    # not class 'chart': the hover script and the chart list are the time charts'
+    parts = ["<svg id='ledger-bars' style='display:block;font-size:11px;max-width:100%%;height:auto' "
+             "width='%d' height='%d' role='img' "
              "aria-label='GPU-hours held and held idle per user'>" % (left + width + 120, row * len(users) + 8)]
     for n, u in enumerate(users):
         y = 4 + n * row

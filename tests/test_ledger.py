@@ -229,7 +229,7 @@ def test_report_has_the_ledger_table_and_bars(lab, tmp_path):
     page = out.read_text()
     section = page.split("<h2 id='ledger'>")[1].split("<h2>")[0]
     assert "2026-12-01 – 2026-12-02" in section and "14.0 GPU-hours held, 5.0 of them idle or stuck" in section
-    bars = section.split("<svg class='chart' id='ledger-bars'")[1].split("</svg>")[0]
+    bars = section.split("<svg id='ledger-bars'")[1].split("</svg>")[0]
     assert "3.0 h idle / 9.0 h held" in bars and "2.0 h idle / 5.0 h held" in bars
     rows = section.split("<table id='ledger-table'>")[1].split("</table>")[0].split("<tr>")[2:]
     # most idle first (ties: most held): sft.py 2 h of 8, train_llama.py 2 h of 5, eval.py 1 h
