@@ -376,7 +376,7 @@ gg_retention() {
   cutoff=$((now - ${RETENTION_DAYS:-7} * 86400))
   gg_rotate_by_size "$dir/events.jsonl" "${EVENTS_MAX_MB:-5}" "$dir/events.lock"
   [[ -n ${GPUGUARD_LOG:-} ]] && gg_rotate_by_size "$GPUGUARD_LOG" "${EVENTS_MAX_MB:-5}"
-  find "$dir" "$dir/outbox" "$dir/history" -maxdepth 1 -type f \
+  find "$dir" "$dir/outbox" "$dir/history" "$dir/ledger" -maxdepth 1 -type f \
     \( \( -name '*.tmp' -o -name '*.tmp.*' -o -name '*.tmp[0-9]*' \) ! -newermt "@$((now - 3600))" \
     -o -path "$dir/outbox/*.bad" ! -newermt "@$cutoff" \) -delete 2>/dev/null || true
   # newest first: keep while under both caps and younger than the cutoff
