@@ -136,7 +136,8 @@ ledger_account() {
     idx=${entry%%|*} entry=${entry#*|}
     idle=${entry%%|*} entry=${entry#*|}
     user=${entry%%|*} job=${entry#*|}
-    [[ -n $job && $job != *'|'* ]] || continue
+    # a damaged journal line is left out, never a bad subscript
+    [[ -n $uuid && -n $user && -n $job && $job != *'|'* ]] || continue
     key=$user$'\t'$job
     if [[ -z ${LG_HELD[$key]+set} ]]; then
       if ((LG_NJOBS >= LEDGER_MAX_JOBS)); then
@@ -378,7 +379,8 @@ ledger_salt_into() {
   { read -r salt_ref <"$file"; } 2>/dev/null || salt_ref=''
   [[ $salt_ref =~ ^[0-9a-f]{32}$ ]] && return 0
   salt_ref=$(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')
-  ((LG_READONLY)) || gg_write_atomic "$file" "$salt_ref"$'\n' || true
+  # private (0600), like a secret: the hash is only as good as the salt
+  ((LG_READONLY)) || (umask 077 && gg_write_atomic "$file" "$salt_ref"$'\n') || true
 }
 
 # Puts the textfile samples of the all-time counters into the variables
@@ -392,11 +394,12 @@ ledger_samples_into() {
   local -A held=() idle=()
   for user in "${!LG_TOT_HELD[@]}"; do
     ledger_name_into "$user" label
-    held[$label]=$((${held[$label]:-0} + LG_TOT_HELD[$user]))
-    idle[$label]=$((${idle[$label]:-0} + ${LG_TOT_IDLE[$user]:-0}))
+    # "k" + label: an empty label (LEDGER_NAMES=none) is no valid subscript
+    held[k$label]=$((${held[k$label]:-0} + LG_TOT_HELD[$user]))
+    idle[k$label]=$((${idle[k$label]:-0} + ${LG_TOT_IDLE[$user]:-0}))
   done
   for label in "${!held[@]}"; do
-    textfile_label_escape_into "$label" esc
+    textfile_label_escape_into "${label#k}" esc
     held_ref+="{user=\"$esc\"} ${held[$label]}"$'\n'
     idle_ref+="{user=\"$esc\"} ${idle[$label]}"$'\n'
   done

@@ -395,6 +395,10 @@ def main(argv):
     except UsageError as e:
         print(f"gpuguard: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # `gpuguard ledger | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

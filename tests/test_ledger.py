@@ -404,9 +404,11 @@ def test_a_torn_journal_line_is_left_out(box):
     for t in (0, 60):
         box.once(now=at(10) + t, env=env)
     with open(box.state / "ledger" / "journal", "a") as f:
-        f.write(f"c\t3\t{at(10, 2)}\t60\tGPU-x|0|1|mallory|pid:1@1")     # a write cut short
+        f.write(f"c\t3\t{at(10, 2)}\t60\t|0|1||\tGPU-y|0|1|eve|pid:2@2\t.\n")  # damaged
+        f.write(f"c\t4\t{at(10, 3)}\t60\tGPU-x|0|1|mallory|pid:1@1")     # a write cut short
     s = json.loads(ledger(box, "--json", now=at(23), env=env))
-    assert s["held_s"] == 60 and [u["user"] for u in s["users"]] == ["?"]
+    assert s["held_s"] == 120 and sorted(u["user"] for u in s["users"]) == ["?", "eve"]
+    box.once(now=at(10, 4), env=env)                         # the watchdog reads it too, and goes on
 
 
 @pytest.mark.slow
@@ -480,3 +482,23 @@ def test_counters_through_the_real_prometheus(lab, tmp_path):
     finally:
         stop_processes([proc])
         server.shutdown()
+
+
+@pytest.mark.parametrize("names", ["hash", "none"])
+def test_metrics_follow_ledger_names_as_the_posts_do(box, names):
+    """The textfile's user label (bash) and the digest's name (Python) are
+    the same salted hash; with none, one series without a user."""
+    box.write_scenario([{"gpus": [idle_gpu(mem=30000)], "apps": [app(os.getpid(), mem=29800)]}])
+    textdir = box.tmp / "textfile"
+    env = {"CHECK_INTERVAL": "60", "TZ": "UTC", "LEDGER_NAMES": names, "GPUGUARD_TEXTFILE_DIR": str(textdir)}
+    for t in (0, 60, 120):
+        box.once(now=at(10) + t, env=env)
+    prom = (textdir / "gpuguard_idle.prom").read_text()
+    s = json.loads(ledger(box, "--json", now=at(23), env=env))
+    if names == "hash":
+        (user,) = [u["user"] for u in s["users"]]
+        assert re.fullmatch(r"u[0-9a-f]{8}", user) and user != "?"
+        assert 'gpuguard_gpu_held_seconds_total{user="%s"} 120' % user in prom
+        assert oct((box.state / "ledger" / "salt").stat().st_mode & 0o777) == "0o600"
+    else:
+        assert s["users"] == [] and 'gpuguard_gpu_held_seconds_total{user=""} 120' in prom
