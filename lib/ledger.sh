@@ -340,7 +340,8 @@ ledger_holder_key() {
   fi
   LG_PIDKEY[$pid]=$name'|'$job
   local key=$name$'\t'$job
-  if [[ -z ${LG_CMD[$key]:-} ]]; then
+  # past the day's row cap a job gets no row of its own, nor a command line
+  if [[ -z ${LG_CMD[$key]:-} ]] && ((LG_NJOBS < LEDGER_MAX_JOBS)); then
     jobinfo_args_into "$top" args
     cmd=''
     ((${#args[@]})) && jobinfo_mask_args_into cmd "${args[@]}"
