@@ -59,7 +59,7 @@ def _uint(text):
     return int(text) if text.isdigit() else None
 
 
-def parse_day(text):
+def _parse_day(text):
     """The job rows of a day file's text: a list of dicts."""
     jobs = []
     for line in text.splitlines():
@@ -96,11 +96,11 @@ def read_days(folder, days, today=None):
     out = {}
     for day in days:
         if today and today[0] == day:
-            out[day] = parse_day(today[1])
+            out[day] = _parse_day(today[1])
             continue
         try:
             with open(os.path.join(folder, day + ".tsv"), encoding="utf-8", errors="replace") as f:
-                out[day] = parse_day(f.read())
+                out[day] = _parse_day(f.read())
         except OSError:
             out[day] = []
     return out
@@ -135,7 +135,7 @@ def _salt(folder):
     return salt
 
 
-def namer(mode, folder):
+def _namer(mode, folder):
     """A function from a user name to the name shown (None: left out)."""
     if mode == "none":
         return lambda user: None
@@ -147,7 +147,7 @@ def namer(mode, folder):
 
 # --------------------------------------------------------------- summary --
 
-def price_of(env):
+def _price_of(env):
     try:
         price = float(str(env.get("GPU_HOUR_PRICE", "0") or 0))
     except ValueError:
@@ -164,8 +164,8 @@ def summarize(by_day, span, trend_days, prev_days, env):
     incidents, the trend per day over `trend_days`, and the idle total of
     `prev_days` (the week before) for the change."""
     mode = env.get("LEDGER_NAMES", "user") or "user"
-    name = namer(mode, ledger_dir(env))
-    price = price_of(env)
+    name = _namer(mode, ledger_dir(env))
+    price = _price_of(env)
     users, incidents = {}, []
     held = idle = 0
     for day in span:
@@ -218,7 +218,7 @@ def period(env, first, last, today_text=""):
     by_day = read_days(ledger_dir(env), prev + span, today=(day_in(today_text), today_text))
     summary = summarize(by_day, span, span, prev, env)
     mode = summary["names"]
-    name = namer(mode, ledger_dir(env))
+    name = _namer(mode, ledger_dir(env))
     jobs = [dict(j, day=d, user=name(j["user"]), cmd=j["cmd"] if mode == "user" else "",
                  job=j["job"] if mode == "user" or j["job"].startswith("slurm:") else "")
             for d in span for j in by_day.get(d, [])]
@@ -297,7 +297,9 @@ def render_lines(e, lang):
         lines.append(_msg(lang, "ledger_worst"))
         for n, w in enumerate(e["worst"], 1):
             lines.append(_incident_line(n, w, lang))
-    lines.append(_trend_line(e, lang))
+    trend = _trend_line(e, lang)
+    if trend:
+        lines.append(trend)
     return what, lines
 
 
@@ -314,15 +316,20 @@ def _incident_line(n, w, lang):
 
 
 def _trend_line(e, lang):
-    days = " · ".join(f"{t['day'][5:]} {_hours(t['idle_s'])}" for t in e.get("trend", []))
-    line = _msg(lang, "ledger_trend", days=days)
-    prev, week = e.get("prev_idle_s"), sum(t["idle_s"] for t in e.get("trend", []))
+    """Idle GPU-hours per day of the trend, and the change on as many days
+    before ('' for a single day: the head line says it all)."""
+    trend = e.get("trend", [])
+    if len(trend) < 2:
+        return ""
+    days = " · ".join(f"{t['day'][5:]} {_hours(t['idle_s'])}" for t in trend)
+    line = _msg(lang, "ledger_trend", n=len(trend), days=days)
+    prev, now = e.get("prev_idle_s"), sum(t["idle_s"] for t in trend)
     if prev:
-        line += _msg(lang, "ledger_change", pct=f"{100.0 * (week - prev) / prev:+.0f}")
+        line += _msg(lang, "ledger_change", n=len(trend), pct=f"{100.0 * (now - prev) / prev:+.0f}")
     return line
 
 
-def render_text(e, lang, host):
+def _render_text(e, lang, host):
     what, lines = render_lines(e, lang)
     title = TABLES[lang]["title_one"].format(tag=_msg(lang, "tag_ledger"), host=_defuse(host), what=what)
     return "\n".join([title, lines[0]] + ["  " + x for x in lines[1:]])
@@ -330,7 +337,7 @@ def render_text(e, lang, host):
 
 # ------------------------------------------------------------------- cli --
 
-def parse_since(text, now):
+def _parse_since(text, now):
     """The first day of `--since`: Nd (N days ending today), a date."""
     m = re.fullmatch(r"(\d{1,4})d", text or "")
     if m and int(m.group(1)) >= 1:
@@ -344,14 +351,14 @@ def parse_since(text, now):
     raise UsageError(f"--since takes Nd (e.g. 7d) or a date YYYY-MM-DD (got '{text}')")
 
 
-def now_of(env):
+def _now_of(env):
     """The time: GPUGUARD_NOW pins it (replays, tests), as in lib/common.sh."""
     pinned = env.get("GPUGUARD_NOW", "")
     return float(pinned) if re.fullmatch(r"\d{1,12}", pinned) else time.time()
 
 
-def show(args, env, stdin_text, now=None):
-    now = now_of(env) if now is None else now
+def _show(args, env, stdin_text, now=None):
+    now = _now_of(env) if now is None else now
     since, as_json = "1d", False
     it = iter(args)
     for a in it:
@@ -366,7 +373,7 @@ def show(args, env, stdin_text, now=None):
         else:
             raise UsageError(f"ledger: unknown option '{a}' (--since WHEN, --json)")
     today = day_of(now)
-    first = parse_since(since, now)
+    first = _parse_since(since, now)
     if first > today:
         raise UsageError(f"--since {since} is in the future")
     span = span_days(first, today)
@@ -376,17 +383,17 @@ def show(args, env, stdin_text, now=None):
     if as_json:
         return json.dumps(s, ensure_ascii=False, indent=1)
     lang = env.get("NOTIFY_LANG") if env.get("NOTIFY_LANG") in TABLES else "en"
-    return render_text(s, lang, env.get("GPUGUARD_HOST") or os.uname().nodename)
+    return _render_text(s, lang, env.get("GPUGUARD_HOST") or os.uname().nodename)
 
 
 def main(argv):
     env = os.environ
     try:
         if argv[:1] == ["show"]:
-            print(show(argv[1:], env, sys.stdin.read() if not sys.stdin.isatty() else ""))
+            print(_show(argv[1:], env, sys.stdin.read() if not sys.stdin.isatty() else ""))
             return 0
         if argv[:1] == ["digest-event"] and len(argv) >= 2 and DAY_RE.match(argv[1]):
-            now = float(argv[3]) if argv[2:3] == ["--now"] and len(argv) > 3 else now_of(env)
+            now = float(argv[3]) if argv[2:3] == ["--now"] and len(argv) > 3 else _now_of(env)
             e = digest_event(argv[1], now, env)
             if e:
                 print(json.dumps(e, ensure_ascii=False, separators=(",", ":")))

@@ -119,6 +119,6 @@ MESSAGES = {
     "ledger_worst": "Worst incidents:",
     "ledger_slurm": "Slurm job {id}",
     "ledger_incident": "{n}. GPU {gpus} idle for {longest} (until {end}): {who}",
-    "ledger_trend": "Idle GPU-hours, last 7 days: {days}",
-    "ledger_change": "; {pct}% on the 7 days before",
+    "ledger_trend": "Idle GPU-hours, last {n} days: {days}",
+    "ledger_change": "; {pct}% on the {n} days before",
 }

@@ -104,6 +104,6 @@ MESSAGES = {
     "ledger_worst": "最严重的几次：",
     "ledger_slurm": "Slurm 作业 {id}",
     "ledger_incident": "{n}. GPU {gpus} 连续空闲 {longest}（至 {end}）：{who}",
-    "ledger_trend": "近 7 天空闲 GPU 时：{days}",
-    "ledger_change": "；比前 7 天 {pct}%",
+    "ledger_trend": "近 {n} 天空闲 GPU 时：{days}",
+    "ledger_change": "；比前 {n} 天 {pct}%",
 }

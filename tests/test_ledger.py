@@ -502,3 +502,28 @@ def test_metrics_follow_ledger_names_as_the_posts_do(box, names):
         assert oct((box.state / "ledger" / "salt").stat().st_mode & 0o777) == "0o600"
     else:
         assert s["users"] == [] and 'gpuguard_gpu_held_seconds_total{user=""} 120' in prom
+
+
+def test_week_trend_and_change_on_the_week_before(tmp_path, monkeypatch):
+    """Two weeks of day files: the digest's trend line has the 7 days ending
+    yesterday and the change on the 7 before (1 h a day, then 30 min)."""
+    import gpuguard_ledger
+    monkeypatch.setenv("TZ", "UTC")
+    folder = tmp_path / "ledger"
+    folder.mkdir()
+    days = gpuguard_ledger.days_back("2026-12-02", 14)
+    for n, day in enumerate(days):
+        idle = H if n < 7 else H // 2
+        (folder / f"{day}.tsv").write_text(
+            f"# gpuguard ledger 1\nday\t{day}\nlast\t1\t1\n"
+            f"job\talice\t1001\tslurm:77\t{2 * H}\t{idle}\t{idle}\t{at(12)}\t3\tpython a.py\n")
+    env = {"GPUGUARD_STATE_DIR": str(tmp_path), "GPU_HOUR_PRICE": "0", "GPUGUARD_HOST": "h"}
+    e = gpuguard_ledger.digest_event("2026-12-02", at(9, day=1), env)
+    assert e["id"] == "ledger-2026-12-02" and e["cost"] is None and e["idle_s"] == H // 2
+    assert [t["day"] for t in e["trend"]] == days[7:] and e["prev_idle_s"] == 7 * H
+    _, lines = gpuguard_ledger.render_lines(e, "en")
+    assert lines[-1] == ("Idle GPU-hours, last 7 days: 11-26 0.5 · 11-27 0.5 · 11-28 0.5 · 11-29 0.5 · "
+                         "11-30 0.5 · 12-01 0.5 · 12-02 0.5; -50% on the 7 days before")
+    assert "Slurm job 77 · python a.py" in lines[-2]
+    _, zh = gpuguard_ledger.render_lines(e, "zh")
+    assert zh[-1].endswith("12-02 0.5；比前 7 天 -50%") and "浪费" not in zh[0]
