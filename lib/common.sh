@@ -389,7 +389,7 @@ gg_retention() {
   done < <(find "$dir/history" -maxdepth 1 -type f -printf '%T@ %s %p\0' 2>/dev/null | sort -z -rn)
   # the ledger's day files (lib/ledger.sh), LEDGER_KEEP_DAYS after the day
   [[ -d $dir/ledger && ! -L $dir/ledger ]] && find "$dir/ledger" -maxdepth 1 -type f -name '????-??-??.tsv' \
-    ! -newermt "@$((now - ${LEDGER_KEEP_DAYS:-35} * 86400))" -delete 2>/dev/null
+    ! -newermt "@$((now - ${LEDGER_KEEP_DAYS:-35} * 86400))" -delete 2>/dev/null || true
   if ((${#doomed[@]})); then
     printf '%s\0' "${doomed[@]}" | xargs -0 rm -f --
     removed=${#doomed[@]}

@@ -806,15 +806,19 @@ def group_render(group, lang, env, digest=False):
     if kind == "test":
         return msg(lang, "what_test"), [msg(lang, "test_body")]
     if kind == "ledger_digest":
-        return ledger_render(e, lang)
+        return ledger_render(e, lang, digest)
     return msg(lang, "what_other", kind=defuse(kind)), [defuse(json.dumps(e, ensure_ascii=False))[:500]]
 
 
-def ledger_render(e, lang):
+def ledger_render(e, lang, digest=False):
     """(what, lines) of the daily ledger digest (a ledger_digest event
     from lib/ledger.sh): python/gpuguard_ledger.py renders it, the same
-    text as `gpuguard ledger`."""
-    return gpuguard_ledger.render_lines(e, lang)
+    text as `gpuguard ledger`. Beside alerts in one post, its first line
+    (the section's head) names the day."""
+    what, lines = gpuguard_ledger.render_lines(e, lang)
+    if digest:
+        lines = [msg(lang, "ledger_in_digest", what=what, head=lines[0])] + lines[1:]
+    return what, lines
 
 
 TRENDS = {"steady": "trend_steady", "accelerating": "trend_accelerating", "steps": "trend_steps",

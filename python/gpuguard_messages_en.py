@@ -121,4 +121,5 @@ MESSAGES = {
     "ledger_incident": "{n}. GPU {gpus} idle for {longest} (until {end}): {who}",
     "ledger_trend": "Idle GPU-hours, last {n} days: {days}",
     "ledger_change": "; {pct}% on the {n} days before",
+    "ledger_in_digest": "{what}: {head}",
 }

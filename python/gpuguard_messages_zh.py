@@ -106,4 +106,5 @@ MESSAGES = {
     "ledger_incident": "{n}. GPU {gpus} 连续空闲 {longest}（至 {end}）：{who}",
     "ledger_trend": "近 {n} 天空闲 GPU 时：{days}",
     "ledger_change": "；比前 {n} 天 {pct}%",
+    "ledger_in_digest": "{what}：{head}",
 }
