@@ -3,7 +3,8 @@
 Commands:
   show [--since WHEN] [--json]   the ledger since WHEN (default 1d: today;
                                  7d: the last 7 days; a date 2026-12-01),
-                                 as text or JSON; today's rows as the
+                                 as text or JSON (with every job row, per
+                                 day, as "jobs"); today's rows as the
                                  watchdog holds them arrive on stdin (a day
                                  file's text, see FORMAT), the rest is read
                                  from the day files
@@ -47,6 +48,7 @@ TABLES = {"en": gpuguard_messages_en.MESSAGES, "zh": gpuguard_messages_zh.MESSAG
 DAY_RE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 TOP_USERS = 10
 TOP_INCIDENTS = 3
+JSON_JOBS = 500
 
 
 class UsageError(Exception):
@@ -219,8 +221,8 @@ def period(env, first, last, today_text=""):
     summary = summarize(by_day, span, span, prev, env)
     mode = summary["names"]
     name = _namer(mode, ledger_dir(env))
-    jobs = [dict(j, day=d, user=name(j["user"]), cmd=j["cmd"] if mode == "user" else "",
-                 job=j["job"] if mode == "user" or j["job"].startswith("slurm:") else "")
+    jobs = [dict(j, day=d, user=name(j["user"]), cmd=j["cmd"] if mode == "user" else None,
+                 job=j["job"] if mode == "user" or j["job"].startswith("slurm:") else None)
             for d in span for j in by_day.get(d, [])]
     jobs.sort(key=lambda j: (-j["idle_s"], -j["held_s"]))
     return summary, jobs
@@ -376,11 +378,11 @@ def _show(args, env, stdin_text, now=None):
     first = _parse_since(since, now)
     if first > today:
         raise UsageError(f"--since {since} is in the future")
-    span = span_days(first, today)
-    prev = days_back(span[0], len(span) + 1)[:-1]
-    by_day = read_days(ledger_dir(env), prev + span, today=(day_in(stdin_text), stdin_text))
-    s = summarize(by_day, span, span, prev, env)
+    s, jobs = period(env, first, today, stdin_text)
     if as_json:
+        # the rows too, per day and job, for scripts (most idle first)
+        s["jobs"] = [{k: j[k] for k in ("day", "user", "job", "cmd", "gpus", "held_s", "idle_s", "longest_s",
+                                        "longest_end")} for j in jobs[:JSON_JOBS]]
         return json.dumps(s, ensure_ascii=False, indent=1)
     lang = env.get("NOTIFY_LANG") if env.get("NOTIFY_LANG") in TABLES else "en"
     return _render_text(s, lang, env.get("GPUGUARD_HOST") or os.uname().nodename)

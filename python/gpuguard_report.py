@@ -943,7 +943,7 @@ def ledger_section(env, opts, now, today_text=""):
                "<th>idle h</th><th>longest idle</th><th>cost</th></tr>")
     price = s["gpu_hour_price"]
     for j in jobs[:50]:
-        job = j["job"] + (" · " + j["cmd"] if j["cmd"] else "")
+        job = (j["job"] or "-") + (" · " + j["cmd"] if j["cmd"] else "")
         out.append("<tr><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td class='n'>%.1f</td><td class='n'>%.1f</td>"
                    "<td>%s</td><td class='n'>%s</td></tr>" % (
                        j["day"], html.escape(j["user"] or "-"), html.escape(short(job, 90)), ",".join(j["gpus"]),

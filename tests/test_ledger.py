@@ -193,6 +193,10 @@ def test_the_day_is_accounted_to_the_minute_across_cron_daemon_and_kill(lab):
     assert worst == [("root", ["0"], 2 * H, at(12)), ("nobody", ["1"], B1_LONGEST, at(15, 30)),
                      ("nobody", ["0"], H, at(16))]
     assert "train_llama.py" in s["worst"][0]["cmd"]
+    rows = {(j["user"], j["gpus"][0]): (j["held_s"], j["idle_s"], j["longest_s"], j["longest_end"]) for j in s["jobs"]}
+    assert rows == {("root", "0"): (ROOT_HELD, ROOT_IDLE, 2 * H, at(12)),
+                    ("nobody", "1"): (B1_HELD, B1_IDLE, B1_LONGEST, at(15, 30)),
+                    ("nobody", "0"): (B2_HELD, B2_IDLE, H, at(16))}
     assert s["worst"][0]["job"] == "pid:%d@%s" % (holders[0].pid, s["worst"][0]["job"].split("@")[1])
     # the day file on disk says the same (the journal holds at most 20 cycles)
     day = (box.state / "ledger" / "2026-12-02.tsv").read_text()
@@ -248,6 +252,7 @@ def test_privacy_hash_and_none(lab):
     assert json.loads(ledger(box, "--json", env={"LEDGER_NAMES": "hash"}))["users"] == hashed["users"]
     assert "root" not in json.dumps(hashed) and "nobody" not in json.dumps(hashed)
     assert all(w["cmd"] is None for w in hashed["worst"])
+    assert all(j["cmd"] is None and j["job"] is None for j in hashed["jobs"])
     none = json.loads(ledger(box, "--json", env={"LEDGER_NAMES": "none"}))
     assert none["users"] == [] and none["idle_s"] == 5 * H
     assert all(w["user"] is None and w["cmd"] is None for w in none["worst"])
