@@ -549,3 +549,24 @@ def test_digest_beside_an_idle_alert_in_one_post_names_its_day():
     assert title == "[gpuguard DAILY] lab: GPU ledger 2026-12-02"
     assert sections[0][0] == "1.0 GPU-hours held idle (50% of 2.0 GPU-hours held were idle or stuck)"
     assert gpuguard_alert.alertmanager_alerts(event) == [] and not gpuguard_alert.is_page(event)
+
+
+@pytest.mark.slow
+def test_kill9_at_random_points_counts_each_second_once(box):
+    """Cron runs killed at random points (mid-sample, mid-journal, mid-save):
+    with the cap out of the way, the ledger holds exactly the time between
+    the first and the last clean run - nothing twice, nothing lost."""
+    import random
+    rng = random.Random(26)
+    box.write_scenario([{"gpus": [idle_gpu(mem=30000)], "apps": []}])
+    env = dict(box.env, CHECK_INTERVAL="6000", TZ="UTC")
+    box.once(now=at(10), env=env)
+    killed = 0
+    for n in range(1, 41):
+        was_killed, _ = run_killed_after([str(ROOT / "bin/yichuidingyin.sh"), "--once"],
+                                         dict(env, GPUGUARD_NOW=str(at(10, n))), rng.uniform(0.01, 0.4))
+        killed += was_killed
+    box.once(now=at(10, 41), env=env)
+    s = json.loads(ledger(box, "--json", now=at(23), env={"TZ": "UTC"}))
+    assert killed >= 10                                   # the kills did land
+    assert s["held_s"] == s["idle_s"] == 41 * M
