@@ -560,13 +560,16 @@ def test_kill9_at_random_points_counts_each_second_once(box):
     rng = random.Random(26)
     box.write_scenario([{"gpus": [idle_gpu(mem=30000)], "apps": []}])
     env = dict(box.env, CHECK_INTERVAL="6000", TZ="UTC")
+    import time
+    began = time.monotonic()
     box.once(now=at(10), env=env)
+    run_s = time.monotonic() - began                      # kill points spread over a run, on any machine
     killed = 0
     for n in range(1, 41):
         was_killed, _ = run_killed_after([str(ROOT / "bin/yichuidingyin.sh"), "--once"],
-                                         dict(env, GPUGUARD_NOW=str(at(10, n))), rng.uniform(0.01, 0.4))
+                                         dict(env, GPUGUARD_NOW=str(at(10, n))), rng.uniform(0.05, 1.2) * run_s)
         killed += was_killed
     box.once(now=at(10, 41), env=env)
     s = json.loads(ledger(box, "--json", now=at(23), env={"TZ": "UTC"}))
-    assert killed >= 10                                   # the kills did land
+    assert killed >= 5                                    # the kills did land
     assert s["held_s"] == s["idle_s"] == 41 * M
