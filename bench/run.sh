@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Summary: run the benches and print the figures as Markdown, with progress on stderr
-# Usage: bench/run.sh [--full] [idle|leak|corpusc|lowprio]...
+# Usage: bench/run.sh [--full] [idle|leak|corpusc|lowprio|ledger]...
 # Speed and memory figures live here, never in timed tests. The default set
 # (`make bench`) finishes in a few minutes on a 2-core machine: fewer cycles,
 # the leak detector's --quick trace set, shorter lowprio phases. --full
@@ -50,19 +50,19 @@ main() {
   while (($#)); do
     case $1 in
       --full) full=1 ;;
-      idle | leak | corpusc | lowprio) which+=("$1") ;;
+      idle | leak | corpusc | lowprio | ledger) which+=("$1") ;;
       -h | --help)
         sed -n 's/^# \{0,1\}\(Summary\|Usage\): //p' "${BASH_SOURCE[0]}"
         return 0
         ;;
       *)
-        printf 'bench/run.sh: unknown bench %s (idle, leak, corpusc, lowprio, --full)\n' "'$1'" >&2
+        printf 'bench/run.sh: unknown bench %s (idle, leak, corpusc, lowprio, ledger, --full)\n' "'$1'" >&2
         return 2
         ;;
     esac
     shift
   done
-  ((${#which[@]})) || which=(idle leak lowprio)
+  ((${#which[@]})) || which=(idle leak lowprio ledger)
   local leak_args=()
   if ((full)); then
     printf '[bench] the full set: expect about 10 minutes or more on 2 cores\n' >&2

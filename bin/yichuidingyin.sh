@@ -21,6 +21,8 @@
 #   ALERTMANAGER_URL  GPUGUARD_STATE_DIR  GPUGUARD_LOG  GPUGUARD_TEXTFILE_DIR
 #   RETENTION_DAYS=7  RETENTION_INTERVAL=300  HISTORY_MAX_FILES=1500
 #   HISTORY_MAX_MB=30  EVENTS_MAX_MB=5 (disk bounds of the state folder)
+#   LEDGER_DIGEST_AT (e.g. 09:00: yesterday's ledger to the targets)
+#   LEDGER_NAMES=user|hash|none  LEDGER_KEEP_DAYS=35
 # Webhook URLs and secrets belong in secrets.conf (mode 600) beside the
 # config file; the environment still overrides both.
 # Signals: SIGHUP re-reads the configuration (a bad file keeps the one in
@@ -45,6 +47,8 @@ source "$GPUGUARD_ROOT/lib/jobinfo.sh"
 source "$GPUGUARD_ROOT/lib/idle.sh"
 # shellcheck source=../lib/gpuhistory.sh
 source "$GPUGUARD_ROOT/lib/gpuhistory.sh"
+# shellcheck source=../lib/ledger.sh
+source "$GPUGUARD_ROOT/lib/ledger.sh"
 
 main() {
   GG_PROG=yichuidingyin
@@ -76,7 +80,9 @@ main() {
   config_warn_secrets_unreadable
   idle_init
   idle_rules_load || return
+  ledger_config_check || return
   idle_state_load
+  ledger_init
   if ((once)); then
     idle_cycle "$(gg_now)" || gg_log error "cycle failed (exit $?)"
     gg_retention_maybe || true
@@ -104,6 +110,7 @@ main() {
     WATCHDOG_SLEEP_PID=''
   done
   idle_state_save || true
+  ledger_save || true
   gg_log info "stopped; state saved in $GPUGUARD_STATE_DIR/idle.state (SIG$WATCHDOG_STOP)"
 }
 

@@ -433,7 +433,7 @@ gg_retention() {
   cutoff=$((now - ${RETENTION_DAYS:-7} * 86400))
   gg_rotate_by_size "$dir/events.jsonl" "${EVENTS_MAX_MB:-5}" "$dir/events.lock"
   [[ -n ${GPUGUARD_LOG:-} ]] && gg_rotate_by_size "$GPUGUARD_LOG" "${EVENTS_MAX_MB:-5}"
-  find "$dir" "$dir/outbox" "$dir/history" -maxdepth 1 -type f \
+  find "$dir" "$dir/outbox" "$dir/history" "$dir/ledger" -maxdepth 1 -type f \
     \( \( -name '*.tmp' -o -name '*.tmp.*' -o -name '*.tmp[0-9]*' \) ! -newermt "@$((now - 3600))" \
     -o -path "$dir/outbox/*.bad" ! -newermt "@$cutoff" \) -delete 2>/dev/null || true
   # newest first: keep while under both caps and younger than the cutoff
@@ -446,6 +446,9 @@ gg_retention() {
       doomed+=("$path")
     fi
   done < <(find "$dir/history" -maxdepth 1 -type f -printf '%T@ %s %p\0' 2>/dev/null | sort -z -rn)
+  # the ledger's day files (lib/ledger.sh), LEDGER_KEEP_DAYS after the day
+  [[ -d $dir/ledger && ! -L $dir/ledger ]] && find "$dir/ledger" -maxdepth 1 -type f -name '????-??-??.tsv' \
+    ! -newermt "@$((now - ${LEDGER_KEEP_DAYS:-35} * 86400))" -delete 2>/dev/null || true
   if ((${#doomed[@]})); then
     printf '%s\0' "${doomed[@]}" | xargs -0 rm -f --
     removed=${#doomed[@]}

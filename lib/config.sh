@@ -53,6 +53,10 @@ config_define() {
     [HISTORY_MAX_FILES]=1500
     [HISTORY_MAX_MB]=30
     [EVENTS_MAX_MB]=5
+    # ledger (lib/ledger.sh): the daily digest, names in posts, days kept
+    [LEDGER_DIGEST_AT]=''
+    [LEDGER_NAMES]=user
+    [LEDGER_KEEP_DAYS]=35
   )
   declare -gA GG_CONFIG_KIND=(
     [THRESHOLD]='int:0:100'
@@ -100,6 +104,10 @@ config_define() {
     [HISTORY_MAX_FILES]='int:10:'
     [HISTORY_MAX_MB]='int:1:'
     [EVENTS_MAX_MB]='int:1:'
+    # ledger (lib/ledger.sh): the daily digest, names in posts, days kept
+    [LEDGER_DIGEST_AT]='str'
+    [LEDGER_NAMES]='enum:user|hash|none'
+    [LEDGER_KEEP_DAYS]='int:1:3650'
   )
 }
 

@@ -182,6 +182,8 @@ idle_cycle() {
     fi
   fi
   idle_state_save || true
+  # who held which GPU, idle or not, for the day's ledger (lib/ledger.sh)
+  if declare -F ledger_cycle >/dev/null; then ledger_cycle "$now" || gg_log warn "ledger: cycle not accounted"; fi
   events_flush
   if [[ -n ${GPUGUARD_TEXTFILE_DIR:-} ]]; then
     textfile_write_idle "$now" || gg_log warn "could not write textfile metrics in $GPUGUARD_TEXTFILE_DIR"

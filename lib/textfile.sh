@@ -75,7 +75,9 @@ textfile_write_idle() {
       done <<<"${SMI_PROCS[$uuid]}"
     done
   fi
-  local out='' threshold
+  local out='' threshold held_s='' idle_held_s=''
+  # the ledger's all-time counters by user (lib/ledger.sh), when it runs
+  declare -F ledger_samples_into >/dev/null && ledger_samples_into held_s idle_held_s
   # shellcheck disable=SC2153 # THRESHOLD is a config key set by config_load
   printf -v threshold '%d.%02d' "$((THRESHOLD / 100))" "$((THRESHOLD % 100))"
   textfile_family out gpuguard_gpu_utilization_ratio gauge 'GPU utilization, 0-1 (absent under MIG).' "$util"
@@ -92,6 +94,10 @@ textfile_write_idle() {
   textfile_family out gpuguard_gpu_fault gauge '1 when nvidia-smi prints a device fault for the GPU (reset needed, unknown error).' "$fault"
   textfile_family out gpuguard_gpu_degraded gauge '1 while the GPU degraded alert fires.' "$degraded"
   textfile_family out gpuguard_process_gpu_memory_bytes gauge 'GPU memory held by a compute process.' "$pmem"
+  textfile_family out gpuguard_gpu_held_seconds_total counter \
+    'GPU-seconds held by jobs of the user (LEDGER_NAMES: name, hash or none).' "$held_s"
+  textfile_family out gpuguard_gpu_idle_held_seconds_total counter \
+    'GPU-seconds held by jobs of the user while idle or stuck (LEDGER_NAMES: name, hash or none).' "$idle_held_s"
   textfile_family out gpuguard_idle_threshold_ratio gauge 'Utilization under which a held GPU counts as idle.' \
     "{} $threshold"
   textfile_family out gpuguard_monitor_up gauge '1 when the last nvidia-smi sample succeeded.' \

@@ -48,6 +48,7 @@ import threading
 import time
 import urllib.parse
 
+import gpuguard_ledger
 import gpuguard_messages_en
 import gpuguard_messages_zh
 from gpuguard_files import write_atomic
@@ -870,7 +871,20 @@ def group_render(group, lang, env, digest=False):
             msg(lang, "monitor_hint")]
     if kind == "test":
         return msg(lang, "what_test"), [msg(lang, "test_body")]
+    if kind == "ledger_digest":
+        return ledger_render(e, lang, digest)
     return msg(lang, "what_other", kind=defuse(kind)), [defuse(json.dumps(e, ensure_ascii=False))[:500]]
+
+
+def ledger_render(e, lang, digest=False):
+    """(what, lines) of the daily ledger digest (a ledger_digest event
+    from lib/ledger.sh): python/gpuguard_ledger.py renders it, the same
+    text as `gpuguard ledger`. Beside alerts in one post, its first line
+    (the section's head) names the day."""
+    what, lines = gpuguard_ledger.render_lines(e, lang)
+    if digest:
+        lines = [msg(lang, "ledger_in_digest", what=what, head=lines[0])] + lines[1:]
+    return what, lines
 
 
 TRENDS = {"steady": "trend_steady", "accelerating": "trend_accelerating", "steps": "trend_steps",
@@ -966,7 +980,9 @@ def render_digest(events, lang, env=None):
     if all(e.get("state") == "reminder" for g in groups for e in g):
         tag = msg(lang, "tag_reminder")
     firing = [e for g in groups for e in g if state_class(e) == "firing"]
-    if any(severity(e) == "critical" for e in firing):
+    if all(e.get("event") == "ledger_digest" for e in events):
+        tag = msg(lang, "tag_ledger")
+    elif any(severity(e) == "critical" for e in firing):
         tag = msg(lang, "tag_critical")
     elif firing and all(severity(e) == "info" for e in firing):
         # only trend notes: not an alert
@@ -1156,6 +1172,8 @@ LEAK_RESOLVE_AS = (("GpuMemoryLeak", "critical"), ("GpuMemoryLeak", "warning"),
 def alertmanager_alerts(event, lang="en", now=None):
     """The Alertmanager alerts for one event: one, or for a resolved leak
     of unknown severity one per name and severity it may have fired as."""
+    if event.get("event") == "ledger_digest":
+        return []               # a daily report, not an alert
     alert = alertmanager_alert(event, lang, now)
     if event.get("event") != "gpu_memory_leak" or state_class(event) != "resolved" or \
             event.get("severity") in SEVERITY_RANK:

@@ -38,6 +38,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpuguard_leak as leak
+import gpuguard_ledger
 from gpuguard_files import write_atomic
 
 WIDTH = 960                     # chart width, px
@@ -998,7 +999,7 @@ LOAD_JS = ("window.addEventListener('load',function(){void document.body.offsetH
            "document.documentElement.setAttribute('data-load-ms',performance.now().toFixed(0))});")
 
 
-def render(gpus, procs, events, host, now, opts):
+def render(gpus, procs, events, host, now, opts, ledger_html=""):
     # every alert gets an id; the alerts table links to the chart holding it
     where = {}
     for p in procs:
@@ -1061,6 +1062,7 @@ def render(gpus, procs, events, host, now, opts):
         out.append("</table>")
     else:
         out.append("<p>No alert in this period.</p>")
+    out.append(ledger_html)
     out.append("<h2>GPUs</h2>")
     if not gpus:
         out.append("<p>No GPU history%s: the idle watchdog (<code>yichuidingyin.sh</code>) records it every cycle "
@@ -1075,6 +1077,62 @@ def render(gpus, procs, events, host, now, opts):
     return "\n".join(out)
 
 
+def ledger_section(env, opts, now, today_text=""):
+    """The ledger of the report's period (default: the last 7 days): GPU-hours
+    held and held idle per user as a bar chart, then the jobs as a table
+    (python/gpuguard_ledger.py reads the day files; today's rows come from
+    the watchdog's memory on stdin)."""
+    last = gpuguard_ledger.day_of(now)
+    first = gpuguard_ledger.day_of(opts["since"]) if opts["since"] else gpuguard_ledger.days_back(last, 7)[0]
+    first = min(first, last)            # --since in the future: today, empty
+    s, jobs = gpuguard_ledger.period(env, first, last, today_text)
+    out = ["<h2 id='ledger'>Ledger: who held GPUs, and how long idle <small>%s – %s</small></h2>" % (first, last)]
+    if not jobs:
+        return "\n".join(out + ["<p>No GPU was held in this period (the watchdog, <code>yichuidingyin.sh</code>, "
+                                "keeps the ledger).</p>"])
+    cost = (" · wasted %.2f %s" % (s["cost"], html.escape(s["currency"] or ""))) if s["cost"] is not None else ""
+    out.append("<p>%.1f GPU-hours held, %.1f of them idle or stuck%s.</p>" % (s["held_s"] / 3600, s["idle_s"] / 3600, cost))
+    out.append(ledger_bars(s["users"]))
+    out.append("<table id='ledger-table'><tr><th>day</th><th>user</th><th>job</th><th>GPU</th><th>held h</th>"
+               "<th>idle h</th><th>longest idle</th><th>cost</th></tr>")
+    price = s["gpu_hour_price"]
+    for j in jobs[:50]:
+        job = (j["job"] or "-") + (" · " + j["cmd"] if j["cmd"] else "")
+        out.append("<tr><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td class='n'>%.1f</td><td class='n'>%.1f</td>"
+                   "<td>%s</td><td class='n'>%s</td></tr>" % (
+                       j["day"], html.escape(j["user"] or "-"), html.escape(short(job, 90)), ",".join(j["gpus"]),
+                       j["held_s"] / 3600, j["idle_s"] / 3600, span_text(j["longest_s"]),
+                       "%.2f" % (j["idle_s"] / 3600 * price) if price else "-"))
+    out.append("</table>")
+    if len(jobs) > 50:
+        out.append("<p class='legend'>%d more jobs, less idle.</p>" % (len(jobs) - 50))
+    return "\n".join(out)
+
+
+def ledger_bars(users):
+    """A horizontal bar per user: GPU-hours held (grey) and held idle (red)."""
+    if not users:
+        return ""
+    top = max(u["held_s"] for u in users) or 1
+    row, left, width = 22, 140, 560
+    # not class 'chart': the hover script and the chart list are the time charts'
+    parts = ["<svg id='ledger-bars' style='display:block;font-size:11px;max-width:100%%;height:auto' "
+             "width='%d' height='%d' role='img' "
+             "aria-label='GPU-hours held and held idle per user'>" % (left + width + 120, row * len(users) + 8)]
+    for n, u in enumerate(users):
+        y = 4 + n * row
+        held_w, idle_w = width * u["held_s"] / top, width * u["idle_s"] / top
+        parts.append("<text x='%d' y='%d' class='yt'>%s</text>" % (left - 6, y + 14, html.escape(u["user"] or "-")))
+        parts.append("<rect x='%d' y='%d' width='%.1f' height='16' fill='#cfd8dc'><title>held %.1f h</title></rect>"
+                     % (left, y, held_w, u["held_s"] / 3600))
+        parts.append("<rect x='%d' y='%d' width='%.1f' height='16' fill='#e53935'><title>idle %.1f h</title></rect>"
+                     % (left, y, idle_w, u["idle_s"] / 3600))
+        parts.append("<text x='%.1f' y='%d'>%.1f h idle / %.1f h held</text>"
+                     % (left + held_w + 6, y + 13, u["idle_s"] / 3600, u["held_s"] / 3600))
+    parts.append("</svg>")
+    return "".join(parts)
+
+
 def filters_text(opts):
     f = []
     if opts["since"]:
@@ -1086,13 +1144,13 @@ def filters_text(opts):
     return " (" + "; ".join(f) + ")" if f else ""
 
 
-def report(state_dir, args, env, now=None):
+def report(state_dir, args, env, now=None, today_text=""):
     now = time.time() if now is None else now
     opts = parse_args(args, now)
     params = leak.params_from(env)
     gpus, procs, events = build(state_dir, opts, params, now)
     host = env.get("GPUGUARD_HOST") or os.uname().nodename
-    text = render(gpus, procs, events, host, now, opts)
+    text = render(gpus, procs, events, host, now, opts, ledger_section(env, opts, now, today_text))
     out = opts["out"]
     if os.path.isdir(out):
         raise UsageError("--out %s is a folder; give a file name" % out)
@@ -1124,7 +1182,8 @@ def main(argv):
     try:
         if cmd == "report":
             now = float(env["GPUGUARD_NOW"]) if env.get("GPUGUARD_NOW") else None
-            out, ng, npr, size = report(state_dir, argv[2:], env, now)
+            today = "" if sys.stdin is None or sys.stdin.isatty() else sys.stdin.read(1 << 20)
+            out, ng, npr, size = report(state_dir, argv[2:], env, now, today)
             print("wrote %s (%d GPUs, %d processes, %d KiB)" % (out, ng, npr, (size + 1023) // 1024))
             if report.unmatched:
                 print("gpuguard: %s" % report.unmatched, file=sys.stderr)

@@ -1,0 +1,464 @@
+# shellcheck shell=bash
+# The ledger: who held GPUs, and for how long idle or stuck, per day and per
+# user and job. The watchdog calls ledger_cycle once a cycle after judging
+# the GPUs; the day's totals live in bash arrays and reach the disk in two
+# ways, so that a cycle costs no fork:
+#
+# - every cycle, one line is appended to ledger/journal (a plain append,
+#   no fork): the cycle's sequence number, time, the seconds it accounts
+#   and, per held GPU, who held it and whether it was idle or stuck;
+# - every LEDGER_SAVE_EVERY (20) cycles, at a day's end and when the daemon
+#   stops, the day's aggregate is written atomically to ledger/DAY.tsv
+#   (with the last sequence number it holds) and the journal is emptied.
+#
+# A start (daemon, or each cron --once run) loads the newest day file and
+# replays the journal lines whose sequence number it does not hold yet, so
+# a kill -9 at any point loses nothing that was journaled and counts
+# nothing twice. A cycle accounts the time since the last accounted one,
+# capped at LEDGER_GAP_CYCLES cycles: a watchdog stopped for hours (or a
+# cron line that stopped running) does not invent held time; a failed
+# nvidia-smi sample accounts nothing (the next good one covers the gap, up
+# to the cap). The day an interval belongs to is the local day it ends in.
+#
+# The day file's format is described (and read) in python/gpuguard_ledger.py;
+# the journal is this module's own. The daily digest is built there too and
+# queued here, once per day (see ledger_digest_maybe).
+
+LEDGER_SAVE_EVERY=20
+LEDGER_GAP_CYCLES=3
+# Job rows kept per day; later jobs of a user are added to its "(other)" row,
+# so a day file stays under ~28 KB (0.9 MB a month) on the busiest box.
+LEDGER_MAX_JOBS=120
+LEDGER_CMD_MAX=100
+
+# Declares the ledger's arrays and loads the saved ledger (see module comment).
+# Arguments:
+#   $1 "readonly" to load without ever writing (gpuguard ledger)
+ledger_init() {
+  declare -gA LG_HELD=() LG_IDLE=() LG_LONG=() LG_LONG_END=() LG_GPUS=() LG_CMD=() LG_UID=()
+  declare -gA LG_RUN=() LG_RUN_KEY=() LG_TOT_HELD=() LG_TOT_IDLE=() LG_PIDKEY=() LG_HASH=()
+  declare -g LG_DAY='' LG_LAST=0 LG_SEQ=0 LG_SAVED_SEQ=0 LG_JOURNAL_N=0 LG_NJOBS=0
+  declare -g LG_READONLY=0 LG_DIR=$GPUGUARD_STATE_DIR/ledger LG_DIGEST_DONE='' LG_OK=1
+  [[ ${1:-} == readonly ]] && LG_READONLY=1
+  if ((LG_READONLY)) && [[ ! -d $LG_DIR ]]; then
+    LG_OK=0
+    return 0
+  fi
+  if [[ -L $LG_DIR ]] || { [[ ! -d $LG_DIR ]] && ! mkdir -m 700 -- "$LG_DIR" 2>/dev/null; }; then
+    gg_log warn "ledger: cannot use $LG_DIR (a link, or not writable); the ledger is off"
+    LG_OK=0
+    return 0
+  fi
+  { read -r LG_DIGEST_DONE <"$LG_DIR/digest-sent"; } 2>/dev/null || LG_DIGEST_DONE=''
+  ledger_load
+}
+
+# Loads the newest day file, then replays the journal past it.
+ledger_load() {
+  local -a days=("$LG_DIR"/????-??-??.tsv)
+  local newest=${days[${#days[@]} - 1]}
+  [[ -f $newest ]] && ledger_read_day "$newest"
+  [[ -f $LG_DIR/journal ]] || return 0
+  local -a lines=()
+  mapfile -t lines <"$LG_DIR/journal" 2>/dev/null || return 0
+  local line
+  local -a f
+  LG_REPLAYING=1
+  for line in "${lines[@]}"; do
+    # c SEQ TS DT ENTRY... . (the dot ends a whole line: a write cut
+    # short by a full disk is left out)
+    IFS=$'\t' read -r -a f <<<"$line"
+    if [[ ${f[0]:-} != c || ${f[${#f[@]} - 1]} != . ]] || ! gg_is_uint "${f[1]:-}" ||
+      ! gg_is_uint "${f[2]:-}" || ! gg_is_uint "${f[3]:-}"; then
+      continue
+    fi
+    ((f[1] > LG_SEQ)) || continue
+    ledger_account "${f[@]:1:${#f[@]}-2}"
+  done
+  LG_REPLAYING=0
+  # the journal stays as it is: the next save takes it in
+  LG_JOURNAL_N=${#lines[@]}
+}
+
+# Reads a day file into the arrays (the format: python/gpuguard_ledger.py).
+ledger_read_day() {
+  local file=$1 kind a b c d e f g h i key
+  LG_DAY=${file##*/}
+  LG_DAY=${LG_DAY%.tsv}
+  while IFS=$'\t' read -r kind a b c d e f g h i; do
+    case $kind in
+      last)
+        gg_is_uint "$a" && gg_is_uint "$b" && LG_LAST=$a LG_SEQ=$b LG_SAVED_SEQ=$b
+        ;;
+      job)
+        # job USER UID JOB HELD IDLE LONGEST LONGEST_END GPUS CMD
+        gg_is_uint "$d" && gg_is_uint "$e" && gg_is_uint "$f" && gg_is_uint "$g" || continue
+        key=$a$'\t'$c
+        [[ $b == - ]] && b=''
+        [[ $h == - ]] && h=''
+        [[ $i == - ]] && i=''
+        LG_UID[$key]=$b LG_HELD[$key]=$d LG_IDLE[$key]=$e LG_LONG[$key]=$f LG_LONG_END[$key]=$g
+        LG_GPUS[$key]=$h LG_CMD[$key]=$i
+        LG_NJOBS=$((LG_NJOBS + 1))
+        ;;
+      run)
+        # run UUID USER JOB SECONDS: an idle stretch still open
+        gg_is_uint "$d" && LG_RUN[$a]=$d LG_RUN_KEY[$a]=$b$'\t'$c
+        ;;
+      total)
+        # total USER HELD IDLE: all-time counters (the textfile metrics)
+        gg_is_uint "$b" && gg_is_uint "$c" && LG_TOT_HELD[$a]=$b LG_TOT_IDLE[$a]=$c
+        ;;
+    esac
+  done <"$file" 2>/dev/null || true
+}
+
+# Accounts one interval. Journaled by ledger_cycle, replayed by ledger_load.
+# Arguments:
+#   $1 sequence number, $2 time it ends, $3 seconds, $4... one per held
+#   GPU: "UUID|INDEX|IDLE(0/1)|USER|JOB"
+ledger_account() {
+  local seq=$1 ts=$2 dt=$3 entry uuid idx idle user job key day run
+  shift 3
+  printf -v day '%(%Y-%m-%d)T' "$ts"
+  if [[ $day != "$LG_DAY" ]]; then
+    # a clock set back past midnight never reopens (and empties) a finished day
+    if [[ -n $LG_DAY && $day < $LG_DAY ]]; then
+      LG_SEQ=$seq
+      return 0
+    fi
+    ledger_rollover "$day"
+  fi
+  local -A seen=()
+  for entry in "$@"; do
+    # UUID|INDEX|IDLE|USER|JOB, split without a here-string (no temp file)
+    uuid=${entry%%|*} entry=${entry#*|}
+    idx=${entry%%|*} entry=${entry#*|}
+    idle=${entry%%|*} entry=${entry#*|}
+    user=${entry%%|*} job=${entry#*|}
+    # a damaged journal line is left out, never a bad subscript
+    [[ -n $uuid && -n $user && -n $job && $job != *'|'* ]] || continue
+    key=$user$'\t'$job
+    if [[ -z ${LG_HELD[$key]+set} ]]; then
+      if ((LG_NJOBS >= LEDGER_MAX_JOBS)); then
+        key=$user$'\t'other
+      else
+        LG_NJOBS=$((LG_NJOBS + 1))
+      fi
+      : "${LG_HELD[$key]:=0}" "${LG_IDLE[$key]:=0}" "${LG_LONG[$key]:=0}" "${LG_LONG_END[$key]:=0}"
+    fi
+    seen[$uuid]=1
+    LG_HELD[$key]=$((LG_HELD[$key] + dt))
+    LG_TOT_HELD[$user]=$((${LG_TOT_HELD[$user]:-0} + dt))
+    [[ ,${LG_GPUS[$key]:-}, == *,"$idx",* ]] || LG_GPUS[$key]=${LG_GPUS[$key]:+${LG_GPUS[$key]},}$idx
+    if [[ $idle == 1 ]]; then
+      LG_IDLE[$key]=$((LG_IDLE[$key] + dt))
+      LG_TOT_IDLE[$user]=$((${LG_TOT_IDLE[$user]:-0} + dt))
+      # one idle stretch per GPU and holder; it may run past midnight
+      run=0
+      [[ ${LG_RUN_KEY[$uuid]:-} == "$key" ]] && run=${LG_RUN[$uuid]:-0}
+      run=$((run + dt))
+      LG_RUN[$uuid]=$run LG_RUN_KEY[$uuid]=$key
+      if ((run > LG_LONG[$key])); then
+        LG_LONG[$key]=$run LG_LONG_END[$key]=$ts
+      fi
+    else
+      unset "LG_RUN[$uuid]" "LG_RUN_KEY[$uuid]"
+    fi
+  done
+  for uuid in "${!LG_RUN[@]}"; do
+    [[ -n ${seen[$uuid]:-} ]] || unset "LG_RUN[$uuid]" "LG_RUN_KEY[$uuid]"
+  done
+  LG_LAST=$ts LG_SEQ=$seq
+}
+
+# Starts a new day: the finished one is saved, the day's rows start empty
+# (the all-time counters and open idle stretches go on).
+ledger_rollover() {
+  if [[ -n $LG_DAY ]] && ((LG_SEQ > LG_SAVED_SEQ)); then
+    ledger_save keep-journal
+  fi
+  LG_DAY=$1 LG_NJOBS=0
+  LG_HELD=() LG_IDLE=() LG_LONG=() LG_LONG_END=() LG_GPUS=()
+  # the command lines of jobs still running are kept for the new day's rows
+  local key
+  local -A live=()
+  for key in "${LG_PIDKEY[@]}"; do live[${key/|/$'\t'}]=1; done
+  for key in "${!LG_CMD[@]}"; do
+    [[ -n ${live[$key]:-} ]] || unset "LG_CMD[$key]" "LG_UID[$key]"
+  done
+}
+
+# Writes the day file atomically, then empties the journal (unless $1 is
+# "keep-journal": more lines of it may belong to the next day).
+ledger_save() {
+  ((LG_OK && ! LG_READONLY)) && [[ -n $LG_DAY ]] || return 0
+  local text key user
+  ledger_day_text_into text
+  gg_write_atomic "$LG_DIR/$LG_DAY.tsv" "$text" || return 1
+  LG_SAVED_SEQ=$LG_SEQ
+  # a day ended during the replay: the rest of the journal is the next day's
+  [[ ${1:-} == keep-journal || ${LG_REPLAYING:-0} == 1 ]] && return 0
+  # the day file now holds every journaled cycle: start the journal again
+  # (never through a link planted in the ledger folder)
+  if [[ ! -L $LG_DIR/journal ]]; then
+    : 2>/dev/null >"$LG_DIR/journal" || true
+  fi
+  LG_JOURNAL_N=0
+}
+
+# Puts the day file's text into the variable named $1.
+ledger_day_text_into() {
+  local -n text_ref=$1
+  local key user
+  text_ref="# gpuguard ledger 1"$'\n'"day"$'\t'"$LG_DAY"$'\n'
+  text_ref+="last"$'\t'"$LG_LAST"$'\t'"$LG_SEQ"$'\n'
+  for key in "${!LG_HELD[@]}"; do
+    user=${key%%$'\t'*}
+    # empty fields are written "-": read splits on runs of tabs
+    text_ref+="job"$'\t'"$user"$'\t'"${LG_UID[$key]:--}"$'\t'"${key#*$'\t'}"$'\t'"${LG_HELD[$key]}"$'\t'"${LG_IDLE[$key]}"
+    text_ref+=$'\t'"${LG_LONG[$key]}"$'\t'"${LG_LONG_END[$key]}"$'\t'"${LG_GPUS[$key]:--}"$'\t'"${LG_CMD[$key]:--}"$'\n'
+  done
+  for key in "${!LG_RUN[@]}"; do
+    text_ref+="run"$'\t'"$key"$'\t'"${LG_RUN_KEY[$key]}"$'\t'"${LG_RUN[$key]}"$'\n'
+  done
+  for user in "${!LG_TOT_HELD[@]}"; do
+    text_ref+="total"$'\t'"$user"$'\t'"${LG_TOT_HELD[$user]}"$'\t'"${LG_TOT_IDLE[$user]:-0}"$'\n'
+  done
+}
+
+# The watchdog's per-cycle call: accounts the interval since the last
+# accounted cycle from this cycle's sample and verdicts, journals it, saves
+# every LEDGER_SAVE_EVERY cycles, and queues the daily digest when due.
+# Globals:
+#   SMI_* (this cycle's sample), IDLE_CYCLES, IDLE_SPIN (this cycle's
+#   verdicts), MON_FAILS, CHECK_INTERVAL, IDLE_MEM_MIB
+# Arguments:
+#   $1 now, unix seconds
+ledger_cycle() {
+  local now=$1
+  ((${LG_OK:-0})) || return 0
+  # a failed sample tells nothing: the next good one covers the gap; a
+  # clock set back accounts nothing until it passes the last cycle again
+  if ((MON_FAILS == 0 && now >= LG_LAST)); then
+    ledger_cycle_account "$now"
+  fi
+  [[ -z ${LEDGER_DIGEST_AT:-} ]] || ledger_digest_maybe "$now"
+}
+
+# Accounts this cycle's sample, journals it, and saves every
+# LEDGER_SAVE_EVERY journaled cycles.
+ledger_cycle_account() {
+  local now=$1 dt=0 cap=$((LEDGER_GAP_CYCLES * CHECK_INTERVAL)) seq line entry
+  ((LG_LAST == 0)) || dt=$((now - LG_LAST))
+  ((dt <= cap)) || dt=$cap
+  local -a entries=()
+  ledger_entries_into entries
+  seq=$((LG_SEQ + 1))
+  ledger_account "$seq" "$now" "$dt" "${entries[@]}"
+  printf -v line 'c\t%s\t%s\t%s' "$seq" "$now" "$dt"
+  for entry in "${entries[@]}"; do line+=$'\t'$entry; done
+  if gg_append "$LG_DIR/journal" "$line"$'\t.\n' 2>/dev/null; then
+    LG_JOURNAL_N=$((LG_JOURNAL_N + 1))
+  else
+    # the journal cannot grow (disk full): save the day now instead
+    LG_JOURNAL_N=$LEDGER_SAVE_EVERY
+  fi
+  ((LG_JOURNAL_N < LEDGER_SAVE_EVERY)) || ledger_save || true
+}
+
+# Puts one entry per held GPU of this cycle's sample into the array named
+# $1 (see ledger_account). A GPU is held when processes are listed on it,
+# or, when none are (a container hides them), its memory is over
+# IDLE_MEM_MIB; it is idle or stuck while the watchdog counts it so.
+ledger_entries_into() {
+  local -n entries_ref=$1
+  local uuid pid mem best best_mem held idle key rest line
+  local -A pids_now=()
+  for uuid in "${SMI_UUIDS[@]}"; do
+    best='' best_mem=-1
+    # "PID<TAB>NAME<TAB>MIB" lines, read by expansion (a cycle forks nothing)
+    rest=${SMI_PROCS[$uuid]:-}
+    while [[ -n $rest ]]; do
+      line=${rest%%$'\n'*}
+      rest=${rest#"$line"}
+      rest=${rest#$'\n'}
+      pid=${line%%$'\t'*} mem=${line##*$'\t'}
+      [[ -n $pid && $pid != "$line" ]] || continue
+      pids_now[$pid]=1
+      mem=${mem%.*}
+      [[ -n $mem && $mem != *[!0-9]* ]] || mem=0
+      if ((mem > best_mem)); then
+        best=$pid best_mem=$mem
+      fi
+    done
+    held=0
+    if [[ -n $best ]]; then
+      held=1
+    elif [[ -n ${SMI_MEM_USED[$uuid]:-} ]] && ((${SMI_MEM_USED[$uuid]%.*} > IDLE_MEM_MIB)); then
+      held=1
+    fi
+    ((held)) || continue
+    idle=0
+    ((${IDLE_CYCLES[$uuid]:-0} > 0 || ${IDLE_SPIN[$uuid]:-0} > 0)) && idle=1
+    if [[ -n $best ]]; then
+      [[ -n ${LG_PIDKEY[$best]:-} ]] || ledger_holder_key "$best"
+      key=${LG_PIDKEY[$best]}
+    else
+      key='?|-'
+    fi
+    entries_ref+=("$uuid|${SMI_INDEX[$uuid]:-?}|$idle|$key")
+  done
+  # PIDs are reused: forget those no longer listed
+  for pid in "${!LG_PIDKEY[@]}"; do
+    [[ -n ${pids_now[$pid]:-} ]] || unset "LG_PIDKEY[$pid]"
+  done
+}
+
+# Works out who holds a GPU through PID (once per PID: cached in
+# LG_PIDKEY as "USER|JOB"): the job's user (name, "uid:N" without a passwd
+# entry, "?" when it cannot be told), the job (Slurm job, else the top
+# process and its start), and its masked command line for the day file.
+ledger_holder_key() {
+  local pid=$1 top uid name job cmd rc=0
+  local -a st args
+  local -A env=()
+  jobinfo_holds_gpu "$pid" || rc=$?
+  if ((rc == 1)) || ! jobinfo_top_into "$pid" top || ! jobinfo_stat_into "$top" st; then
+    LG_PIDKEY[$pid]="?|pid:$pid"
+    return 0
+  fi
+  jobinfo_user_into "$top" uid name
+  [[ -n $name ]] || name=${uid:+uid:$uid}
+  name=${name:-?}
+  name=${name//[|$'\t']/_}
+  jobinfo_environ_into "$pid" env SLURM_JOB_ID
+  if [[ ${env[SLURM_JOB_ID]:-} =~ ^[0-9_]+$ ]]; then
+    job=slurm:${env[SLURM_JOB_ID]}
+  else
+    job=pid:$top@${st[3]}
+  fi
+  LG_PIDKEY[$pid]=$name'|'$job
+  local key=$name$'\t'$job
+  # past the day's row cap a job gets no row of its own, nor a command line
+  if [[ -z ${LG_CMD[$key]:-} ]] && ((LG_NJOBS < LEDGER_MAX_JOBS)); then
+    jobinfo_args_into "$top" args
+    cmd=''
+    ((${#args[@]})) && jobinfo_mask_args_into cmd "${args[@]}"
+    cmd=${cmd//[$'\t\n\r']/ }
+    LG_CMD[$key]=${cmd:0:LEDGER_CMD_MAX}
+    LG_UID[$key]=$uid
+  fi
+}
+
+# The label a user gets outside this box (LEDGER_NAMES): the name, a
+# salted hash ("u" and 8 hex digits; the salt stays in the ledger folder)
+# or nothing ('').
+# shellcheck disable=SC2034 # name_ref: nameref, assigns the caller's variable
+ledger_name_into() {
+  local user=$1 salt=''
+  local -n name_ref=$2
+  case ${LEDGER_NAMES:-user} in
+    none) name_ref='' ;;
+    hash)
+      if [[ -z ${LG_HASH[$user]:-} ]]; then
+        ledger_salt_into salt
+        local sum
+        sum=$(printf '%s:%s' "$salt" "$user" | sha256sum)
+        LG_HASH[$user]=u${sum:0:8}
+      fi
+      name_ref=${LG_HASH[$user]}
+      ;;
+    *) name_ref=$user ;;
+  esac
+}
+
+# Puts the ledger's salt into the variable named $1 (made on first use).
+ledger_salt_into() {
+  local -n salt_ref=$1
+  local file=$LG_DIR/salt
+  { read -r salt_ref <"$file"; } 2>/dev/null || salt_ref=''
+  [[ $salt_ref =~ ^[0-9a-f]{32}$ ]] && return 0
+  salt_ref=$(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')
+  # private (0600), like a secret: the hash is only as good as the salt
+  ((LG_READONLY)) || (umask 077 && gg_write_atomic "$file" "$salt_ref"$'\n') || true
+}
+
+# Puts the textfile samples of the all-time counters into the variables
+# named $1 (held) and $2 (idle or stuck while held): "{user="NAME"} SECONDS"
+# lines, users mapped by LEDGER_NAMES (all in one series when "none").
+ledger_samples_into() {
+  local -n held_ref=$1 idle_ref=$2
+  held_ref='' idle_ref=''
+  ((${LG_OK:-0})) || return 0
+  local user label esc
+  local -A held=() idle=()
+  for user in "${!LG_TOT_HELD[@]}"; do
+    ledger_name_into "$user" label
+    # "k" + label: an empty label (LEDGER_NAMES=none) is no valid subscript
+    held[k$label]=$((${held[k$label]:-0} + LG_TOT_HELD[$user]))
+    idle[k$label]=$((${idle[k$label]:-0} + ${LG_TOT_IDLE[$user]:-0}))
+  done
+  for label in "${!held[@]}"; do
+    textfile_label_escape_into "${label#k}" esc
+    held_ref+="{user=\"$esc\"} ${held[$label]}"$'\n'
+    idle_ref+="{user=\"$esc\"} ${idle[$label]}"$'\n'
+  done
+}
+
+# Queues yesterday's digest once LEDGER_DIGEST_AT has passed today, once
+# per day across restarts, kill -9 and cron runs: the day is marked in
+# ledger/digest-sent after its event is queued, and an event already
+# queued (a kill between the two) is found by its id in the outbox or in
+# events.jsonl. Nothing is sent for a day without held GPUs.
+ledger_digest_maybe() {
+  local now=$1 hm h m s yesterday
+  ((! LG_READONLY)) || return 0
+  # a value a SIGHUP reload let through unchecked sends nothing
+  [[ $LEDGER_DIGEST_AT == [0-2][0-9]:[0-5][0-9] ]] || return 0
+  printf -v hm '%(%H:%M)T' "$now"
+  [[ ! $hm < $LEDGER_DIGEST_AT ]] || return 0
+  printf -v h '%(%H %M %S)T' "$now"
+  read -r h m s <<<"$h"
+  printf -v yesterday '%(%Y-%m-%d)T' "$((now - 10#$h * 3600 - 10#$m * 60 - 10#$s - 1))"
+  [[ $LG_DIGEST_DONE != "$yesterday" ]] || return 0
+  ((LG_SEQ == LG_SAVED_SEQ)) || ledger_save || return 0
+  local id="ledger-$yesterday" event=''
+  if ! ledger_digest_queued "$id"; then
+    event=$(gg_python gpuguard_ledger.py "LEDGER_NAMES GPU_HOUR_PRICE GPU_PRICE_CURRENCY" \
+      digest-event "$yesterday" --now "$now") || {
+      # said once a day, tried again every cycle
+      [[ ${LG_DIGEST_FAILED:-} == "$yesterday" ]] ||
+        gg_log warn "ledger: could not build the digest for $yesterday; trying again every cycle"
+      LG_DIGEST_FAILED=$yesterday
+      return 0
+    }
+    [[ -z $event ]] || events_emit "$event"
+  fi
+  gg_write_atomic "$LG_DIR/digest-sent" "$yesterday"$'\n' || return 0
+  LG_DIGEST_DONE=$yesterday
+}
+
+# True when the digest event with id $1 was queued already.
+ledger_digest_queued() {
+  local dir=$GPUGUARD_STATE_DIR
+  grep -qsF -- "\"id\":\"$1\"" "$dir"/outbox/*.json "$dir/events.jsonl" "$dir/events.jsonl.1" 2>/dev/null
+}
+
+# Runs a command (gpuguard ledger, gpuguard report) with today's ledger on
+# its stdin: the day file's text as the watchdog holds it (the journal
+# replayed), read only; nothing is written.
+ledger_with_today() {
+  ledger_init readonly
+  local text=''
+  ((LG_OK)) && [[ -n $LG_DAY ]] && ledger_day_text_into text
+  "$@" <<<"$text"
+}
+
+# Checks the ledger's keys that the configuration's kinds cannot.
+# Returns:
+#   2 with a one-line error for a LEDGER_DIGEST_AT that is not HH:MM
+ledger_config_check() {
+  [[ -z ${LEDGER_DIGEST_AT:-} || $LEDGER_DIGEST_AT =~ ^([01][0-9]|2[0-3]):[0-5][0-9]$ ]] && return 0
+  gg_usage_error "LEDGER_DIGEST_AT must be HH:MM, 00:00-23:59, or empty for no digest (got '$LEDGER_DIGEST_AT')"
+}

@@ -1,0 +1,575 @@
+"""The ledger (lib/ledger.sh, python/gpuguard_ledger.py) as a shared lab box
+meets it: one simulated day, the clock pinned (GPUGUARD_NOW, TZ=UTC),
+cycles every 10 minutes from cron (--once) and from the daemon, two users
+whose real processes hold the stand-in GPU device file, idle, stuck and
+busy stretches, a kill -9 in the middle. The ledger is checked to the
+minute against the schedule, then the daily digest per provider (exactly
+once), the JSON, the privacy modes and the textfile counters."""
+import json
+import os
+import pwd
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+
+import pytest
+import webhook_sink
+from conftest import ROOT, Box, app, busy_gpu, idle_gpu, require, run_killed_after, start_daemon, stop_daemon, wait_for
+
+DAY0 = 1796169600                       # 2026-12-02 00:00 UTC
+H, M = 3600, 60
+STEP = 10 * M
+PYTHON = "/usr/bin/python3"             # the second user cannot run a venv under /root
+HOLD = "import sys, time\nf = open(sys.argv[1])\nprint('ready', flush=True)\ntime.sleep(3600)\n"
+
+
+def at(hh, mm=0, day=0):
+    return DAY0 + day * 86400 + hh * H + mm * M
+
+
+class Holder:
+    """A training job of one user: its own session, holding the stand-in
+    GPU device file open as a CUDA process holds /dev/nvidia*."""
+
+    def __init__(self, dev, user, script):
+        pw = pwd.getpwnam(user)
+        path = os.path.join(os.path.dirname(dev), script)
+        with open(path, "w") as f:
+            f.write(HOLD)
+        self.proc = subprocess.Popen([PYTHON, path, dev], user=pw.pw_uid, group=pw.pw_gid,
+                                     stdout=subprocess.PIPE, text=True, start_new_session=True, cwd="/")
+        assert self.proc.stdout.readline().strip() == "ready"
+        self.pid = self.proc.pid
+
+    def stop(self):
+        os.killpg(self.pid, signal.SIGKILL)
+        self.proc.wait()
+
+
+def spinning_gpu(mem=30000):
+    # a collective waiting for a dead peer: 100 % at the idle power floor
+    return {"utilization.gpu": 100, "memory.used": mem, "power.draw": 121.0}
+
+
+def schedule(t, a, b1, b2):
+    """The day as a list of (gpus, apps) at sample time t (minutes since
+    midnight, the sample covering the 10 minutes before it):
+      GPU 0: root's job a 08:00-13:00, idle 10:00-12:00; nobody's job b2
+             15:00-16:00, idle all along;
+      GPU 1: nobody's job b1 09:00-17:00, idle 14:00-15:30, stuck
+             16:00-16:30, busy otherwise."""
+    gpu0, gpu1, apps = idle_gpu(mem=0), idle_gpu(mem=0), []
+    if 8 * 60 <= t <= 13 * 60:
+        gpu0 = idle_gpu(mem=30000) if 10 * 60 < t <= 12 * 60 else busy_gpu(mem=30000)
+        apps.append(app(a, gpu=0, mem=29800))
+    elif 15 * 60 < t <= 16 * 60:
+        gpu0 = idle_gpu(mem=20000)
+        apps.append(app(b2, gpu=0, mem=19800))
+    if 9 * 60 < t <= 17 * 60:
+        if 14 * 60 < t <= 15 * 60 + 30:
+            gpu1 = idle_gpu(mem=40000)
+        elif 16 * 60 < t <= 16 * 60 + 30:
+            gpu1 = spinning_gpu(mem=40000)
+        else:
+            gpu1 = busy_gpu(mem=40000)
+        apps.append(app(b1, gpu=1, mem=39800))
+    return [{"gpus": [gpu0, gpu1], "apps": apps}]
+
+
+# What the schedule says, by hand: sample 08:00 is the first cycle ever
+# (it accounts nothing); every later sample accounts its 10 minutes.
+ROOT_HELD, ROOT_IDLE = 5 * H, 2 * H                 # a: 08:10-13:00 held, 10:10-12:00 idle
+B1_HELD, B1_IDLE, B1_LONGEST = 8 * H, 2 * H, 90 * M    # 1 h 30 idle + 30 min stuck
+B2_HELD = B2_IDLE = 1 * H
+PRICE = 20
+
+
+def env_for(box, extra=None):
+    env = {"TZ": "UTC", "CHECK_INTERVAL": "600", "GPU_HOUR_PRICE": str(PRICE), "GPUGUARD_HOST": "lab-8gpu",
+           "GPUGUARD_TEXTFILE_DIR": str(box.tmp / "textfile")}
+    env.update(extra or {})
+    return env
+
+
+def cycle(box, t_min, ids, env=None, day=0):
+    box.write_scenario(schedule(t_min, *ids), gpus=2)
+    box.once(now=at(0, t_min, day), env=env_for(box, env))
+
+
+def daemon_cycle_then(box, t_min, ids, how):
+    """The daemon runs its cycle at t (pinned), then is stopped by `how`:
+    SIGKILL once its cycle reached the journal, or SIGTERM."""
+    box.write_scenario(schedule(t_min, *ids), gpus=2)
+    journal = box.state / "ledger" / "journal"
+    proc = start_daemon(box, env=dict(env_for(box), GPUGUARD_NOW=str(at(0, t_min))))
+    assert wait_for(lambda: journal.exists() and f"\t{at(0, t_min)}\t" in journal.read_text(), timeout=30)
+    if how == "kill":
+        kill9(proc)
+    else:
+        rc, _, err = stop_daemon(proc)
+        assert rc == 0, err
+
+
+def kill9(proc):
+    """kill -9 of the daemon; its `sleep` child, which a real kill leaves
+    behind holding nothing of ours, is ended too."""
+    kids = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                if entry.isdigit() and int(f.read().rsplit(")", 1)[1].split()[1]) == proc.pid:
+                    kids.append(int(entry))
+        except (OSError, IndexError, ValueError):
+            pass
+    proc.kill()
+    proc.wait(timeout=15)
+    for pid in kids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.stdout.close()
+    proc.stderr.close()
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """One simulated day, run once for the module's tests."""
+    require(os.geteuid() == 0, "two users' jobs need root (a job of the user nobody)")
+    require(os.access(PYTHON, os.X_OK), PYTHON + " missing")
+    box = Box(tmp_path_factory.mktemp("lab"))
+    devdir = tempfile.mkdtemp(prefix="gg-ledger-dev-")
+    os.chmod(devdir, 0o755)
+    dev = os.path.join(devdir, "nvidia0")
+    open(dev, "w").close()
+    os.chmod(dev, 0o644)
+    box.env["JOBINFO_DEVICE_GLOB"] = os.path.join(devdir, "nvidia*")
+    holders = [Holder(dev, "root", "train_llama.py"), Holder(dev, "nobody", "sft.py"),
+               Holder(dev, "nobody", "eval.py")]
+    ids = [h.pid for h in holders]
+    try:
+        for t in range(8 * 60, 11 * 60, 10):              # 08:00-10:50 from cron
+            cycle(box, t, ids)
+        daemon_cycle_then(box, 11 * 60, ids, "kill")        # 11:00 the daemon, then kill -9
+        # 11:10: a daemon killed at some point of its cycle, then cron at the same time
+        box.write_scenario(schedule(11 * 60 + 10, *ids), gpus=2)
+        env = dict(box.env, **env_for(box), GPUGUARD_NOW=str(at(11, 10)))
+        run_killed_after([str(ROOT / "bin/yichuidingyin.sh")], env, 0.15)
+        for t in range(11 * 60 + 10, 14 * 60, 10):
+            cycle(box, t, ids)
+        daemon_cycle_then(box, 14 * 60, ids, "term")        # 14:00 the daemon, stopped cleanly
+        for t in range(14 * 60 + 10, 18 * 60 + 10, 10):   # 14:10-18:00 from cron
+            cycle(box, t, ids)
+        yield box, holders
+    finally:
+        for h in holders:
+            h.stop()
+        shutil.rmtree(devdir, ignore_errors=True)
+
+
+def ledger(box, *args, now=None, env=None):
+    now = at(18) if now is None else now
+    r = box.run("ledger", *args, cmd="bin/gpuguard", env=dict(env_for(box, env), GPUGUARD_NOW=str(now)))
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+@pytest.mark.slow
+def test_the_day_is_accounted_to_the_minute_across_cron_daemon_and_kill(lab):
+    box, holders = lab
+    s = json.loads(ledger(box, "--json"))
+    assert (s["from"], s["to"], s["names"]) == ("2026-12-02", "2026-12-02", "user")
+    users = {u["user"]: (u["held_s"], u["idle_s"], u["longest_s"]) for u in s["users"]}
+    assert users == {"nobody": (B1_HELD + B2_HELD, B1_IDLE + B2_IDLE, B1_LONGEST),
+                     "root": (ROOT_HELD, ROOT_IDLE, 2 * H)}
+    assert s["held_s"] == 14 * H and s["idle_s"] == 5 * H
+    # 5 idle GPU-hours at 20 an hour
+    assert s["cost"] == 100.0 and s["currency"] == "¥"
+    assert [u["user"] for u in s["users"]] == ["nobody", "root"]        # most idle first
+    assert [u["cost"] for u in s["users"]] == [60.0, 40.0]
+    worst = [(w["user"], w["gpus"], w["longest_s"], w["end_ts"]) for w in s["worst"]]
+    assert worst == [("root", ["0"], 2 * H, at(12)), ("nobody", ["1"], B1_LONGEST, at(15, 30)),
+                     ("nobody", ["0"], H, at(16))]
+    assert "train_llama.py" in s["worst"][0]["cmd"]
+    rows = {(j["user"], j["gpus"][0]): (j["held_s"], j["idle_s"], j["longest_s"], j["longest_end"]) for j in s["jobs"]}
+    assert rows == {("root", "0"): (ROOT_HELD, ROOT_IDLE, 2 * H, at(12)),
+                    ("nobody", "1"): (B1_HELD, B1_IDLE, B1_LONGEST, at(15, 30)),
+                    ("nobody", "0"): (B2_HELD, B2_IDLE, H, at(16))}
+    assert s["worst"][0]["job"] == "pid:%d@%s" % (holders[0].pid, s["worst"][0]["job"].split("@")[1])
+    # the day file on disk says the same (the journal holds at most 20 cycles)
+    day = (box.state / "ledger" / "2026-12-02.tsv").read_text()
+    assert day.startswith("# gpuguard ledger 1\nday\t2026-12-02\n")
+    journal = (box.state / "ledger" / "journal").read_text().splitlines()
+    assert len(journal) < 20
+
+
+@pytest.mark.slow
+def test_text_and_a_later_day(lab):
+    box, _ = lab
+    text = ledger(box, env={"NOTIFY_LANG": "zh"})
+    assert "[gpuguard 日报] lab-8gpu：GPU 占用日报 2026-12-02" in text
+    assert "空闲占卡 5.0 GPU 时（共占用 14.0 GPU 时，其中 36% 空闲或卡死），浪费 ¥ 100.00" in text
+    assert "nobody：空闲 3.0 / 占用 9.0，最长一次连续空闲 1 小时 30 分，浪费 ¥ 60.00" in text
+    en = ledger(box)
+    assert "5.0 GPU-hours held idle (36% of 14.0 GPU-hours held were idle or stuck), wasted ¥ 100.00" in en
+    assert "1. GPU 0 idle for 2 h 0 min (until 12:00): root · " in en and "train_llama.py" in en
+    # a week: the day shows in the trend; a day later without samples is empty
+    week = json.loads(ledger(box, "--since", "7d", "--json", now=at(12, day=1)))
+    assert week["from"] == "2026-11-27" and week["to"] == "2026-12-03"
+    assert [t["idle_s"] for t in week["trend"]] == [0, 0, 0, 0, 0, 5 * H, 0]
+    today = json.loads(ledger(box, "--json", now=at(12, day=1)))
+    assert today["held_s"] == 0 and today["users"] == [] and today["worst"] == []
+
+
+@pytest.mark.slow
+def test_report_has_the_ledger_table_and_bars(lab, tmp_path):
+    box, _ = lab
+    out = tmp_path / "r.html"
+    r = box.run("report", "--out", str(out), "--since", "2026-12-01", cmd="bin/gpuguard",
+                env=dict(env_for(box), GPUGUARD_NOW=str(at(18))))
+    assert r.returncode == 0, r.stderr
+    page = out.read_text()
+    section = page.split("<h2 id='ledger'>")[1].split("<h2>")[0]
+    assert "2026-12-01 – 2026-12-02" in section and "14.0 GPU-hours held, 5.0 of them idle or stuck" in section
+    bars = section.split("<svg id='ledger-bars'")[1].split("</svg>")[0]
+    assert "3.0 h idle / 9.0 h held" in bars and "2.0 h idle / 5.0 h held" in bars
+    rows = section.split("<table id='ledger-table'>")[1].split("</table>")[0].split("<tr>")[2:]
+    # most idle first (ties: most held): sft.py 2 h of 8, train_llama.py 2 h of 5, eval.py 1 h
+    assert ["sft.py" in rows[0], "train_llama.py" in rows[1]] == [True, True]
+    assert "<td>root</td>" in rows[1] and "<td class='n'>5.0</td><td class='n'>2.0</td><td>2.0 h</td>" \
+        "<td class='n'>40.00</td>" in rows[1]
+    assert "<td>nobody</td>" in rows[2] and "<td class='n'>1.0</td><td class='n'>1.0</td><td>60 min</td>" in rows[2]
+
+
+@pytest.mark.slow
+def test_privacy_hash_and_none(lab):
+    box, _ = lab
+    hashed = json.loads(ledger(box, "--json", env={"LEDGER_NAMES": "hash"}))
+    names = [u["user"] for u in hashed["users"]]
+    assert all(re.fullmatch(r"u[0-9a-f]{8}", n) for n in names) and len(set(names)) == 2
+    assert json.loads(ledger(box, "--json", env={"LEDGER_NAMES": "hash"}))["users"] == hashed["users"]
+    assert "root" not in json.dumps(hashed) and "nobody" not in json.dumps(hashed)
+    assert all(w["cmd"] is None for w in hashed["worst"])
+    assert all(j["cmd"] is None and j["job"] is None for j in hashed["jobs"])
+    none = json.loads(ledger(box, "--json", env={"LEDGER_NAMES": "none"}))
+    assert none["users"] == [] and none["idle_s"] == 5 * H
+    assert all(w["user"] is None and w["cmd"] is None for w in none["worst"])
+    text = ledger(box, env={"LEDGER_NAMES": "none"})
+    assert "root" not in text and "nobody" not in text and "5.0 GPU-hours held idle" in text
+
+
+@pytest.mark.slow
+def test_counters_in_the_textfile(lab):
+    box, _ = lab
+    text = (box.tmp / "textfile" / "gpuguard_idle.prom").read_text()
+    assert "# TYPE gpuguard_gpu_held_seconds_total counter" in text
+    assert 'gpuguard_gpu_held_seconds_total{user="root"} %d' % ROOT_HELD in text
+    assert 'gpuguard_gpu_idle_held_seconds_total{user="nobody"} %d' % (B1_IDLE + B2_IDLE) in text
+    promtool = shutil.which("promtool")
+    require(promtool is not None, "promtool (Debian package prometheus) not installed")
+    r = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def providers_of(sink):
+    out = {}
+    for r in sink.requests:
+        out.setdefault(r["path"].split("/")[1], []).append(r["body"])
+    return out
+
+
+TEXT_OF = {"dingtalk": lambda b: b["markdown"]["text"], "feishu": lambda b: b["content"]["text"],
+           "wecom": lambda b: b["markdown"]["content"], "slack": lambda b: b["text"]}
+
+
+@pytest.mark.slow
+def test_daily_digest_once_per_target_across_restarts_kill_and_cron(lab, tmp_path):
+    src, _ = lab
+    box = Box(tmp_path)
+    shutil.copytree(src.state, box.state)
+    box.env["JOBINFO_DEVICE_GLOB"] = src.env["JOBINFO_DEVICE_GLOB"]
+    server, sink = webhook_sink.serve(quiet=True)
+    url = "http://127.0.0.1:%d" % server.server_address[1]
+    try:
+        digest = {"LEDGER_DIGEST_AT": "09:00", "NOTIFY_URL": (
+            f"dingtalk+{url}/dingtalk/robot/send?access_token=t1 feishu+{url}/feishu/hook/abc "
+            f"wecom+{url}/wecom/send?key=k1 slack+{url}/slack/services/T/B/C"),
+            "ALERTMANAGER_URL": url}
+        empty = [{"gpus": [idle_gpu(mem=0), idle_gpu(mem=0)], "apps": []}]
+        box.write_scenario(empty, gpus=2)
+        box.once(now=at(8, 50, day=1), env=env_for(box, digest))
+        assert sink.requests == []                                   # not yet 09:00
+        box.once(now=at(9, 0, day=1), env=env_for(box, digest))
+        posts = providers_of(sink)
+        assert sorted(posts) == ["api", "dingtalk", "feishu", "slack", "wecom"]
+        assert posts["api"] == [[]]                                  # Alertmanager: a report is no alert
+        for p in ("dingtalk", "feishu", "wecom", "slack"):
+            assert len(posts[p]) == 1, p
+        texts = {p: TEXT_OF[p](posts[p][0]) for p in TEXT_OF}
+        for p in ("dingtalk", "feishu", "wecom"):
+            t = texts[p]
+            assert "[gpuguard 日报] lab-8gpu：GPU 占用日报 2026-12-02" in t, t
+            assert "空闲占卡 5.0 GPU 时" in t and "浪费 ¥ 100.00" in t
+            assert "root：空闲 2.0 / 占用 5.0，最长一次连续空闲 2 小时 0 分，浪费 ¥ 40.00" in t
+            assert "1. GPU 0 连续空闲 2 小时 0 分（至 12:00）：root" in t
+            assert "近 7 天空闲 GPU 时：11-26 0.0 · 11-27 0.0 · 11-28 0.0 · 11-29 0.0 · 11-30 0.0 · 12-01 0.0 · 12-02 5.0" in t
+        assert "*[gpuguard DAILY] lab-8gpu: GPU ledger 2026-12-02*" in texts["slack"]
+        assert "nobody: idle 3.0 / held 9.0, longest idle stretch 1 h 30 min, wasted ¥ 60.00" in texts["slack"]
+        assert not any("@" in t for t in texts.values())             # a report mentions nobody
+        examples = tmp_path / "examples"
+        examples.mkdir()
+        for p, t in texts.items():
+            (examples / p).write_text(t)
+        n = len(sink.requests)
+        # later cycles, a restart, a kill -9 of the daemon, a lost marker: never again
+        box.once(now=at(9, 10, day=1), env=env_for(box, digest))
+        proc = start_daemon(box, env=dict(env_for(box, digest), GPUGUARD_NOW=str(at(9, 20, day=1))))
+        assert wait_for(lambda: f"\t{at(9, 20, day=1)}\t" in (box.state / "ledger" / "journal").read_text())
+        kill9(proc)
+        (box.state / "ledger" / "digest-sent").unlink()           # as if killed before the mark
+        box.once(now=at(9, 30, day=1), env=env_for(box, digest))
+        assert len(sink.requests) == n
+        assert (box.state / "ledger" / "digest-sent").read_text() == "2026-12-02\n"
+        # the next day had no held GPU: nothing is sent for it
+        box.once(now=at(9, 0, day=2), env=env_for(box, digest))
+        assert len(sink.requests) == n
+        assert (box.state / "ledger" / "digest-sent").read_text() == "2026-12-03\n"
+    finally:
+        server.shutdown()
+
+
+# ------------------------------------------------ fast, one user ----
+
+def test_bad_since_and_digest_time_are_one_line_errors(box):
+    r = box.run("ledger", "--since", "yesterday", cmd="bin/gpuguard")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--since" in r.stderr
+    r = box.run("ledger", "--bogus", cmd="bin/gpuguard")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    r = box.run("--once", env={"LEDGER_DIGEST_AT": "9am"})
+    assert r.returncode == 2 and "LEDGER_DIGEST_AT" in r.stderr and r.stderr.count("\n") == 1
+    r = box.run("--once", env={"LEDGER_NAMES": "initials"})
+    assert r.returncode == 2 and "LEDGER_NAMES" in r.stderr
+
+
+def test_a_stopped_watchdog_does_not_invent_held_time(box):
+    """Cron stopped for five hours: the first cycle after accounts at most
+    3 cycles; a failed nvidia-smi sample accounts nothing."""
+    box.write_scenario([{"gpus": [idle_gpu(mem=30000)], "apps": [app(os.getpid(), mem=29800)]}])
+    env = {"CHECK_INTERVAL": "60", "TZ": "UTC", "JOBINFO_DEVICE_GLOB": "/nonexistent*"}
+    for t in (0, 60, 120, 120 + 5 * H):
+        box.once(now=at(10) + t, env=env)
+    box.write_scenario([{"fault": "driver"}])
+    box.once(now=at(10) + 5 * H + 180, env=env)
+    s = json.loads(ledger(box, "--json", now=at(23), env=env))
+    # 2 minutes, then 3 cycles (180 s) for the 5-hour gap; the failed sample: 0
+    assert s["held_s"] == 300 and s["idle_s"] == 300
+    # a PID this namespace cannot vouch for is no one's: "?"
+    assert [u["user"] for u in s["users"]] == ["?"]
+
+
+def test_busy_box_stays_under_a_megabyte_a_month(box):
+    """A day of 400 jobs (a new job every few minutes on 8 GPUs) keeps
+    LEDGER_MAX_JOBS rows; the rest of a user's jobs add up in one row."""
+    ledger_dir = box.state / "ledger"
+    ledger_dir.mkdir(parents=True)
+    lines = []
+    for i in range(1, 401):
+        entries = "\t".join(f"GPU-{g}|{g}|{i % 2}|user{i % 7}|slurm:{100000 + i * 8 + g // 4}" for g in range(8))
+        lines.append(f"c\t{i}\t{at(0, 3 * i)}\t180\t{entries}\t.")
+    (ledger_dir / "journal").write_text("\n".join(lines) + "\n")
+    box.write_scenario([{"gpus": [idle_gpu(mem=0)], "apps": []}])
+    box.once(now=at(0, 3 * 401), env={"CHECK_INTERVAL": "180", "TZ": "UTC"})
+    day = (ledger_dir / "2026-12-02.tsv").read_text()
+    rows = [ln for ln in day.splitlines() if ln.startswith("job\t")]
+    assert len(rows) <= 120 + 7
+    assert len(day.encode()) * 31 < 1 << 20
+    s = json.loads(ledger(box, "--json", now=at(23), env={"TZ": "UTC"}))
+    assert s["held_s"] == 400 * 8 * 180                   # nothing dropped, only merged
+    assert (ledger_dir / "journal").read_text() == ""
+
+
+def test_retention_prunes_old_day_files(box):
+    ledger_dir = box.state / "ledger"
+    ledger_dir.mkdir(parents=True)
+    old, recent = ledger_dir / "2026-10-01.tsv", ledger_dir / "2026-11-30.tsv"
+    for f in (old, recent):
+        f.write_text("# gpuguard ledger 1\n")
+    os.utime(old, (at(0) - 40 * 86400, at(0) - 40 * 86400))
+    os.utime(recent, (at(0) - 2 * 86400, at(0) - 2 * 86400))
+    box.write_scenario([{"gpus": [idle_gpu(mem=0)], "apps": []}])
+    box.once(now=at(0), env={"TZ": "UTC"})
+    assert not old.exists() and recent.exists()
+
+
+def test_a_torn_journal_line_is_left_out(box):
+    box.write_scenario([{"gpus": [idle_gpu(mem=30000)], "apps": []}])
+    env = {"CHECK_INTERVAL": "60", "TZ": "UTC"}
+    for t in (0, 60):
+        box.once(now=at(10) + t, env=env)
+    with open(box.state / "ledger" / "journal", "a") as f:
+        f.write(f"c\t3\t{at(10, 2)}\t60\t|0|1||\tGPU-y|0|1|eve|pid:2@2\t.\n")  # damaged
+        f.write(f"c\t4\t{at(10, 3)}\t60\tGPU-x|0|1|mallory|pid:1@1")     # a write cut short
+    s = json.loads(ledger(box, "--json", now=at(23), env=env))
+    assert s["held_s"] == 120 and sorted(u["user"] for u in s["users"]) == ["?", "eve"]
+    box.once(now=at(10, 4), env=env)                         # the watchdog reads it too, and goes on
+
+
+@pytest.mark.slow
+def test_counters_through_the_real_prometheus(lab, tmp_path):
+    """The textfile as node_exporter serves it, scraped by the real
+    Prometheus with the shipped rules: the counters by user, and the
+    recording rule's idle GPU-hours per user and day."""
+    import http.server
+    import threading
+    import urllib.parse
+    import urllib.request
+
+    from conftest import free_port, stop_processes
+    prometheus = shutil.which("prometheus")
+    require(prometheus is not None, "prometheus (Debian package prometheus) not installed")
+    src, _ = lab
+    box = Box(tmp_path)
+    shutil.copytree(src.state, box.state)
+    box.env["JOBINFO_DEVICE_GLOB"] = src.env["JOBINFO_DEVICE_GLOB"]
+    prom_file = box.tmp / "textfile" / "gpuguard_idle.prom"
+    cycle(box, 18 * 60, [h.pid for h in lab[1]])
+
+    class Metrics(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = prom_file.read_bytes()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = free_port()
+    (tmp_path / "prom.yml").write_text(json.dumps({
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "rule_files": [str(ROOT / "etc/prometheus/gpuguard.rules.yml")],
+        "scrape_configs": [{"job_name": "node", "static_configs": [
+            {"targets": ["127.0.0.1:%d" % server.server_address[1]], "labels": {"instance": "lab-8gpu"}}]}]}))
+    proc = subprocess.Popen([prometheus, "--config.file=%s" % (tmp_path / "prom.yml"),
+                             "--storage.tsdb.path=%s" % (tmp_path / "tsdb"),
+                             "--web.listen-address=127.0.0.1:%d" % port],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def query(expr):
+        url = "http://127.0.0.1:%d/api/v1/query?%s" % (port, urllib.parse.urlencode({"query": expr}))
+        try:
+            with urllib.request.urlopen(url, timeout=3) as r:
+                doc = json.loads(r.read())
+        except OSError:
+            return {}
+        return {x["metric"].get("user"): float(x["value"][1]) for x in doc["data"]["result"]}
+
+    try:
+        assert wait_for(lambda: len(query("gpuguard_gpu_held_seconds_total")) == 2, timeout=90, step=0.5)
+        assert query("gpuguard_gpu_held_seconds_total") == {"root": ROOT_HELD, "nobody": B1_HELD + B2_HELD}
+        assert query("gpuguard_gpu_idle_held_seconds_total") == {"root": ROOT_IDLE, "nobody": B1_IDLE + B2_IDLE}
+        # nobody's eval job idles on GPU 0 for one more cycle: the counter and the rule follow
+        box.write_scenario([{"gpus": [idle_gpu(mem=20000), idle_gpu(mem=0)],
+                             "apps": [app(lab[1][2].pid, gpu=0, mem=19800)]}], gpus=2)
+        box.once(now=at(18, 10), env=env_for(box))
+        assert wait_for(lambda: query("gpuguard_gpu_idle_held_seconds_total").get("nobody") ==
+                        B1_IDLE + B2_IDLE + 600, timeout=60, step=0.5)
+        assert wait_for(lambda: query("gpuguard:gpu_idle_held_hours:by_user_1d").get("nobody", 0) > 0,
+                        timeout=60, step=0.5)
+        rule = query("gpuguard:gpu_idle_held_hours:by_user_1d")
+        assert rule["root"] == 0 and rule["nobody"] >= 600 / 3600
+    finally:
+        stop_processes([proc])
+        server.shutdown()
+
+
+@pytest.mark.parametrize("names", ["hash", "none"])
+def test_metrics_follow_ledger_names_as_the_posts_do(box, names):
+    """The textfile's user label (bash) and the digest's name (Python) are
+    the same salted hash; with none, one series without a user."""
+    box.write_scenario([{"gpus": [idle_gpu(mem=30000)], "apps": [app(os.getpid(), mem=29800)]}])
+    textdir = box.tmp / "textfile"
+    env = {"CHECK_INTERVAL": "60", "TZ": "UTC", "LEDGER_NAMES": names, "GPUGUARD_TEXTFILE_DIR": str(textdir)}
+    for t in (0, 60, 120):
+        box.once(now=at(10) + t, env=env)
+    prom = (textdir / "gpuguard_idle.prom").read_text()
+    s = json.loads(ledger(box, "--json", now=at(23), env=env))
+    if names == "hash":
+        (user,) = [u["user"] for u in s["users"]]
+        assert re.fullmatch(r"u[0-9a-f]{8}", user) and user != "?"
+        assert 'gpuguard_gpu_held_seconds_total{user="%s"} 120' % user in prom
+        assert oct((box.state / "ledger" / "salt").stat().st_mode & 0o777) == "0o600"
+    else:
+        assert s["users"] == [] and 'gpuguard_gpu_held_seconds_total{user=""} 120' in prom
+
+
+def test_week_trend_and_change_on_the_week_before(tmp_path, monkeypatch):
+    """Two weeks of day files: the digest's trend line has the 7 days ending
+    yesterday and the change on the 7 before (1 h a day, then 30 min)."""
+    import gpuguard_ledger
+    monkeypatch.setenv("TZ", "UTC")
+    folder = tmp_path / "ledger"
+    folder.mkdir()
+    days = gpuguard_ledger.days_back("2026-12-02", 14)
+    for n, day in enumerate(days):
+        idle = H if n < 7 else H // 2
+        (folder / f"{day}.tsv").write_text(
+            f"# gpuguard ledger 1\nday\t{day}\nlast\t1\t1\n"
+            f"job\talice\t1001\tslurm:77\t{2 * H}\t{idle}\t{idle}\t{at(12)}\t3\tpython a.py\n")
+    env = {"GPUGUARD_STATE_DIR": str(tmp_path), "GPU_HOUR_PRICE": "0", "GPUGUARD_HOST": "h"}
+    e = gpuguard_ledger.digest_event("2026-12-02", at(9, day=1), env)
+    assert e["id"] == "ledger-2026-12-02" and e["cost"] is None and e["idle_s"] == H // 2
+    assert [t["day"] for t in e["trend"]] == days[7:] and e["prev_idle_s"] == 7 * H
+    _, lines = gpuguard_ledger.render_lines(e, "en")
+    assert lines[-1] == ("Idle GPU-hours, last 7 days: 11-26 0.5 · 11-27 0.5 · 11-28 0.5 · 11-29 0.5 · "
+                         "11-30 0.5 · 12-01 0.5 · 12-02 0.5; -50% on the 7 days before")
+    assert "Slurm job 77 · python a.py" in lines[-2]
+    _, zh = gpuguard_ledger.render_lines(e, "zh")
+    assert zh[-1].endswith("12-02 0.5；比前 7 天 -50%") and "浪费" not in zh[0]
+
+
+def test_digest_beside_an_idle_alert_in_one_post_names_its_day():
+    import gpuguard_alert
+    event = {"id": "ledger-2026-12-02", "ts": at(9, day=1), "host": "lab", "event": "ledger_digest",
+             "state": "firing", "severity": "info", "from": "2026-12-02", "to": "2026-12-02", "names": "user",
+             "held_s": 7200, "idle_s": 3600, "cost": None, "users": [], "worst": [], "trend": []}
+    alert = {"id": "x", "ts": at(9, day=1), "host": "lab", "event": "gpu_idle", "state": "firing", "gpu": 3,
+             "uuid": "GPU-3", "utilization": 0, "idle_seconds": 600}
+    title, sections = gpuguard_alert.render_digest([alert, event], "zh", {})
+    heads = [h for h, _ in sections]
+    assert any(h.endswith("GPU 占用日报 2026-12-02：空闲占卡 1.0 GPU 时（共占用 2.0 GPU 时，其中 50% 空闲或卡死）")
+               for h in heads), heads
+    title, sections = gpuguard_alert.render_digest([event], "en", {})
+    assert title == "[gpuguard DAILY] lab: GPU ledger 2026-12-02"
+    assert sections[0][0] == "1.0 GPU-hours held idle (50% of 2.0 GPU-hours held were idle or stuck)"
+    assert gpuguard_alert.alertmanager_alerts(event) == [] and not gpuguard_alert.is_page(event)
+
+
+@pytest.mark.slow
+def test_kill9_at_random_points_counts_each_second_once(box):
+    """Cron runs killed at random points (mid-sample, mid-journal, mid-save):
+    with the cap out of the way, the ledger holds exactly the time between
+    the first and the last clean run - nothing twice, nothing lost."""
+    import random
+    rng = random.Random(26)
+    box.write_scenario([{"gpus": [idle_gpu(mem=30000)], "apps": []}])
+    env = dict(box.env, CHECK_INTERVAL="6000", TZ="UTC")
+    import time
+    began = time.monotonic()
+    box.once(now=at(10), env=env)
+    run_s = time.monotonic() - began                      # kill points spread over a run, on any machine
+    killed = 0
+    for n in range(1, 41):
+        was_killed, _ = run_killed_after([str(ROOT / "bin/yichuidingyin.sh"), "--once"],
+                                         dict(env, GPUGUARD_NOW=str(at(10, n))), rng.uniform(0.05, 1.2) * run_s)
+        killed += was_killed
+    box.once(now=at(10, 41), env=env)
+    s = json.loads(ledger(box, "--json", now=at(23), env={"TZ": "UTC"}))
+    assert killed >= 5                                    # the kills did land
+    assert s["held_s"] == s["idle_s"] == 41 * M
