@@ -53,6 +53,8 @@ config_define() {
     [HISTORY_MAX_FILES]=1500
     [HISTORY_MAX_MB]=30
     [EVENTS_MAX_MB]=5
+    # daemons sample from nvidia-smi loops kept running (lib/smi.sh)
+    [SMI_STREAM]=1
   )
   declare -gA GG_CONFIG_KIND=(
     [THRESHOLD]='int:0:100'
@@ -100,6 +102,8 @@ config_define() {
     [HISTORY_MAX_FILES]='int:10:'
     [HISTORY_MAX_MB]='int:1:'
     [EVENTS_MAX_MB]='int:1:'
+    # daemons sample from nvidia-smi loops kept running (lib/smi.sh)
+    [SMI_STREAM]='bool'
   )
 }
 
