@@ -634,6 +634,7 @@ smi_stream_start() {
   SMI_SG_BUF='' SMI_SG_PEND='' SMI_SG_PEND_N=0 SMI_SG_PEND_LAST=-1 SMI_SG_PEND_TS=''
   SMI_SG_DONE='' SMI_SG_DONE_N=0 SMI_SG_DONE_TS=-1 SMI_SG_NEW=0 SMI_SG_JUNK=''
   SMI_SA_BUF='' SMI_SA_PEND='' SMI_SA_PEND_TS=-1 SMI_SA_DONE='' SMI_SA_DONE_TS=-1 SMI_SA_JUNK=''
+  SMI_SA_PREV='' SMI_SA_PREV_TS=-1
   SMI_STREAM_STARTS=$((${SMI_STREAM_STARTS:-0} + 1))
 }
 
@@ -814,6 +815,7 @@ smi_stream_split_apps() {
 
 # Ends the process block being read (see smi_stream_split_apps).
 smi_stream_close_apps() {
+  SMI_SA_PREV=$SMI_SA_DONE SMI_SA_PREV_TS=$SMI_SA_DONE_TS
   SMI_SA_DONE=$SMI_SA_PEND SMI_SA_DONE_TS=$SMI_SA_PEND_TS
   SMI_SA_PEND='' SMI_SA_PEND_TS=-1
 }
@@ -882,7 +884,14 @@ smi_stream_apps() {
       return 0
     fi
     if ((SMI_SA_DONE_TS >= 0 && diff > SMI_STREAM_SKEW_MS)); then
-      smi_stream_fail "desynchronised: the process list is ${diff} ms ahead of the GPU sample"
+      # read at the tick, the process loop's newest block can be a sample
+      # ahead of the GPU loop's: the one before it may be this moment's
+      smi_ms_diff_into diff "$SMI_SA_PREV_TS" "$SMI_SG_DONE_TS"
+      if ((SMI_SA_PREV_TS >= 0 && diff >= -SMI_STREAM_SKEW_MS && diff <= SMI_STREAM_SKEW_MS)); then
+        smi_take_apps 0 "$SMI_SA_PREV"
+        return 0
+      fi
+      smi_stream_fail "desynchronised: the process list is ${diff} ms away from the GPU sample"
       return 1
     fi
     smi_stream_apps_empty && return 0
