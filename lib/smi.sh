@@ -632,7 +632,7 @@ smi_stream_start() {
     2>/dev/null {lock_fd}>&- {SMI_SG_FD}<&-)
   SMI_SA_PID=$!
   SMI_SG_BUF='' SMI_SG_PEND='' SMI_SG_PEND_N=0 SMI_SG_PEND_LAST=-1 SMI_SG_PEND_TS=''
-  SMI_SG_DONE='' SMI_SG_DONE_N=0 SMI_SG_DONE_TS=-1 SMI_SG_NEW=0 SMI_SG_JUNK=''
+  SMI_SG_DONE='' SMI_SG_DONE_N=0 SMI_SG_DONE_TS=-1 SMI_SG_NEW=0 SMI_SG_JUNK='' SMI_SG_DONE_TSS='' SMI_SG_MORE=0
   SMI_SA_BUF='' SMI_SA_PEND='' SMI_SA_PEND_TS=-1 SMI_SA_DONE='' SMI_SA_DONE_TS=-1 SMI_SA_JUNK=''
   SMI_SA_PREV='' SMI_SA_PREV_TS=-1
   SMI_STREAM_STARTS=$((${SMI_STREAM_STARTS:-0} + 1))
@@ -760,10 +760,12 @@ smi_stream_split_gpus() {
     # shellcheck disable=SC2053 # the glob is the point
     if [[ ${line:0:25} != $SMI_TS_GLOB', ' || $idx != +([0-9]) || ${#idx} -gt 5 || $rest == *$SMI_TS_GLOB* ]]; then
       [[ $line == 'timestamp, '* ]] && continue
-      SMI_SG_JUNK=${SMI_SG_JUNK:-${line:0:160}}
+      smi_stream_junk SMI_SG_JUNK "$line"
       continue
     fi
     ((SMI_SG_PEND_N > 0 && 10#$idx <= SMI_SG_PEND_LAST)) && smi_stream_close_gpus
+    # a line of the block just closed by its count: a GPU came back
+    ((SMI_SG_PEND_N == 0)) && [[ ${line:0:23} == "$SMI_SG_DONE_TSS" ]] && SMI_SG_MORE=1
     ((SMI_SG_PEND_N > 0)) || SMI_SG_PEND_TS=${line:0:23}
     SMI_SG_PEND+=$rest$'\n'
     SMI_SG_PEND_N=$((SMI_SG_PEND_N + 1)) SMI_SG_PEND_LAST=$((10#$idx))
@@ -772,9 +774,19 @@ smi_stream_split_gpus() {
   return 0
 }
 
+# Keeps the first bad line of a stream in the variable named $1, cut to 160
+# characters, anything unprintable as '?' (it goes to the log).
+smi_stream_junk() {
+  local -n _sj=$1
+  local LC_ALL=C
+  [[ -z $_sj ]] || return 0
+  _sj=${2:0:160}
+  _sj=${_sj//[![:print:]]/?}
+}
+
 # Ends the GPU block being read (see smi_stream_split_gpus).
 smi_stream_close_gpus() {
-  SMI_SG_DONE=$SMI_SG_PEND SMI_SG_DONE_N=$SMI_SG_PEND_N SMI_SG_NEW=1
+  SMI_SG_DONE=$SMI_SG_PEND SMI_SG_DONE_N=$SMI_SG_PEND_N SMI_SG_NEW=1 SMI_SG_DONE_TSS=$SMI_SG_PEND_TS
   smi_ts_ms_into SMI_SG_DONE_TS "$SMI_SG_PEND_TS"
   SMI_SG_PEND='' SMI_SG_PEND_N=0 SMI_SG_PEND_LAST=-1
 }
@@ -797,7 +809,7 @@ smi_stream_split_apps() {
       # shellcheck disable=SC2053 # the glob is the point
       if [[ ${line:0:25} != $SMI_TS_GLOB', ' || ${line:25} == *$SMI_TS_GLOB* ]]; then
         [[ $line == 'timestamp, '* ]] && continue
-        SMI_SA_JUNK=${SMI_SA_JUNK:-${line:0:160}}
+        smi_stream_junk SMI_SA_JUNK "$line"
         continue
       fi
       smi_ts_ms_into ts "${line:0:23}"
@@ -959,7 +971,8 @@ smi_stream_sample() {
     smi_stream_fail "the GPU loop printed ${SMI_BAD_LINES} unreadable line(s)"
     return 1
   fi
-  if ((${#SMI_UUIDS[@]} != SMI_STREAM_NGPU)); then
+  if ((${#SMI_UUIDS[@]} != SMI_STREAM_NGPU || SMI_SG_MORE)); then
+    SMI_SG_MORE=0
     # a GPU gone or back: the one-shot sample says which, and its count is
     # what the next blocks are read against
     gg_log debug "nvidia-smi loop: ${#SMI_UUIDS[@]} GPU(s) in a sample, ${SMI_STREAM_NGPU} expected; one-shot sample"
