@@ -562,6 +562,9 @@ smi_query_info() {
 # be an interval old: daemons slower than this sample the one-shot way.
 SMI_STREAM_MAX_INTERVAL=10
 SMI_STREAM_SKEW_MS=250
+# A process block is whole once no line of it came for this long (loop
+# mode has no end-of-sample mark; a sample's lines come within a few ms).
+SMI_STREAM_QUIET_MS=150
 SMI_STREAM_EMPTY_MIB=16
 SMI_STREAM_BACKOFF_MAX=300
 # A loop's buffer past this many bytes (a flood of garbage) is a fault.
@@ -571,11 +574,20 @@ SMI_TS_GLOB='[0-9][0-9][0-9][0-9]/[0-9][0-9]/[0-9][0-9] [0-9][0-9]:[0-9][0-9]:[0
 
 # The wrapper of one stream, as `setsid sh -c SCRIPT sh DAEMON_PID CMD...`:
 # a watcher ends the process group once the daemon is gone, and the group
-# ends with nvidia-smi (kill 0: the group of this session leader).
+# ends with nvidia-smi (kill 0: the group of this session leader). Each line
+# comes framed as six digits (its length with the newline) and the line,
+# one write each: bash then reads exact byte counts. (A read with -t or one
+# of a line goes a byte per system call; a read -N with -t that times out
+# can keep bytes in bash's input buffer that the next read of any other fd
+# then returns.) NUL bytes are dropped (bash drops them and the count would
+# be off), control bytes become '?', a line is cut at 4000 bytes. mawk
+# reads a pipe in blocks unless told -W interactive (SMI_AWK, set by
+# smi_stream_begin, travels in the environment of that sh only).
 # shellcheck disable=SC2016 # expanded by that sh, not here
 SMI_STREAM_SCRIPT='parent=$1; shift
 { tail -s 1 --pid="$parent" -f /dev/null; kill -KILL 0; } </dev/null >/dev/null 2>&1 &
-"$@" </dev/null
+"$@" </dev/null | LC_ALL=C $SMI_AWK "{ gsub(/\000/, \"\"); gsub(/[\001-\010\013\014\016-\037\177]/, \"?\")
+  \$0 = substr(\$0, 1, 4000); printf \"%06d%s\\n\", length(\$0) + 1, \$0; fflush() }"
 kill -KILL 0'
 
 # Asks for resident streams, or for none. Called by a daemon before its
@@ -588,7 +600,8 @@ kill -KILL 0'
 smi_stream_begin() {
   local interval=$1 want=${NVIDIA_SMI:-nvidia-smi}
   if [[ ${SMI_STREAM:-1} != 1 ]] || ((interval > SMI_STREAM_MAX_INTERVAL)) ||
-    ! command -v setsid >/dev/null 2>&1 || ! command -v tail >/dev/null 2>&1; then
+    ! command -v setsid >/dev/null 2>&1 || ! command -v tail >/dev/null 2>&1 ||
+    ! command -v awk >/dev/null 2>&1; then
     smi_stream_end
     return 0
   fi
@@ -596,6 +609,8 @@ smi_stream_begin() {
     return 0
   fi
   smi_stream_stop
+  SMI_STREAM_AWK='awk'
+  [[ $(awk -W version 2>&1 </dev/null) == mawk* ]] && SMI_STREAM_AWK='awk -W interactive'
   SMI_STREAM_WANTED=1 SMI_STREAM_CMD=$want SMI_STREAM_MS=$((interval * 1000))
   SMI_STREAM_RETRY_AT=0 SMI_STREAM_BACKOFF=0 SMI_STREAM_FAILS=0 SMI_STREAM_GOOD=0
   SMI_STREAM_NGPU=0 SMI_STREAM_ERROR='' SMI_STREAM_EMPTY_SIG=''
@@ -624,17 +639,17 @@ smi_stream_start() {
   local -a cmd
   local parent=$BASHPID lock_fd=${GG_LOCK_FD:-1023} ms=$SMI_STREAM_MS
   read -r -a cmd <<<"$SMI_STREAM_CMD"
-  exec {SMI_SG_FD}< <(exec setsid sh -c "$SMI_STREAM_SCRIPT" sh "$parent" "${cmd[@]}" \
+  exec {SMI_SG_FD}< <(SMI_AWK=$SMI_STREAM_AWK exec setsid sh -c "$SMI_STREAM_SCRIPT" sh "$parent" "${cmd[@]}" \
     --query-gpu="timestamp,$SMI_GPU_FIELDS" --format=csv,noheader,nounits -lms "$ms" 2>/dev/null {lock_fd}>&-)
   SMI_SG_PID=$!
-  exec {SMI_SA_FD}< <(exec setsid sh -c "$SMI_STREAM_SCRIPT" sh "$parent" "${cmd[@]}" \
+  exec {SMI_SA_FD}< <(SMI_AWK=$SMI_STREAM_AWK exec setsid sh -c "$SMI_STREAM_SCRIPT" sh "$parent" "${cmd[@]}" \
     --query-compute-apps="timestamp,$SMI_APP_FIELDS" --format=csv,noheader,nounits -lms "$ms" \
     2>/dev/null {lock_fd}>&- {SMI_SG_FD}<&-)
   SMI_SA_PID=$!
   SMI_SG_BUF='' SMI_SG_PEND='' SMI_SG_PEND_N=0 SMI_SG_PEND_LAST=-1 SMI_SG_PEND_TS=''
   SMI_SG_DONE='' SMI_SG_DONE_N=0 SMI_SG_DONE_TS=-1 SMI_SG_NEW=0 SMI_SG_JUNK='' SMI_SG_DONE_TSS='' SMI_SG_MORE=0
   SMI_SA_BUF='' SMI_SA_PEND='' SMI_SA_PEND_TS=-1 SMI_SA_DONE='' SMI_SA_DONE_TS=-1 SMI_SA_JUNK=''
-  SMI_SA_PREV='' SMI_SA_PREV_TS=-1
+  SMI_SA_PREV='' SMI_SA_PREV_TS=-1 SMI_SA_PEND_AT=0
   SMI_STREAM_STARTS=$((${SMI_STREAM_STARTS:-0} + 1))
 }
 
@@ -677,47 +692,51 @@ smi_stream_fail() {
   fi
 }
 
-# Appends what a stream's pipe holds now to the variable named $2, waiting
-# 2 ms past the last byte (a sample of many lines may come in several
-# writes). A read with -N takes the pipe in large chunks, not a byte at a
-# time as a line read does.
+# Appends the lines a stream's pipe holds now to the variable named $2:
+# while the pipe is readable, a frame's six-digit length, then the line
+# (reads of exact byte counts, in large chunks; see SMI_STREAM_SCRIPT).
 # Arguments:
-#   $1 the pipe's fd, $2 variable
+#   $1 the pipe's fd, $2 variable, $3 (optional) the first byte of a frame,
+#   already read
 # Returns:
-#   1 at end of file (the loop ended)
+#   1 at end of file (the loop ended), 3 on a broken frame
 smi_stream_drain() {
   local -n _sd_buf=$2
-  local _sd_chunk _sd_rc LC_ALL=C
-  while read -r -t 0 -u "$1" 2>/dev/null; do
-    _sd_rc=0
-    IFS= read -r -N 65536 -t 0.002 -u "$1" _sd_chunk 2>/dev/null || _sd_rc=$?
-    _sd_buf+=$_sd_chunk
-    ((_sd_rc == 0)) && continue
-    ((_sd_rc > 128)) && return 0
-    return 1
+  local _sd_len=${3:-} _sd_line _sd_got=0 LC_ALL=C
+  # a flood is taken a bounded bite at a time (the rest waits in the pipe)
+  while ((_sd_got < SMI_STREAM_MAX_BYTES)) && { [[ -n $_sd_len ]] || read -r -t 0 -u "$1" 2>/dev/null; }; do
+    _sd_line=''
+    IFS= read -r -N $((6 - ${#_sd_len})) -u "$1" _sd_line 2>/dev/null || return 1
+    _sd_len+=$_sd_line
+    [[ $_sd_len == +([0-9]) ]] || return 3
+    IFS= read -r -N $((10#$_sd_len)) -u "$1" _sd_line 2>/dev/null || return 1
+    _sd_buf+=$_sd_line
+    _sd_got=$((_sd_got + 10#$_sd_len)) _sd_len=''
   done
   return 0
 }
 
-# Waits up to the deadline for one more byte of a stream, then drains it.
+# Waits up to the deadline for a stream to print, then drains it. The wait
+# reads one byte the unbuffered way (-n with -d ''), which a timeout cannot
+# cut in half.
 # Arguments:
 #   $1 fd, $2 buffer variable, $3 deadline (µs since the epoch)
 # Returns:
-#   1 at end of file, 2 when the deadline passed with nothing
+#   1 at end of file, 2 when the deadline passed with nothing, 3 on a
+#   broken frame
 smi_stream_wait() {
-  local -n _sw_buf=$2
-  local _sw_left _sw_frac _sw_byte _sw_rc LC_ALL=C
+  local _sw_left _sw_frac _sw_byte='' _sw_rc LC_ALL=C
   _sw_left=${EPOCHREALTIME/[.,]/}
   _sw_left=$(($3 - _sw_left))
   ((_sw_left > 0)) || return 2
   printf -v _sw_frac '%06d' $((_sw_left % 1000000))
   _sw_rc=0
-  IFS= read -r -N 1 -t "$((_sw_left / 1000000)).$_sw_frac" -u "$1" _sw_byte 2>/dev/null || _sw_rc=$?
-  _sw_buf+=$_sw_byte
+  IFS= read -r -d '' -n 1 -t "$((_sw_left / 1000000)).$_sw_frac" -u "$1" _sw_byte 2>/dev/null || _sw_rc=$?
   # above 128: the deadline, or a signal to the daemon (the caller looks at
   # the clock again)
-  ((_sw_rc == 0 || _sw_rc > 128)) || return 1
-  smi_stream_drain "$1" "$2"
+  ((_sw_rc > 128)) && return 0
+  [[ -n $_sw_byte ]] || return 1
+  smi_stream_drain "$1" "$2" "$_sw_byte"
 }
 
 # Puts the milliseconds of the day of a timestamp into the variable named $1.
@@ -792,12 +811,14 @@ smi_stream_close_gpus() {
 }
 
 # Cuts the complete lines of the process stream's buffer into blocks of
-# one moment (timestamps within half an interval). With nothing left over
-# (the pipe was drained up to a line's end) the block being read is done.
+# one moment (timestamps within half an interval); a line of the next
+# moment ends a block, and so does quiet (smi_stream_apps_settle).
 # SMI_SA_DONE holds the latest (lines without their timestamp),
-# SMI_SA_DONE_TS its time of day (ms); SMI_SA_JUNK the first bad line.
+# SMI_SA_DONE_TS its time of day (ms), SMI_SA_PREV and SMI_SA_PREV_TS the
+# one before; SMI_SA_PEND_AT is when the block being read last grew;
+# SMI_SA_JUNK holds the first bad line.
 smi_stream_split_apps() {
-  local text line ts diff
+  local text line ts diff now=${EPOCHREALTIME/[.,]/}
   local -a lines
   if [[ $SMI_SA_BUF == *$'\n'* ]]; then
     text=${SMI_SA_BUF%$'\n'*}
@@ -819,9 +840,34 @@ smi_stream_split_apps() {
         SMI_SA_PEND_TS=$ts
       fi
       SMI_SA_PEND+=${line:25}$'\n'
+      SMI_SA_PEND_AT=$now
     done
   fi
-  [[ -z $SMI_SA_BUF && $SMI_SA_PEND_TS -ge 0 ]] && smi_stream_close_apps
+  return 0
+}
+
+# Ends the process block being read once no line of it came for
+# SMI_STREAM_QUIET_MS, waiting for that at most until the deadline.
+# Arguments:
+#   $1 deadline (µs since the epoch)
+# Returns:
+#   1 at the stream's end, 3 on a broken frame
+smi_stream_apps_settle() {
+  local now until rc
+  while ((SMI_SA_PEND_TS >= 0)); do
+    now=${EPOCHREALTIME/[.,]/}
+    if ((now - SMI_SA_PEND_AT >= SMI_STREAM_QUIET_MS * 1000)); then
+      smi_stream_close_apps
+      return 0
+    fi
+    until=$((SMI_SA_PEND_AT + SMI_STREAM_QUIET_MS * 1000))
+    ((until < $1)) || until=$1
+    ((now < until)) || return 0
+    rc=0
+    smi_stream_wait "$SMI_SA_FD" SMI_SA_BUF "$until" || rc=$?
+    ((rc == 1 || rc == 3)) && return "$rc"
+    smi_stream_split_apps
+  done
   return 0
 }
 
@@ -840,8 +886,12 @@ smi_stream_close_apps() {
 #   1 when no block could be taken (the caller samples the one-shot way)
 smi_stream_next_gpus() {
   local rc=0
-  smi_stream_drain "$SMI_SG_FD" SMI_SG_BUF || rc=1
+  smi_stream_drain "$SMI_SG_FD" SMI_SG_BUF || rc=$?
   while :; do
+    if ((rc == 3)); then
+      smi_stream_fail "the GPU loop's output lost its framing"
+      return 1
+    fi
     smi_stream_split_gpus
     if [[ -n $SMI_SG_JUNK ]]; then
       smi_stream_fail "the GPU loop printed something else than a sample: $SMI_SG_JUNK"
@@ -876,18 +926,19 @@ smi_stream_next_gpus() {
 #   1 when the streams were given up and the sample must be taken again
 smi_stream_apps() {
   local rc=0 diff wait_until
-  smi_stream_drain "$SMI_SA_FD" SMI_SA_BUF || rc=1
-  smi_stream_split_apps
   # the process block of this moment may be a few ms behind the GPU block
   wait_until=$((${EPOCHREALTIME/[.,]/} + SMI_STREAM_SKEW_MS * 1000))
   ((wait_until < $1)) || wait_until=$1
+  smi_stream_drain "$SMI_SA_FD" SMI_SA_BUF || rc=$?
   while :; do
+    smi_stream_split_apps
+    ((rc == 0)) && { smi_stream_apps_settle "$1" || rc=$?; }
     if [[ -n $SMI_SA_JUNK ]]; then
       smi_stream_fail "the process loop printed something else than a sample: $SMI_SA_JUNK"
       return 1
     fi
-    if ((rc == 1)); then
-      smi_stream_fail "the process loop ended"
+    if ((rc == 1 || rc == 3)); then
+      smi_stream_fail "the process loop ended or lost its framing"
       return 1
     fi
     smi_ms_diff_into diff "$SMI_SA_DONE_TS" "$SMI_SG_DONE_TS"
@@ -896,8 +947,8 @@ smi_stream_apps() {
       return 0
     fi
     if ((SMI_SA_DONE_TS >= 0 && diff > SMI_STREAM_SKEW_MS)); then
-      # read at the tick, the process loop's newest block can be a sample
-      # ahead of the GPU loop's: the one before it may be this moment's
+      # the process loop's newest block can be a sample ahead of the GPU
+      # loop's: the one before it may be this moment's
       smi_ms_diff_into diff "$SMI_SA_PREV_TS" "$SMI_SG_DONE_TS"
       if ((SMI_SA_PREV_TS >= 0 && diff >= -SMI_STREAM_SKEW_MS && diff <= SMI_STREAM_SKEW_MS)); then
         smi_take_apps 0 "$SMI_SA_PREV"
@@ -910,7 +961,6 @@ smi_stream_apps() {
     rc=0
     smi_stream_wait "$SMI_SA_FD" SMI_SA_BUF "$wait_until" || rc=$?
     ((rc == 2)) && break
-    smi_stream_split_apps
   done
   smi_stream_apps_once
 }
