@@ -1039,3 +1039,26 @@ smi_stream_sample() {
   ((SMI_STREAM_GOOD < 60)) || SMI_STREAM_BACKOFF=0
   return 0
 }
+
+# Records nvidia-smi's loop mode as it prints, for fixtures and checks
+# (bench/h200/sampler.sh): runs it with the given arguments for a while and
+# prints each line behind the time it arrived. A line read the slow way (a
+# byte per system call): this is a diagnostic, not a daemon's path.
+# Arguments:
+#   $1 seconds to record, then nvidia-smi's arguments (with -lms or -l)
+# Outputs:
+#   "<unix time with µs> <line>" per line, then "# exit STATUS"
+smi_loop_record() {
+  local seconds=$1 line fd pid rc=0
+  local -a cmd
+  shift
+  read -r -a cmd <<<"${NVIDIA_SMI:-nvidia-smi}"
+  exec {fd}< <(exec timeout -k 1 "$seconds" "${cmd[@]}" "$@" 2>&1)
+  pid=$!
+  while IFS= read -r -u "$fd" line || [[ -n $line ]]; do
+    printf '%s %s\n' "$EPOCHREALTIME" "$line"
+  done
+  exec {fd}<&-
+  wait "$pid" || rc=$?
+  printf '# exit %s\n' "$rc"
+}
