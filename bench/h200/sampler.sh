@@ -34,7 +34,7 @@ tree_cpu() {
 loop_pids() {
   local d argv
   for d in /proc/[0-9]*; do
-    argv=$(tr '\0' ' ' <"$d/cmdline" 2>/dev/null) || continue
+    argv=$(tr '\0' ' ' 2>/dev/null <"$d/cmdline") || continue
     [[ $argv == nvidia-smi\ *-lms* || $argv == */nvidia-smi\ *-lms* ]] && printf '%s ' "${d#/proc/}"
   done
   echo
