@@ -1029,6 +1029,11 @@ smi_stream_sample() {
     return 1
   fi
   smi_stream_apps "$deadline" || return 1
+  if [[ -z ${SMI_SG_PID:-} ]]; then
+    # the one-shot process list stood in and the loops were given up
+    SMI_SOURCE=once
+    return 0
+  fi
   SMI_SOURCE=stream
   SMI_STREAM_GOOD=$((SMI_STREAM_GOOD + 1))
   if ((SMI_STREAM_FAILS > 0)); then
