@@ -260,3 +260,13 @@ def test_leak_watcher_daemon_reads_the_loops(box):
     assert rc == 0, err
     assert len(loop_calls(box)) == 2
     assert no_loops_left(box)
+
+
+def test_persistent_driver_fault_raises_one_monitor_degraded(box):
+    """The loop dies at once each time it is started and the one-shot calls
+    fail too: exactly one monitor_degraded (then resolved), no idle event."""
+    fault = dict(PAIR, fault="driver")
+    box.write_scenario([PAIR] * 4 + [fault] * 6 + [PAIR] * 100, gpus=2)
+    run_daemon(box, 14, env={"SMI_FAIL_ALERT_CYCLES": "3", "MAX_IDLE_CYCLES": "3"})
+    assert [(e["event"], e["state"]) for e in box.events()] == \
+        [("gpu_idle", "firing"), ("monitor_degraded", "firing"), ("monitor_degraded", "resolved")]
