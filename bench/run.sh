@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Summary: run the benches and print the figures as Markdown, with progress on stderr
-# Usage: bench/run.sh [--full] [idle|leak|corpusc|lowprio|ledger]...
+# Usage: bench/run.sh [--full] [idle|leak|corpusc|lowprio|ledger|stream]...
 # Speed and memory figures live here, never in timed tests. The default set
 # (`make bench`) finishes in a few minutes on a 2-core machine: fewer cycles,
 # the leak detector's --quick trace set, shorter lowprio phases. --full
@@ -14,8 +14,9 @@
 bench_quick_defaults() {
   : "${BENCH_IDLE_CYCLES:=20}" "${BENCH_RSS_CYCLES:=300}"
   : "${BENCH_LEAK_SEEDS:=4}"
-  : "${BENCH_LOWPRIO_SECONDS:=2}" "${BENCH_LOWPRIO_REPEAT:=1}"
+  : "${BENCH_LOWPRIO_SECONDS:=2}" "${BENCH_LOWPRIO_REPEAT:=1}" "${BENCH_STREAM_SECONDS:=15}"
   export BENCH_IDLE_CYCLES BENCH_RSS_CYCLES BENCH_LEAK_SEEDS BENCH_LOWPRIO_SECONDS BENCH_LOWPRIO_REPEAT
+  export BENCH_STREAM_SECONDS
 }
 
 # Runs one bench; its Markdown goes to stdout, and a line every 15 s says
@@ -50,19 +51,19 @@ main() {
   while (($#)); do
     case $1 in
       --full) full=1 ;;
-      idle | leak | corpusc | lowprio | ledger) which+=("$1") ;;
+      idle | leak | corpusc | lowprio | ledger | stream) which+=("$1") ;;
       -h | --help)
         sed -n 's/^# \{0,1\}\(Summary\|Usage\): //p' "${BASH_SOURCE[0]}"
         return 0
         ;;
       *)
-        printf 'bench/run.sh: unknown bench %s (idle, leak, corpusc, lowprio, ledger, --full)\n' "'$1'" >&2
+        printf 'bench/run.sh: unknown bench %s (idle, leak, corpusc, lowprio, ledger, stream, --full)\n' "'$1'" >&2
         return 2
         ;;
     esac
     shift
   done
-  ((${#which[@]})) || which=(idle leak lowprio ledger)
+  ((${#which[@]})) || which=(idle leak lowprio ledger stream)
   local leak_args=()
   if ((full)); then
     printf '[bench] the full set: expect about 10 minutes or more on 2 cores\n' >&2

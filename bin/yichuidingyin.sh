@@ -3,7 +3,9 @@
 # Usage: yichuidingyin.sh [--once] [--config FILE]
 #        yichuidingyin.sh --version
 #
-# Watches every GPU with two nvidia-smi calls a cycle. A GPU whose
+# Watches every GPU with two nvidia-smi calls a cycle (--once), or, as a
+# daemon checking every 10 s or more often, from two nvidia-smi loops kept
+# running (one-shot calls while a loop is down). A GPU whose
 # utilization stays under THRESHOLD % for MAX_IDLE_CYCLES cycles while
 # processes hold it raises one alert, a reminder every REPEAT_INTERVAL
 # seconds, and one resolved message when it is busy again or released.
@@ -17,7 +19,7 @@
 #   THRESHOLD=10  CHECK_INTERVAL=60  MAX_IDLE_CYCLES=3  REPEAT_INTERVAL=3600
 #   IDLE_MEM_MIB=1024  IDLE_POWER_PCT=22  SPIN_UTIL_MIN=90  SPIN_CYCLES=5
 #   IDLE_RULES  GPU_HOUR_PRICE=0  GPU_PRICE_CURRENCY=¥  NVIDIA_SMI=nvidia-smi  SMI_TIMEOUT=10
-#   SMI_FAIL_ALERT_CYCLES=5  NOTIFY_URL  NOTIFY_TYPE  NOTIFY_SECRET
+#   SMI_FAIL_ALERT_CYCLES=5  SMI_STREAM=1  NOTIFY_URL  NOTIFY_TYPE  NOTIFY_SECRET
 #   ALERTMANAGER_URL  GPUGUARD_STATE_DIR  GPUGUARD_LOG  GPUGUARD_TEXTFILE_DIR
 #   RETENTION_DAYS=7  RETENTION_INTERVAL=300  HISTORY_MAX_FILES=1500
 #   HISTORY_MAX_MB=30  EVENTS_MAX_MB=5 (disk bounds of the state folder)
@@ -93,10 +95,13 @@ main() {
   trap 'watchdog_wake INT' INT
   trap 'watchdog_wake HUP' HUP
   gg_log info "watching GPUs every ${CHECK_INTERVAL}s (threshold ${THRESHOLD}%, ${MAX_IDLE_CYCLES} cycles, state in $GPUGUARD_STATE_DIR)"
+  # nvidia-smi stays running in its loop mode between cycles (lib/smi.sh)
+  smi_stream_begin "$CHECK_INTERVAL"
   while [[ -z $WATCHDOG_STOP ]]; do
     if ((WATCHDOG_RELOAD)); then
       WATCHDOG_RELOAD=0
       watchdog_reload
+      smi_stream_begin "$CHECK_INTERVAL"
     fi
     # a failing cycle (disk full, a bug) is logged and the watch goes on:
     # in this `||` context nothing inside stops the daemon
@@ -109,6 +114,7 @@ main() {
     wait "$WATCHDOG_SLEEP_PID" || true
     WATCHDOG_SLEEP_PID=''
   done
+  smi_stream_end
   idle_state_save || true
   ledger_save || true
   gg_log info "stopped; state saved in $GPUGUARD_STATE_DIR/idle.state (SIG$WATCHDOG_STOP)"

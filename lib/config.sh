@@ -57,6 +57,8 @@ config_define() {
     [LEDGER_DIGEST_AT]=''
     [LEDGER_NAMES]=user
     [LEDGER_KEEP_DAYS]=35
+    # daemons sample from nvidia-smi loops kept running (lib/smi.sh)
+    [SMI_STREAM]=1
   )
   declare -gA GG_CONFIG_KIND=(
     [THRESHOLD]='int:0:100'
@@ -108,6 +110,8 @@ config_define() {
     [LEDGER_DIGEST_AT]='str'
     [LEDGER_NAMES]='enum:user|hash|none'
     [LEDGER_KEEP_DAYS]='int:1:3650'
+    # daemons sample from nvidia-smi loops kept running (lib/smi.sh)
+    [SMI_STREAM]='bool'
   )
 }
 

@@ -749,6 +749,7 @@ leak_job_watch() {
     return 0
   fi
   gg_log info "watching job PID $LEAK_JOB_PID ($LEAK_INSTANCE) every ${LEAK_INTERVAL}s, threshold ${LEAK_THRESHOLD_MIB_H} MiB/h"
+  smi_stream_begin "$LEAK_INTERVAL"
   while ((! stop)) && leak_job_running; do
     leak_cycle "$(gg_now)"
     gg_retention_maybe || true
@@ -760,6 +761,7 @@ leak_job_watch() {
   if [[ -n $sleeper ]]; then
     kill "$sleeper" 2>/dev/null || true
   fi
+  smi_stream_end
   leak_detector_stop
   LEAK_WATCH_DONE=1
   return 0
@@ -845,6 +847,7 @@ leak_watch_loop() {
   if [[ -n $LEAK_MATCH ]]; then
     gg_log info "watching processes whose command line matches '$LEAK_MATCH'"
   fi
+  smi_stream_begin "$LEAK_INTERVAL"
   while ((! stop)); do
     now=$(gg_now)
     leak_cycle "$now"
@@ -852,6 +855,7 @@ leak_watch_loop() {
     leak_match_notice "$now"
     if leak_all_targets_gone; then
       gg_log info "every watched process has ended; stopping"
+      smi_stream_end
       leak_detector_stop
       return 0
     fi
@@ -860,6 +864,7 @@ leak_watch_loop() {
     wait "$sleeper" || true
   done
   kill "$sleeper" 2>/dev/null || true
+  smi_stream_end
   leak_detector_stop
   gg_log info "stopped"
   return 0

@@ -224,6 +224,22 @@ smi_forget_apps() {
   done
 }
 
+# Samples every GPU: from the resident loop-mode streams when a daemon
+# asked for them (smi_stream_begin) and they give a sound sample, else with
+# the one-shot calls of smi_sample_once. Outputs as smi_sample_once;
+# SMI_SOURCE says which ("stream" or "once").
+smi_sample() {
+  if ((${SMI_STREAM_WANTED:-0})); then
+    smi_stream_sample && return 0
+    SMI_SOURCE=once
+    smi_sample_once || return
+    smi_stream_after_once
+    return 0
+  fi
+  SMI_SOURCE=once
+  smi_sample_once
+}
+
 # Samples every GPU with at most two nvidia-smi calls, whatever the GPU count.
 # Globals (set):
 #   SMI_UUIDS (array, in index order); SMI_INDEX, SMI_UTIL, SMI_MEM_USED,
@@ -238,7 +254,7 @@ smi_forget_apps() {
 # Returns:
 #   0 when the GPU query succeeded and gave at least one GPU line and no
 #   truncated one (a GPU missing from a sample must not read as released)
-smi_sample() {
+smi_sample_once() {
   smi_reset
   local output apps_output rc=0 apps_rc=0
   # both queries in one run (one fork, one `timeout`, one sh): the process
@@ -268,18 +284,25 @@ smi_sample() {
     SMI_ERROR="nvidia-smi printed no valid GPU line (${SMI_BAD_LINES} unparseable)"
     return 1
   fi
-  # An unreadable process list leaves SMI_NPROCS at 0 and SMI_APPS_OK at 0:
-  # consumers must not read it as "no processes".
-  if ((apps_rc != 0)); then
-    SMI_ERROR="process list: $(smi_describe_failure "$apps_rc" "$apps_output")"
+  smi_take_apps "$apps_rc" "$apps_output"
+  return 0
+}
+
+# Reads a process list answer into the sample. An unreadable one leaves
+# SMI_NPROCS at 0 and SMI_APPS_OK at 0: consumers must not read it as "no
+# processes".
+# Arguments:
+#   $1 the call's status, $2 its output
+smi_take_apps() {
+  if (($1 != 0)); then
+    SMI_ERROR="process list: $(smi_describe_failure "$1" "$2")"
     smi_forget_apps
-  elif ! smi_parse_apps "$apps_output"; then
+  elif ! smi_parse_apps "$2"; then
     SMI_ERROR="process list: unparseable output"
     smi_forget_apps
   else
     SMI_APPS_OK=1
   fi
-  return 0
 }
 
 # Splits text into its non-empty lines, into the array named $1. One word
@@ -506,4 +529,541 @@ smi_uuid_is_cut() {
 smi_query_info() {
   smi_run --query-gpu=index,name,driver_version,mig.mode.current,persistence_mode \
     --format=csv,noheader
+}
+
+# ---------------------------------------------------------------------------
+# Resident streams. Starting nvidia-smi costs 20-27 ms of CPU on an H200; in
+# its loop mode (-lms) one more sample costs about 1 ms. A daemon that
+# watches every few seconds therefore keeps two loops running, one for
+# --query-gpu and one for --query-compute-apps, each prefixed with the
+# `timestamp` field, and reads their lines as they come. Loop mode prints no
+# separator between samples (a header, when asked for, once at the start)
+# and nothing at all for a sample of an empty process list, so:
+#   - a GPU block ends when the next line's index does not grow, or when it
+#     holds as many lines as the last one-shot sample had GPUs;
+#   - process lines belong together when their timestamps lie within half
+#     an interval; the block used is the one within SMI_STREAM_SKEW_MS of
+#     the GPU block's timestamp (further apart is desynchronised);
+#   - no process block for that moment reads as "no processes" only while
+#     every GPU's memory.used is at most SMI_STREAM_EMPTY_MIB or unchanged
+#     since a one-shot process list said so; otherwise the cycle asks the
+#     one-shot way.
+# A stream that stalls past SMI_TIMEOUT + 1 s, ends, prints garbage or
+# desynchronises is killed with its process group and restarted after a
+# back-off (2 s doubling to SMI_STREAM_BACKOFF_MAX); the cycle falls back to
+# smi_sample_once meanwhile, so every fault the one-shot path handles keeps
+# its handling. Each stream runs in its own session (setsid) under a small
+# sh that ends the whole group when nvidia-smi exits or when the daemon is
+# gone (tail --pid checks once a second), so a daemon killed with -9
+# leaves no loop behind.
+
+# Above this interval (seconds) the one-shot calls cost less than the
+# samples a loop prints between two cycles, and a loop's last sample could
+# be an interval old: daemons slower than this sample the one-shot way.
+SMI_STREAM_MAX_INTERVAL=10
+SMI_STREAM_SKEW_MS=250
+# A process block is whole once no line of it came for this long (loop
+# mode has no end-of-sample mark; a sample's lines come within a few ms).
+SMI_STREAM_QUIET_MS=150
+SMI_STREAM_EMPTY_MIB=16
+SMI_STREAM_BACKOFF_MAX=300
+# A loop's buffer past this many bytes (a flood of garbage) is a fault.
+SMI_STREAM_MAX_BYTES=1048576
+# nvidia-smi's timestamp field: "2026/12/02 10:15:08.487" (23 characters)
+SMI_TS_GLOB='[0-9][0-9][0-9][0-9]/[0-9][0-9]/[0-9][0-9] [0-9][0-9]:[0-9][0-9]:[0-9][0-9].[0-9][0-9][0-9]'
+
+# The wrapper of one stream, as `setsid sh -c SCRIPT sh DAEMON_PID CMD...`:
+# a watcher ends the process group once the daemon is gone, and the group
+# ends with nvidia-smi (kill 0: the group of this session leader). Each line
+# comes framed as six digits (its length with the newline) and the line,
+# one write each: bash then reads exact byte counts. (A read with -t or one
+# of a line goes a byte per system call; a read -N with -t that times out
+# can keep bytes in bash's input buffer that the next read of any other fd
+# then returns.) NUL bytes are dropped (bash drops them and the count would
+# be off), control bytes become '?', a line is cut at 4000 bytes. mawk
+# reads a pipe in blocks unless told -W interactive (SMI_AWK, set by
+# smi_stream_begin, travels in the environment of that sh only).
+# shellcheck disable=SC2016 # expanded by that sh, not here
+SMI_STREAM_SCRIPT='parent=$1; shift
+{ tail -s 1 --pid="$parent" -f /dev/null; kill -KILL 0; } </dev/null >/dev/null 2>&1 &
+"$@" </dev/null | LC_ALL=C $SMI_AWK "{ gsub(/\000/, \"\"); gsub(/[\001-\010\013\014\016-\037\177]/, \"?\")
+  \$0 = substr(\$0, 1, 4000); printf \"%06d%s\\n\", length(\$0) + 1, \$0; fflush() }"
+kill -KILL 0'
+
+# Asks for resident streams, or for none. Called by a daemon before its
+# first cycle and after each configuration reload: a changed NVIDIA_SMI or
+# interval restarts the streams (at the next sample).
+# Globals:
+#   SMI_STREAM (config, 1 on), NVIDIA_SMI; SMI_STREAM_WANTED (set)
+# Arguments:
+#   $1 the daemon's interval between cycles, seconds
+smi_stream_begin() {
+  local interval=$1 want=${NVIDIA_SMI:-nvidia-smi}
+  if [[ ${SMI_STREAM:-1} != 1 ]] || ((interval > SMI_STREAM_MAX_INTERVAL)) ||
+    ! command -v setsid >/dev/null 2>&1 || ! command -v tail >/dev/null 2>&1 ||
+    ! command -v awk >/dev/null 2>&1; then
+    smi_stream_end
+    return 0
+  fi
+  if ((${SMI_STREAM_WANTED:-0})) && [[ $SMI_STREAM_CMD == "$want" ]] && ((SMI_STREAM_MS == interval * 1000)); then
+    return 0
+  fi
+  smi_stream_stop
+  SMI_STREAM_AWK='awk'
+  [[ $(awk -W version 2>&1 </dev/null) == mawk* ]] && SMI_STREAM_AWK='awk -W interactive'
+  SMI_STREAM_WANTED=1 SMI_STREAM_CMD=$want SMI_STREAM_MS=$((interval * 1000))
+  SMI_STREAM_RETRY_AT=0 SMI_STREAM_BACKOFF=0 SMI_STREAM_FAILS=0 SMI_STREAM_GOOD=0
+  SMI_STREAM_NGPU=0 SMI_STREAM_ERROR='' SMI_STREAM_EMPTY_SIG=''
+}
+
+# Stops the streams for good (a daemon's exit).
+smi_stream_end() {
+  smi_stream_stop
+  SMI_STREAM_WANTED=0
+}
+
+# After a one-shot sample in stream mode: keeps its GPU count for the
+# stream's blocks and starts the streams when they are down and the back-off
+# has passed.
+smi_stream_after_once() {
+  SMI_STREAM_NGPU=${#SMI_UUIDS[@]}
+  [[ -z ${SMI_SG_PID:-} ]] || return 0
+  ((${EPOCHREALTIME/[.,]/} >= SMI_STREAM_RETRY_AT)) || return 0
+  smi_available || return 0
+  smi_stream_start
+}
+
+# Starts both loops, each on a pipe of this shell. The lock of the daemon
+# and the other stream's pipe are not passed on.
+smi_stream_start() {
+  local -a cmd
+  local parent=$BASHPID lock_fd=${GG_LOCK_FD:-1023} ms=$SMI_STREAM_MS
+  read -r -a cmd <<<"$SMI_STREAM_CMD"
+  exec {SMI_SG_FD}< <(SMI_AWK=$SMI_STREAM_AWK exec setsid sh -c "$SMI_STREAM_SCRIPT" sh "$parent" "${cmd[@]}" \
+    --query-gpu="timestamp,$SMI_GPU_FIELDS" --format=csv,noheader,nounits -lms "$ms" 2>/dev/null {lock_fd}>&-)
+  SMI_SG_PID=$!
+  exec {SMI_SA_FD}< <(SMI_AWK=$SMI_STREAM_AWK exec setsid sh -c "$SMI_STREAM_SCRIPT" sh "$parent" "${cmd[@]}" \
+    --query-compute-apps="timestamp,$SMI_APP_FIELDS" --format=csv,noheader,nounits -lms "$ms" \
+    2>/dev/null {lock_fd}>&- {SMI_SG_FD}<&-)
+  SMI_SA_PID=$!
+  SMI_SG_BUF='' SMI_SG_PEND='' SMI_SG_PEND_N=0 SMI_SG_PEND_LAST=-1 SMI_SG_PEND_TS=''
+  SMI_SG_DONE='' SMI_SG_DONE_N=0 SMI_SG_DONE_TS=-1 SMI_SG_NEW=0 SMI_SG_JUNK='' SMI_SG_DONE_TSS='' SMI_SG_MORE=0
+  SMI_SA_BUF='' SMI_SA_PEND='' SMI_SA_PEND_TS=-1 SMI_SA_DONE='' SMI_SA_DONE_TS=-1 SMI_SA_JUNK=''
+  SMI_SA_PREV='' SMI_SA_PREV_TS=-1 SMI_SA_PEND_AT=0
+  SMI_STREAM_STARTS=$((${SMI_STREAM_STARTS:-0} + 1))
+}
+
+# Kills both loops (their whole process groups) and reaps their wrappers.
+smi_stream_stop() {
+  local which pid fd rc
+  for which in SG SA; do
+    local -n _ss_pid=SMI_${which}_PID _ss_fd=SMI_${which}_FD
+    pid=${_ss_pid:-} fd=${_ss_fd:-}
+    _ss_pid='' _ss_fd=''
+    [[ -n $fd ]] && exec {fd}<&-
+    [[ -n $pid ]] || continue
+    kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
+    while :; do
+      rc=0
+      wait "$pid" 2>/dev/null || rc=$?
+      # a trapped signal interrupts wait while the wrapper still runs
+      ((rc > 128)) && kill -0 "$pid" 2>/dev/null && continue
+      break
+    done
+  done
+}
+
+# Gives up on the streams for now: kills them, logs the first of a streak,
+# and waits a back-off (doubling) before the next start.
+# Arguments:
+#   $1 why, one line
+smi_stream_fail() {
+  local now=${EPOCHREALTIME/[.,]/}
+  smi_stream_stop
+  SMI_STREAM_BACKOFF=$((SMI_STREAM_BACKOFF ? SMI_STREAM_BACKOFF * 2 : 2))
+  ((SMI_STREAM_BACKOFF <= SMI_STREAM_BACKOFF_MAX)) || SMI_STREAM_BACKOFF=$SMI_STREAM_BACKOFF_MAX
+  SMI_STREAM_RETRY_AT=$((now + SMI_STREAM_BACKOFF * 1000000))
+  SMI_STREAM_ERROR=$1 SMI_STREAM_GOOD=0
+  SMI_STREAM_FAILS=$((SMI_STREAM_FAILS + 1))
+  if ((SMI_STREAM_FAILS == 1)); then
+    gg_log warn "nvidia-smi loop: $1; one-shot calls until it restarts (first try in ${SMI_STREAM_BACKOFF}s)"
+  else
+    gg_log debug "nvidia-smi loop: $1; next start in ${SMI_STREAM_BACKOFF}s"
+  fi
+}
+
+# Appends the lines a stream's pipe holds now to the variable named $2:
+# while the pipe is readable, a frame's six-digit length, then the line
+# (reads of exact byte counts, in large chunks; see SMI_STREAM_SCRIPT).
+# Arguments:
+#   $1 the pipe's fd, $2 variable, $3 (optional) the first byte of a frame,
+#   already read
+# Returns:
+#   1 at end of file (the loop ended), 3 on a broken frame
+smi_stream_drain() {
+  local -n _sd_buf=$2
+  local _sd_len=${3:-} _sd_line _sd_got=0 LC_ALL=C
+  # a flood is taken a bounded bite at a time (the rest waits in the pipe)
+  while ((_sd_got < SMI_STREAM_MAX_BYTES)) && { [[ -n $_sd_len ]] || read -r -t 0 -u "$1" 2>/dev/null; }; do
+    _sd_line=''
+    IFS= read -r -N $((6 - ${#_sd_len})) -u "$1" _sd_line 2>/dev/null || return 1
+    _sd_len+=$_sd_line
+    [[ $_sd_len == +([0-9]) ]] || return 3
+    IFS= read -r -N $((10#$_sd_len)) -u "$1" _sd_line 2>/dev/null || return 1
+    _sd_buf+=$_sd_line
+    _sd_got=$((_sd_got + 10#$_sd_len)) _sd_len=''
+  done
+  return 0
+}
+
+# Waits up to the deadline for a stream to print, then drains it. The wait
+# reads one byte the unbuffered way (-n with -d ''), which a timeout cannot
+# cut in half.
+# Arguments:
+#   $1 fd, $2 buffer variable, $3 deadline (µs since the epoch)
+# Returns:
+#   1 at end of file, 2 when the deadline passed with nothing, 3 on a
+#   broken frame
+smi_stream_wait() {
+  local _sw_left _sw_frac _sw_byte='' _sw_rc LC_ALL=C
+  _sw_left=${EPOCHREALTIME/[.,]/}
+  _sw_left=$(($3 - _sw_left))
+  ((_sw_left > 0)) || return 2
+  printf -v _sw_frac '%06d' $((_sw_left % 1000000))
+  _sw_rc=0
+  IFS= read -r -d '' -n 1 -t "$((_sw_left / 1000000)).$_sw_frac" -u "$1" _sw_byte 2>/dev/null || _sw_rc=$?
+  # above 128: the deadline, or a signal to the daemon (the caller looks at
+  # the clock again)
+  ((_sw_rc > 128)) && return 0
+  [[ -n $_sw_byte ]] || return 1
+  smi_stream_drain "$1" "$2" "$_sw_byte"
+}
+
+# Puts the milliseconds of the day of a timestamp into the variable named $1.
+# Arguments:
+#   $1 variable, $2 "YYYY/MM/DD HH:MM:SS.mmm"
+smi_ts_ms_into() {
+  local -n _ts_ms=$1
+  local t=${2:11}
+  _ts_ms=$(((((10#${t:0:2} * 60) + 10#${t:3:2}) * 60 + 10#${t:6:2}) * 1000 + 10#${t:9:3}))
+}
+
+# Milliseconds from $3 to $2 (times of day) into the variable named $1,
+# across midnight: within half a day either way.
+smi_ms_diff_into() {
+  local -n _msd=$1
+  _msd=$((($2 - $3) % 86400000))
+  ((_msd > 43200000)) && _msd=$((_msd - 86400000))
+  ((_msd <= -43200000)) && _msd=$((_msd + 86400000))
+  return 0
+}
+
+# Cuts the complete lines of the GPU stream's buffer into blocks. The
+# latest finished block is kept in SMI_SG_DONE (lines without their
+# timestamp), its time of day in SMI_SG_DONE_TS (ms) and SMI_SG_NEW=1 until
+# a cycle takes it. A line that is not a timestamped GPU line is kept in
+# SMI_SG_JUNK (the header a format with one prints once is skipped).
+smi_stream_split_gpus() {
+  local text line rest idx
+  local -a lines
+  [[ $SMI_SG_BUF == *$'\n'* ]] || return 0
+  text=${SMI_SG_BUF%$'\n'*}
+  SMI_SG_BUF=${SMI_SG_BUF##*$'\n'}
+  smi_lines_into lines "$text"
+  for line in "${lines[@]}"; do
+    line=${line%$'\r'}
+    [[ $line == *[![:space:]]* ]] || continue
+    rest=${line:25}
+    idx=${rest%%,*}
+    # a line cut short runs into the next sample's timestamp
+    # shellcheck disable=SC2053 # the glob is the point
+    if [[ ${line:0:25} != $SMI_TS_GLOB', ' || $idx != +([0-9]) || ${#idx} -gt 5 || $rest == *$SMI_TS_GLOB* ]]; then
+      [[ $line == 'timestamp, '* ]] && continue
+      smi_stream_junk SMI_SG_JUNK "$line"
+      continue
+    fi
+    ((SMI_SG_PEND_N > 0 && 10#$idx <= SMI_SG_PEND_LAST)) && smi_stream_close_gpus
+    # a line of the block just closed by its count: a GPU came back
+    ((SMI_SG_PEND_N == 0)) && [[ ${line:0:23} == "$SMI_SG_DONE_TSS" ]] && SMI_SG_MORE=1
+    ((SMI_SG_PEND_N > 0)) || SMI_SG_PEND_TS=${line:0:23}
+    SMI_SG_PEND+=$rest$'\n'
+    SMI_SG_PEND_N=$((SMI_SG_PEND_N + 1)) SMI_SG_PEND_LAST=$((10#$idx))
+    ((SMI_SG_PEND_N >= SMI_STREAM_NGPU)) && smi_stream_close_gpus
+  done
+  return 0
+}
+
+# Keeps the first bad line of a stream in the variable named $1, cut to 160
+# characters, anything unprintable as '?' (it goes to the log).
+smi_stream_junk() {
+  local -n _sj=$1
+  local LC_ALL=C
+  [[ -z $_sj ]] || return 0
+  _sj=${2:0:160}
+  _sj=${_sj//[![:print:]]/?}
+}
+
+# Ends the GPU block being read (see smi_stream_split_gpus).
+smi_stream_close_gpus() {
+  SMI_SG_DONE=$SMI_SG_PEND SMI_SG_DONE_N=$SMI_SG_PEND_N SMI_SG_NEW=1 SMI_SG_DONE_TSS=$SMI_SG_PEND_TS
+  smi_ts_ms_into SMI_SG_DONE_TS "$SMI_SG_PEND_TS"
+  SMI_SG_PEND='' SMI_SG_PEND_N=0 SMI_SG_PEND_LAST=-1
+}
+
+# Cuts the complete lines of the process stream's buffer into blocks of
+# one moment (timestamps within half an interval); a line of the next
+# moment ends a block, and so does quiet (smi_stream_apps_settle).
+# SMI_SA_DONE holds the latest (lines without their timestamp),
+# SMI_SA_DONE_TS its time of day (ms), SMI_SA_PREV and SMI_SA_PREV_TS the
+# one before; SMI_SA_PEND_AT is when the block being read last grew;
+# SMI_SA_JUNK holds the first bad line.
+smi_stream_split_apps() {
+  local text line ts diff now=${EPOCHREALTIME/[.,]/}
+  local -a lines
+  if [[ $SMI_SA_BUF == *$'\n'* ]]; then
+    text=${SMI_SA_BUF%$'\n'*}
+    SMI_SA_BUF=${SMI_SA_BUF##*$'\n'}
+    smi_lines_into lines "$text"
+    for line in "${lines[@]}"; do
+      line=${line%$'\r'}
+      [[ $line == *[![:space:]]* ]] || continue
+      # shellcheck disable=SC2053 # the glob is the point
+      if [[ ${line:0:25} != $SMI_TS_GLOB', ' || ${line:25} == *$SMI_TS_GLOB* ]]; then
+        [[ $line == 'timestamp, '* ]] && continue
+        smi_stream_junk SMI_SA_JUNK "$line"
+        continue
+      fi
+      smi_ts_ms_into ts "${line:0:23}"
+      smi_ms_diff_into diff "$ts" "$SMI_SA_PEND_TS"
+      if ((SMI_SA_PEND_TS < 0 || diff > SMI_STREAM_MS / 2 || diff < -SMI_STREAM_MS / 2)); then
+        ((SMI_SA_PEND_TS < 0)) || smi_stream_close_apps
+        SMI_SA_PEND_TS=$ts
+      fi
+      SMI_SA_PEND+=${line:25}$'\n'
+      SMI_SA_PEND_AT=$now
+    done
+  fi
+  return 0
+}
+
+# Ends the process block being read once no line of it came for
+# SMI_STREAM_QUIET_MS, waiting for that at most until the deadline.
+# Arguments:
+#   $1 deadline (µs since the epoch)
+# Returns:
+#   1 at the stream's end, 3 on a broken frame
+smi_stream_apps_settle() {
+  local now until rc
+  while ((SMI_SA_PEND_TS >= 0)); do
+    now=${EPOCHREALTIME/[.,]/}
+    if ((now - SMI_SA_PEND_AT >= SMI_STREAM_QUIET_MS * 1000)); then
+      smi_stream_close_apps
+      return 0
+    fi
+    until=$((SMI_SA_PEND_AT + SMI_STREAM_QUIET_MS * 1000))
+    ((until < $1)) || until=$1
+    ((now < until)) || return 0
+    rc=0
+    smi_stream_wait "$SMI_SA_FD" SMI_SA_BUF "$until" || rc=$?
+    ((rc == 1 || rc == 3)) && return "$rc"
+    smi_stream_split_apps
+  done
+  return 0
+}
+
+# Ends the process block being read (see smi_stream_split_apps).
+smi_stream_close_apps() {
+  SMI_SA_PREV=$SMI_SA_DONE SMI_SA_PREV_TS=$SMI_SA_DONE_TS
+  SMI_SA_DONE=$SMI_SA_PEND SMI_SA_DONE_TS=$SMI_SA_PEND_TS
+  SMI_SA_PEND='' SMI_SA_PEND_TS=-1
+}
+
+# Takes the next GPU block of the stream, waiting for it until the
+# deadline. On any fault the streams are given up (smi_stream_fail).
+# Arguments:
+#   $1 deadline (µs since the epoch)
+# Returns:
+#   1 when no block could be taken (the caller samples the one-shot way)
+smi_stream_next_gpus() {
+  local rc=0
+  smi_stream_drain "$SMI_SG_FD" SMI_SG_BUF || rc=$?
+  while :; do
+    if ((rc == 3)); then
+      smi_stream_fail "the GPU loop's output lost its framing"
+      return 1
+    fi
+    smi_stream_split_gpus
+    if [[ -n $SMI_SG_JUNK ]]; then
+      smi_stream_fail "the GPU loop printed something else than a sample: $SMI_SG_JUNK"
+      return 1
+    fi
+    ((SMI_SG_NEW)) && break
+    if ((rc == 1)); then
+      smi_stream_fail "the GPU loop ended"
+      return 1
+    fi
+    if ((${#SMI_SG_BUF} > SMI_STREAM_MAX_BYTES)); then
+      smi_stream_fail "the GPU loop printed over $SMI_STREAM_MAX_BYTES bytes without a line's end"
+      return 1
+    fi
+    rc=0
+    smi_stream_wait "$SMI_SG_FD" SMI_SG_BUF "$1" || rc=$?
+    if ((rc == 2)); then
+      smi_stream_fail "no GPU sample for $((${SMI_TIMEOUT:-10} + 1))s (stalled)"
+      return 1
+    fi
+  done
+  SMI_SG_NEW=0
+  return 0
+}
+
+# Fills the process list of the sample from the process stream: the block
+# of the GPU block's moment, or "no processes" where the GPUs' memory says
+# so, or (neither) the one-shot process list.
+# Arguments:
+#   $1 deadline (µs since the epoch) for the stream's part
+# Returns:
+#   1 when the streams were given up and the sample must be taken again
+smi_stream_apps() {
+  local rc=0 diff wait_until
+  # the process block of this moment may be a few ms behind the GPU block
+  wait_until=$((${EPOCHREALTIME/[.,]/} + SMI_STREAM_SKEW_MS * 1000))
+  ((wait_until < $1)) || wait_until=$1
+  smi_stream_drain "$SMI_SA_FD" SMI_SA_BUF || rc=$?
+  while :; do
+    smi_stream_split_apps
+    ((rc == 0)) && { smi_stream_apps_settle "$1" || rc=$?; }
+    if [[ -n $SMI_SA_JUNK ]]; then
+      smi_stream_fail "the process loop printed something else than a sample: $SMI_SA_JUNK"
+      return 1
+    fi
+    if ((rc == 1 || rc == 3)); then
+      smi_stream_fail "the process loop ended or lost its framing"
+      return 1
+    fi
+    smi_ms_diff_into diff "$SMI_SA_DONE_TS" "$SMI_SG_DONE_TS"
+    if ((SMI_SA_DONE_TS >= 0 && diff >= -SMI_STREAM_SKEW_MS && diff <= SMI_STREAM_SKEW_MS)); then
+      smi_take_apps 0 "$SMI_SA_DONE"
+      return 0
+    fi
+    if ((SMI_SA_DONE_TS >= 0 && diff > SMI_STREAM_SKEW_MS)); then
+      # the process loop's newest block can be a sample ahead of the GPU
+      # loop's: the one before it may be this moment's
+      smi_ms_diff_into diff "$SMI_SA_PREV_TS" "$SMI_SG_DONE_TS"
+      if ((SMI_SA_PREV_TS >= 0 && diff >= -SMI_STREAM_SKEW_MS && diff <= SMI_STREAM_SKEW_MS)); then
+        smi_take_apps 0 "$SMI_SA_PREV"
+        return 0
+      fi
+      smi_stream_fail "desynchronised: the process list is ${diff} ms away from the GPU sample"
+      return 1
+    fi
+    smi_stream_apps_empty && return 0
+    rc=0
+    smi_stream_wait "$SMI_SA_FD" SMI_SA_BUF "$wait_until" || rc=$?
+    ((rc == 2)) && break
+  done
+  smi_stream_apps_once
+}
+
+# True (and the sample has no processes) when the process stream's silence
+# can only mean "no processes": every GPU's memory.used is at most
+# SMI_STREAM_EMPTY_MIB, or the same as when a one-shot process list last
+# came back empty (processes of other PID namespaces, a display server).
+smi_stream_apps_empty() {
+  local uuid sig='' low=1
+  for uuid in "${SMI_UUIDS[@]}"; do
+    sig+="${SMI_MEM_USED[$uuid]:-?} "
+    if [[ ${SMI_MEM_USED[$uuid]:-} != +([0-9]) ]] || ((SMI_MEM_USED[$uuid] > SMI_STREAM_EMPTY_MIB)); then
+      low=0
+    fi
+  done
+  ((low)) || [[ $sig == "$SMI_STREAM_EMPTY_SIG" ]] || return 1
+  smi_take_apps 0 ''
+}
+
+# The one-shot process list for a GPU block of the stream. Processes that
+# the stream did not show for that moment mean it missed them: the streams
+# are restarted (this sample stands). An empty answer is remembered with the
+# GPUs' memory (smi_stream_apps_empty).
+smi_stream_apps_once() {
+  local out rc=0 uuid sig=''
+  if smi_start 1 --query-compute-apps="$SMI_APP_FIELDS" --format=csv,noheader,nounits; then
+    smi_answer_into out || rc=$?
+    smi_end
+  else
+    rc=127
+    smi_not_found_into out
+  fi
+  smi_take_apps "$rc" "$out"
+  ((SMI_APPS_OK)) || return 0
+  if ((${#SMI_PIDS_MEM[@]} > 0)); then
+    SMI_STREAM_EMPTY_SIG=''
+    smi_stream_fail "desynchronised: the process loop missed ${#SMI_PIDS_MEM[@]} process(es) of this moment"
+    return 0
+  fi
+  for uuid in "${SMI_UUIDS[@]}"; do
+    sig+="${SMI_MEM_USED[$uuid]:-?} "
+  done
+  SMI_STREAM_EMPTY_SIG=$sig
+}
+
+# Samples from the streams (smi_sample's outputs, SMI_SOURCE=stream).
+# Returns:
+#   1 when the streams are down or gave no sound sample: the caller takes
+#   a one-shot sample instead
+smi_stream_sample() {
+  [[ -n ${SMI_SG_PID:-} ]] || return 1
+  local deadline=$((${EPOCHREALTIME/[.,]/} + (${SMI_TIMEOUT:-10} + 1) * 1000000))
+  smi_stream_next_gpus "$deadline" || return 1
+  smi_reset
+  smi_parse_gpus "$SMI_SG_DONE"
+  if ((SMI_TRUNCATED > 0 || SMI_BAD_LINES > 0 || ${#SMI_UUIDS[@]} == 0)); then
+    smi_stream_fail "the GPU loop printed ${SMI_BAD_LINES} unreadable line(s)"
+    return 1
+  fi
+  if ((${#SMI_UUIDS[@]} != SMI_STREAM_NGPU || SMI_SG_MORE)); then
+    SMI_SG_MORE=0
+    # a GPU gone or back: the one-shot sample says which, and its count is
+    # what the next blocks are read against
+    gg_log debug "nvidia-smi loop: ${#SMI_UUIDS[@]} GPU(s) in a sample, ${SMI_STREAM_NGPU} expected; one-shot sample"
+    return 1
+  fi
+  smi_stream_apps "$deadline" || return 1
+  if [[ -z ${SMI_SG_PID:-} ]]; then
+    # the one-shot process list stood in and the loops were given up
+    SMI_SOURCE=once
+    return 0
+  fi
+  SMI_SOURCE=stream
+  SMI_STREAM_GOOD=$((SMI_STREAM_GOOD + 1))
+  if ((SMI_STREAM_FAILS > 0)); then
+    gg_log info "nvidia-smi loop: sampling from the loop again after ${SMI_STREAM_FAILS} fault(s)"
+    SMI_STREAM_FAILS=0
+  fi
+  # a loop that ran a minute (of samples) earns a short back-off again
+  ((SMI_STREAM_GOOD < 60)) || SMI_STREAM_BACKOFF=0
+  return 0
+}
+
+# Records nvidia-smi's loop mode as it prints, for fixtures and checks
+# (bench/h200/sampler.sh): runs it with the given arguments for a while and
+# prints each line behind the time it arrived. A line read the slow way (a
+# byte per system call): this is a diagnostic, not a daemon's path.
+# Arguments:
+#   $1 seconds to record, then nvidia-smi's arguments (with -lms or -l)
+# Outputs:
+#   "<unix time with µs> <line>" per line, then "# exit STATUS"
+smi_loop_record() {
+  local seconds=$1 line fd pid rc=0
+  local -a cmd
+  shift
+  read -r -a cmd <<<"${NVIDIA_SMI:-nvidia-smi}"
+  exec {fd}< <(exec timeout -k 1 "$seconds" "${cmd[@]}" "$@" 2>&1)
+  pid=$!
+  while IFS= read -r -u "$fd" line || [[ -n $line ]]; do
+    printf '%s %s\n' "$EPOCHREALTIME" "$line"
+  done
+  exec {fd}<&-
+  wait "$pid" || rc=$?
+  printf '# exit %s\n' "$rc"
 }

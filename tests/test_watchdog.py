@@ -76,8 +76,9 @@ def test_threshold_is_strict_and_configurable(box):
 
 
 def test_daemon_makes_two_smi_calls_per_cycle_and_stops_cleanly(box):
+    """With SMI_STREAM=0 (tests/test_smi_stream.py has the loops)."""
     box.write_scenario([IDLE] * 50)
-    proc = start_daemon(box)
+    proc = start_daemon(box, env={"SMI_STREAM": "0"})
     assert wait_for(lambda: len(box.smi_calls()) >= 6)
     rc, _, err = stop_daemon(proc)
     assert rc == 0, err
