@@ -298,7 +298,10 @@ gg_state_dir_init() {
 #   0 written; 1 not written (the old file is intact)
 gg_write_atomic() {
   local dest=$1 dir base tmp='' name try had_noclobber=0
-  dir=$(dirname -- "$dest") base=${dest##*/}
+  # the folder by expansion, not dirname: this runs every watchdog cycle
+  dir=. base=${dest##*/}
+  [[ $dest == */* ]] && dir=${dest%/*}
+  [[ -n $dir ]] || dir=/
   [[ $- == *C* ]] && had_noclobber=1
   set -C
   for try in 1 2 3 4 5; do
