@@ -135,7 +135,11 @@ idle_all_uint() {
 # Writes the state atomically, and only when it changed since the last write.
 idle_state_save() {
   local uuid state i
-  printf -v state 'monitor %s %s %s %s 0 0 0\n' "$MON_FAILS" "$MON_FIRING" "$MON_SINCE" "$MON_LAST_OK"
+  # The last good sample is kept to the minute: it changes every cycle,
+  # and a write each second (a temporary file, fsync, rename: two forks)
+  # would be the daemon's main cost on a quiet box. A restart reads it at
+  # most a minute old, and the next good cycle sets it again.
+  printf -v state 'monitor %s %s %s %s 0 0 0\n' "$MON_FAILS" "$MON_FIRING" "$MON_SINCE" "$((MON_LAST_OK / 60 * 60))"
   for uuid in "${!IDLE_CYCLES[@]}"; do
     printf -v state '%sgpu %s %s %s %s %s %s %s %s %s %s %s %s\n' "$state" "$uuid" "${IDLE_CYCLES[$uuid]}" \
       "${IDLE_SINCE[$uuid]:-0}" "${IDLE_FIRING[$uuid]:-0}" \
