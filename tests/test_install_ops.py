@@ -333,7 +333,9 @@ def test_status_table_with_idle_counter_and_sparkline(box):
     r = box.run("status", cmd="bin/gpuguard")
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
-    assert lines[0].split() == ["GPU", "UTIL", "MEMORY", "POWER", "IDLE", "STATE", "RECENT", "UTIL"]
-    assert lines[1].split()[:7] == ["0", "0%", "2576/143771", "MiB", "76W", "3", "IDLE"]
-    assert lines[1].split()[7] == "▄▁▁▁"
-    assert lines[2].split()[:3] == ["pid", "1410", "python3"]
+    assert lines[0].split() == ["GPU", "UTIL", "MEMORY", "POWER", "IDLE", "STUCK", "STATE", "RECENT", "UTIL"]
+    # the idle and stuck counters against their limits (issue 24)
+    assert lines[1].split()[:10] == ["0", "0%", "2576/143771", "MiB", "76W", "idle", "3/3", "stuck", "0/5", "IDLE"]
+    assert lines[1].split()[10] == "▄▁▁▁"
+    # a PID the double invents is no process here: named by PID, marked
+    assert lines[2].split()[:2] == ["pid", "1410"] and "python3 (not visible here)" in lines[2]

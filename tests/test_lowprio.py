@@ -43,8 +43,15 @@ def own_state_folder(tmp_path, monkeypatch):
     monkeypatch.setenv("LOWPRIO_MEASURE_MIB", "8")
 
 
+def lowprio_environ(**extra):
+    """user_environ() with this test's own state folder and measurement
+    size (the fixture above sets them; user_environ drops gpuguard keys)."""
+    return user_environ(GPUGUARD_STATE_DIR=os.environ["GPUGUARD_STATE_DIR"],
+                        LOWPRIO_MEASURE_MIB=os.environ["LOWPRIO_MEASURE_MIB"], **extra)
+
+
 def run(args, env=None, timeout=60, **kw):
-    full = user_environ()
+    full = lowprio_environ()
     full.update(env or {})
     return subprocess.run([str(ROOT / "bin/lowprio-run")] + args, env=full, text=True,
                           capture_output=True, timeout=timeout, **kw)
@@ -148,7 +155,7 @@ while True:
 @pytest.mark.parametrize("sig", ["INT", "TERM", "HUP", "QUIT"])
 def test_signals_are_forwarded_and_the_job_status_returned(tmp_path, sig, mechanism):
     marker, ready = tmp_path / "got", tmp_path / "ready"
-    env = user_environ(LOWPRIO_MECHANISM=mechanism)
+    env = lowprio_environ(LOWPRIO_MECHANISM=mechanism)
     proc = subprocess.Popen([str(ROOT / "bin/lowprio-run"), "--", sys.executable, "-c", SIGNAL_JOB,
                              sig, str(marker), str(ready)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
@@ -190,7 +197,7 @@ def test_ctrl_c_at_a_terminal_reaches_the_job_once(tmp_path, mechanism, decision
     save in `except KeyboardInterrupt`)."""
     import pty
     marker, ready, stop = tmp_path / "got", tmp_path / "ready", tmp_path / "stop"
-    env = user_environ(LOWPRIO_MECHANISM=mechanism, GPUGUARD_LOG_LEVEL="debug",
+    env = lowprio_environ(LOWPRIO_MECHANISM=mechanism, GPUGUARD_LOG_LEVEL="debug",
                GPUGUARD_LOG=str(tmp_path / "log"))
     pid, fd = pty.fork()
     if pid == 0:
@@ -596,7 +603,7 @@ def test_a_user_whose_cgroup_is_not_delegated_runs_the_job_and_is_told_why():
         root = fake_v2_root(Path(top), caller="/user.slice")
         fake_v2_child(root, "user.slice", procs="4242\n")
         r = as_user([str(ROOT / "bin/lowprio-run"), "--tier", "batch", "--", "sh", "-c", "exit 3"],
-                    env=user_environ(**fake_v2_env(Path(top), root)))
+                    env=lowprio_environ(**fake_v2_env(Path(top), root)))
         assert r.returncode == 3, r.stderr
         assert "cgroup v2 not used: EACCES: the caller's cgroup /user.slice is not writable by nobody" in r.stderr
         assert "via autogroup" in r.stderr
@@ -612,7 +619,7 @@ def test_an_unreadable_tiers_file_does_not_stop_the_job():
             f.write("batch 15 idle idle 60\n")
         os.chmod(tiers, 0o600)
         r = as_user([str(ROOT / "bin/lowprio-run"), "--tier", "batch", "--", "sh", "-c", "exit 3"],
-                    env=user_environ(LOWPRIO_TIERS=tiers))
+                    env=lowprio_environ(LOWPRIO_TIERS=tiers))
         assert r.returncode == 3, r.stderr
         assert "cannot read the tiers file %s: using the built-in tiers" % tiers in r.stderr
     finally:
@@ -755,7 +762,7 @@ def test_real_the_callers_memory_limit_still_holds_for_the_job():
     try:
         lowprio = [str(ROOT / "bin/lowprio-run"), "--tier", "online", "--"]
         r = subprocess.run(inside + lowprio + [sys.executable, "-c", HOG],
-                           capture_output=True, text=True, timeout=120, env=user_environ(**REAL_ENV))
+                           capture_output=True, text=True, timeout=120, env=lowprio_environ(**REAL_ENV))
         assert "survived" not in r.stdout
         assert r.returncode in (137, 1), (r.returncode, r.stderr)
         assert "gg-test-box-%d/gpuguard-lowprio-" % os.getpid() in r.stderr
