@@ -24,7 +24,6 @@ Commands:
                   The state is written each cycle exactly as by `check`, so
                   a kill -9 loses nothing, and read back only when the file
                   is no longer the one it wrote; ends at end of input.
-  report          write one self-contained HTML file charting the history
   loss FILE       say whether the loss in an ms-swift logging.jsonl plateaued
   slopes          print "PID SLOPE FIRING" for every watched process tree
 
@@ -63,19 +62,8 @@ import sys
 import time
 
 from gpuguard_files import write_atomic
-from gpuguard_leakstat import DEFAULTS, Series, mann_kendall_z, median, theil_sen  # noqa: F401
-
-HISTORY_HEADER = "timestamp,pid,used_memory_mib,gpu_used_mib,gpu_total_mib"
-
-
-def params_from(args_or_env):
-    p = dict(DEFAULTS)
-    for key, name in (("bucket_s", "LEAK_BUCKET_S"), ("threshold", "LEAK_THRESHOLD_MIB_H")):
-        value = args_or_env.get(name)
-        if value not in (None, ""):
-            p[key] = float(value)
-    return p
-
+from gpuguard_history import history_append, identity_read, identity_write
+from gpuguard_leakstat import Series, median, params_from
 
 # ---------------------------------------------------------------- replay --
 
@@ -624,61 +612,6 @@ def all_states(state_dir):
     return out
 
 
-def history_name(state_dir, key, suffix):
-    """history/<key><suffix>, the key made safe for a file name."""
-    return os.path.join(state_dir, "history", re.sub(r"[^0-9A-Za-z_.-]", "_", key) + suffix)
-
-
-# The fields of a job object (lib/jobinfo.sh) kept in an identity file;
-# longer strings are cut, so a file stays under a kilobyte or two.
-IDENTITY_FIELDS = ("user", "uid", "pid", "pids", "cmdline", "cwd", "start_ts", "slurm_job", "container",
-                   "rank", "local_rank", "visible")
-IDENTITY_MAX_CHARS = 400
-
-
-def identity_clean(job):
-    """The known fields of a job object, strings cut and PID lists
-    bounded; None when it is not one."""
-    if not isinstance(job, dict):
-        return None
-    out = {}
-    for k in IDENTITY_FIELDS:
-        v = job.get(k)
-        if isinstance(v, str):
-            v = v[:IDENTITY_MAX_CHARS]
-        elif isinstance(v, list):
-            v = [x for x in v if isinstance(x, int)][:64]
-        elif not (v is None or isinstance(v, (int, float, bool))):
-            v = None
-        out[k] = v
-    return out
-
-
-def identity_write(state_dir, key, text, drop_rank=False):
-    """Keeps a series' identity (a "J" line's job object) in
-    history/<key>.job.json, written atomically; gg_retention prunes it
-    with the history. A malformed object is dropped; drop_rank: the
-    series is a tree of several ranks (its rank fields are unknown)."""
-    try:
-        job = identity_clean(json.loads(text))
-    except ValueError:
-        return
-    if job is not None:
-        if drop_rank:
-            job["rank"] = job["local_rank"] = None
-        write_atomic(history_name(state_dir, key, ".job.json"),
-                     json.dumps(job, ensure_ascii=False, separators=(",", ":")) + "\n")
-
-
-def identity_read(state_dir, key):
-    """The job object kept for a series; None when there is none."""
-    try:
-        with open(history_name(state_dir, key, ".job.json"), encoding="utf-8") as f:
-            return identity_clean(json.loads(f.read(65536)))
-    except (OSError, ValueError):
-        return None
-
-
 def with_job(state_dir, key, ev, keys=()):
     """Puts the series' job into a leak event, as idle events carry theirs
     (the leaking rank's own when it was kept: `keys` are the series keys,
@@ -691,90 +624,6 @@ def with_job(state_dir, key, ev, keys=()):
     job = job or identity_read(state_dir, key)
     if job is not None:
         ev["job"] = job
-
-
-def history_append(state_dir, key, ts, pid, used, free, total, max_rows, rows=None):
-    """Appends to history/<key>.csv; past max_rows rows (or 64 bytes a row:
-    a file that grew behind the count's back) it is rotated to .1. `rows`
-    is the count kept in the state (the file is counted only when it is
-    unknown); returns the new count. One open and one write: a cycle never
-    re-reads the history."""
-    path = os.path.join(state_dir, "history", re.sub(r"[^0-9A-Za-z_.-]", "_", key) + ".csv")
-    gpu_used = (total - free) if total is not None and free is not None else None
-    row = "%d,%d,%d,%s,%s\n" % (ts, pid, used, "" if gpu_used is None else gpu_used, "" if total is None else total)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)
-    except FileNotFoundError:
-        fd = None
-    if fd is not None:
-        if rows is None:
-            with open(path, "rb") as f:
-                rows = sum(1 for _ in f) - 1
-        if rows >= max_rows or os.fstat(fd).st_size > 64 * (max_rows + 1):
-            os.close(fd)
-            os.replace(path, path + ".1")
-            fd = None
-    if fd is None:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
-        row, rows = HISTORY_HEADER + "\n" + row, 0
-    try:
-        os.write(fd, row.encode())
-    finally:
-        os.close(fd)
-    return rows + 1
-
-
-# ---------------------------------------------------------------- report --
-
-class HistoryRow(tuple):
-    """(timestamp, used_mib), with the GPU's figures as attributes:
-    pid, gpu_used_mib, gpu_total_mib, gpu_free_mib (None when unknown)."""
-
-    def __new__(cls, ts, used, pid=None, gpu_used=None, gpu_total=None):
-        row = tuple.__new__(cls, (ts, used))
-        row.pid, row.gpu_used_mib, row.gpu_total_mib = pid, gpu_used, gpu_total
-        row.gpu_free_mib = (gpu_total - gpu_used) if gpu_total is not None and gpu_used is not None else None
-        return row
-
-
-def _num_or_none(text):
-    try:
-        return float(text)
-    except (TypeError, ValueError):
-        return None
-
-
-def read_history(folder):
-    """{key: [(timestamp, used_mib), ...]} for every history file; each row
-    also carries .pid, .gpu_used_mib, .gpu_total_mib and .gpu_free_mib
-    (None when the file predates them)."""
-    import csv
-    out = {}
-    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
-        if not name.endswith(".csv"):
-            continue
-        rows = []
-        with open(os.path.join(folder, name), newline="", encoding="utf-8-sig") as f:
-            for row in csv.DictReader(f):
-                try:
-                    r = HistoryRow(float(row["timestamp"]), float(row["used_memory_mib"]),
-                                   _num_or_none(row.get("pid")), _num_or_none(row.get("gpu_used_mib")),
-                                   _num_or_none(row.get("gpu_total_mib")))
-                except (KeyError, TypeError, ValueError):
-                    continue
-                rows.append(r)
-        if rows:
-            out[name[:-4]] = rows
-    return out
-
-
-def report(state_dir, out_path, params):
-    """`gpu-leak-watch report`: the same report as `gpuguard report`
-    (python/gpuguard_report.py); returns the number of processes charted."""
-    import gpuguard_report
-    env = dict(os.environ, GPUGUARD_STATE_DIR=state_dir, LEAK_BUCKET_S=str(params["bucket_s"]),
-               LEAK_THRESHOLD_MIB_H=str(params["threshold"]))
-    return gpuguard_report.report(state_dir, ["--out", out_path], env)[2]
 
 
 def main(argv):
@@ -793,10 +642,6 @@ def main(argv):
             return 0
         if cmd == "serve":
             return serve(env, sys.stdin, sys.stdout)
-        if cmd == "report" and len(argv) >= 3:
-            n = report(env.get("GPUGUARD_STATE_DIR") or ".", argv[2], params_from(env))
-            print("wrote %s (%d processes)" % (argv[2], n))
-            return 0
         if cmd == "slopes":
             # for gpuguard status: "PID SLOPE FIRING" per watched series
             for data in all_states(env.get("GPUGUARD_STATE_DIR") or ".").values():
@@ -809,7 +654,7 @@ def main(argv):
     except (OSError, ValueError) as e:
         print("gpu-leak-watch: %s" % e, file=sys.stderr)
         return 2
-    print("usage: gpuguard_leak.py replay FILE | check | serve | report OUT.html | loss FILE | slopes", file=sys.stderr)
+    print("usage: gpuguard_leak.py replay FILE | check | serve | loss FILE | slopes", file=sys.stderr)
     return 2
 
 
