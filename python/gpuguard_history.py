@@ -27,7 +27,7 @@ _IDENTITY_FIELDS = ("user", "uid", "pid", "pids", "cmdline", "cwd", "start_ts", 
 _IDENTITY_MAX_CHARS = 400
 
 
-def history_name(state_dir, key, suffix):
+def _history_name(state_dir, key, suffix):
     """history/<key><suffix>, the key made safe for a file name."""
     return os.path.join(state_dir, "history", re.sub(r"[^0-9A-Za-z_.-]", "_", key) + suffix)
 
@@ -38,7 +38,7 @@ def history_append(state_dir, key, ts, pid, used, free, total, max_rows, rows=No
     is the count kept in the state (the file is counted only when it is
     unknown); returns the new count. One open and one write: a cycle never
     re-reads the history."""
-    path = history_name(state_dir, key, ".csv")
+    path = _history_name(state_dir, key, ".csv")
     gpu_used = (total - free) if total is not None and free is not None else None
     row = "%d,%d,%d,%s,%s\n" % (ts, pid, used, "" if gpu_used is None else gpu_used, "" if total is None else total)
     try:
@@ -135,14 +135,14 @@ def identity_write(state_dir, key, text, drop_rank=False):
     if job is not None:
         if drop_rank:
             job["rank"] = job["local_rank"] = None
-        write_atomic(history_name(state_dir, key, ".job.json"),
+        write_atomic(_history_name(state_dir, key, ".job.json"),
                      json.dumps(job, ensure_ascii=False, separators=(",", ":")) + "\n")
 
 
 def identity_read(state_dir, key):
     """The job object kept for a series; None when there is none."""
     try:
-        with open(history_name(state_dir, key, ".job.json"), encoding="utf-8") as f:
+        with open(_history_name(state_dir, key, ".job.json"), encoding="utf-8") as f:
             return _identity_clean(json.loads(f.read(65536)))
     except (OSError, ValueError):
         return None

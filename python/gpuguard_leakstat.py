@@ -1040,7 +1040,7 @@ class Series:
             return False, rate, 0.0, "young"
         if self.decelerating(xs[j:], rec[j:], rate):
             return False, rate, 0.0, "decelerating/saturating"
-        rx, ry = reduce_points(xs[i - 1:], raw[i - 1:])
+        _rx, ry = reduce_points(xs[i - 1:], raw[i - 1:])
         z = mann_kendall_z(ry)
         prev = 0.0
         if i - 1 - j >= 6:
