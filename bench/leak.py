@@ -26,7 +26,7 @@ from multiprocessing import Pool
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "python"))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
-import gpuguard_leak as leak
+import gpuguard_leakstat as leakstat
 
 DT = 60.0                 # seconds between samples (the watcher's default)
 BLOCK = 20                # MiB: PyTorch's large-segment size
@@ -109,11 +109,11 @@ def detect(trace, method, total=None):
     (MiB), so the detector knows the free memory, as it does live."""
     alerts = []
     if method == "gpuguard":
-        s = leak.Series(dict(leak.DEFAULTS), "b", 1)
+        s = leakstat.Series(dict(leakstat.DEFAULTS), "b", 1)
         prev_t = None
         for t, v in trace:
             if prev_t is not None and t - prev_t > 60 * DT:
-                s = leak.Series(dict(leak.DEFAULTS), "b", 1)     # new process (restart)
+                s = leakstat.Series(dict(leakstat.DEFAULTS), "b", 1)     # new process (restart)
             prev_t = t
             ev = s.add(t, v, (total - v) if total else None)
             if ev and ev["state"] == "firing":

@@ -34,9 +34,9 @@ TOTAL_MIB = 143771      # an H200
 def make_week(state, n_gpus=8, per_gpu=8, days=7, step=60, seed=7):
     """The files a week of `gpu-leak-watch --all` and the watchdog leave, in
     their current formats: history/<key>.csv with the GPU's used and total
-    memory (gpuguard_leak.HISTORY_HEADER), leak-state-all.json ({"series",
+    memory (gpuguard_history.HISTORY_HEADER), leak-state-all.json ({"series",
     "meta"}), gpu-history.tsv (lib/gpuhistory.sh) and events.jsonl."""
-    import gpuguard_leak
+    import gpuguard_history
     rng = random.Random(seed)
     (state / "history").mkdir(parents=True)
     n = days * DAY // step
@@ -50,7 +50,7 @@ def make_week(state, n_gpus=8, per_gpu=8, days=7, step=60, seed=7):
             procs.append((pid, g, base, leak, rng.uniform(0, 2 * math.pi)))
     files = {pid: open(state / "history" / ("%d-777.csv" % pid), "w") for pid, *_ in procs}
     for f in files.values():
-        f.write(gpuguard_leak.HISTORY_HEADER + "\n")
+        f.write(gpuguard_history.HISTORY_HEADER + "\n")
     gh = open(state / "gpu-history.tsv", "w")
     gh.write("# ts\tindex\tuuid\tutil_pct\tmem_used_mib\tmem_total_mib\tpower_w\tidle\tholders\n")
     for i in range(n):
@@ -65,7 +65,7 @@ def make_week(state, n_gpus=8, per_gpu=8, days=7, step=60, seed=7):
             used[g] += v
             holders[g].append("%d:%d" % (pid, v))
         for pid, g, v in values:
-            # the row of gpuguard_leak.history_append: the GPU's used and total
+            # the row of gpuguard_history.history_append: the GPU's used and total
             files[pid].write("%d,%d,%d,%d,%d\n" % (t, pid, v, used[g] + 512, TOTAL_MIB))
         for g in range(n_gpus):
             idle = 1 if (g == 2 and 3 * DAY <= t - t0 < 3 * DAY + 5400) else 0
@@ -92,7 +92,7 @@ def make_week(state, n_gpus=8, per_gpu=8, days=7, step=60, seed=7):
     events.append({"ts": t0 + 3 * DAY + 5400, "event": "gpu_idle", "state": "resolved", "gpu": 2, "utilization": 97,
                    "idle_cycles": 0})
     for pid, g, *_ in procs:
-        # each series' identity as the watcher keeps it (gpuguard_leak.identity_write)
+        # each series' identity as the watcher keeps it (gpuguard_history.identity_write)
         job = {"user": "user%d" % (pid % 5), "uid": 1000 + pid % 5, "pid": pid, "pids": [pid],
                "cmdline": "/opt/venv/bin/python3 /home/user%d/projects/llm-finetune/train.py --run-name exp-%d "
                           "--model Qwen2.5-7B-Instruct --dataset /data/sft/mix-v3.jsonl --lr 2e-5 --epochs 3 "

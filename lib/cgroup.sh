@@ -630,87 +630,103 @@ cg_read_psi() {
 cg_usage() {
   declare -gA CG_USE=()
   declare -ga CG_USE_MISSING=()
-  local dir page=4096 line
   case $CG_MODE in
-    v2)
-      dir=$CG_LEAF
-      [[ -n $dir && -d $dir ]] || return 1
-      if cg_read_kv "$dir/cpu.stat" cpu_; then
-        CG_USE[cpu_usec]=${CG_USE[cpu_usage_usec]:-}
-        CG_USE[throttled]=${CG_USE[cpu_nr_throttled]:-}
-        CG_USE[throttled_usec]=${CG_USE[cpu_throttled_usec]:-}
-      fi
-      [[ -r $dir/memory.peak ]] && CG_USE[mem_peak]=$(<"$dir/memory.peak")
-      [[ ${CG_USE[mem_peak]:-} =~ ^[0-9]+$ ]] || unset 'CG_USE[mem_peak]'
-      if cg_read_kv "$dir/memory.stat" mst_; then
-        page=$(getconf PAGESIZE 2>/dev/null || echo 4096)
-        local steal=${CG_USE[mst_pgsteal]:-$((${CG_USE[mst_pgsteal_kswapd]:-0} + ${CG_USE[mst_pgsteal_direct]:-0}))}
-        CG_USE[mem_reclaim]=$((steal * page))
-      fi
-      if cg_read_kv "$dir/memory.events" mev_; then
-        CG_USE[mem_high]=${CG_USE[mev_high]:-0}
-        CG_USE[mem_max]=${CG_USE[mev_max]:-0}
-        CG_USE[oom_kill]=${CG_USE[mev_oom_kill]:-0}
-      fi
-      if [[ -r $dir/io.stat ]]; then
-        local r=0 w=0 kv
-        while read -r -a line; do
-          for kv in "${line[@]:1}"; do
-            [[ $kv =~ ^(rbytes|wbytes)=([0-9]+)$ ]] || continue
-            if [[ ${BASH_REMATCH[1]} == rbytes ]]; then
-              r=$((r + BASH_REMATCH[2]))
-            else
-              w=$((w + BASH_REMATCH[2]))
-            fi
-          done
-        done <"$dir/io.stat"
-        CG_USE[io_rbytes]=$r CG_USE[io_wbytes]=$w
-        cg_usage_io_disks "$dir/io.stat"
-      fi
-      cg_read_psi "$dir/cpu.pressure" cpu
-      cg_read_psi "$dir/memory.pressure" memory
-      cg_read_psi "$dir/io.pressure" io
-      ;;
-    v1)
-      dir=${CG_V1[cpu]:-}
-      if [[ -n $dir ]] && cg_read_kv "$dir/cpu.stat" cpu_; then
-        CG_USE[throttled]=${CG_USE[cpu_nr_throttled]:-}
-        [[ -n ${CG_USE[cpu_throttled_time]:-} ]] && CG_USE[throttled_usec]=$((CG_USE[cpu_throttled_time] / 1000))
-      fi
-      dir=${CG_V1[memory]:-}
-      if [[ -n $dir && -r $dir/memory.max_usage_in_bytes ]]; then
-        CG_USE[mem_peak]=$(<"$dir/memory.max_usage_in_bytes")
-        CG_USE[mem_max]=$(<"$dir/memory.failcnt")
-        [[ ${CG_USE[mem_peak]} =~ ^[0-9]+$ ]] || unset 'CG_USE[mem_peak]'
-        [[ ${CG_USE[mem_max]} =~ ^[0-9]+$ ]] || unset 'CG_USE[mem_max]'
-      fi
-      dir=${CG_V1[blkio]:-}
-      if [[ -n $dir && -r $dir/blkio.throttle.io_service_bytes ]]; then
-        local r=0 w=0 dev op n
-        while read -r dev op n; do
-          [[ $n =~ ^[0-9]+$ ]] || continue
-          case $op in
-            Read) r=$((r + n)) ;;
-            Write)
-              w=$((w + n))
-              [[ $dev =~ ^[0-9]+:[0-9]+$ ]] && CG_USE[io_w_$dev]=$n
-              ;;
-          esac
-        done <"$dir/blkio.throttle.io_service_bytes"
-        CG_USE[io_rbytes]=$r CG_USE[io_wbytes]=$w
-      fi
-      # The hybrid layout's v2 mount has no controllers but keeps CPU time
-      # and pressure stall per cgroup.
-      dir=${CG_V1[unified]:-}
-      if [[ -n $dir ]]; then
-        cg_read_kv "$dir/cpu.stat" cpu_ && CG_USE[cpu_usec]=${CG_USE[cpu_usage_usec]:-}
-        cg_read_psi "$dir/cpu.pressure" cpu
-        cg_read_psi "$dir/memory.pressure" memory
-        cg_read_psi "$dir/io.pressure" io
-      fi
-      ;;
+    v2) cg_usage_v2 || return ;;
+    v1) cg_usage_v1 ;;
     *) return 1 ;;
   esac
+  cg_usage_missing
+}
+
+# cg_usage on cgroup v2: the job's leaf's cpu.stat, memory.peak,
+# memory.stat, memory.events, io.stat and pressure files. Fails only when
+# the leaf is gone; a file missing or garbled leaves its figures out.
+cg_usage_v2() {
+  local dir page=4096 line
+  dir=$CG_LEAF
+  [[ -n $dir && -d $dir ]] || return 1
+  if cg_read_kv "$dir/cpu.stat" cpu_; then
+    CG_USE[cpu_usec]=${CG_USE[cpu_usage_usec]:-}
+    CG_USE[throttled]=${CG_USE[cpu_nr_throttled]:-}
+    CG_USE[throttled_usec]=${CG_USE[cpu_throttled_usec]:-}
+  fi
+  [[ -r $dir/memory.peak ]] && CG_USE[mem_peak]=$(<"$dir/memory.peak")
+  [[ ${CG_USE[mem_peak]:-} =~ ^[0-9]+$ ]] || unset 'CG_USE[mem_peak]'
+  if cg_read_kv "$dir/memory.stat" mst_; then
+    page=$(getconf PAGESIZE 2>/dev/null || echo 4096)
+    local steal=${CG_USE[mst_pgsteal]:-$((${CG_USE[mst_pgsteal_kswapd]:-0} + ${CG_USE[mst_pgsteal_direct]:-0}))}
+    CG_USE[mem_reclaim]=$((steal * page))
+  fi
+  if cg_read_kv "$dir/memory.events" mev_; then
+    CG_USE[mem_high]=${CG_USE[mev_high]:-0}
+    CG_USE[mem_max]=${CG_USE[mev_max]:-0}
+    CG_USE[oom_kill]=${CG_USE[mev_oom_kill]:-0}
+  fi
+  if [[ -r $dir/io.stat ]]; then
+    local r=0 w=0 kv
+    while read -r -a line; do
+      for kv in "${line[@]:1}"; do
+        [[ $kv =~ ^(rbytes|wbytes)=([0-9]+)$ ]] || continue
+        if [[ ${BASH_REMATCH[1]} == rbytes ]]; then
+          r=$((r + BASH_REMATCH[2]))
+        else
+          w=$((w + BASH_REMATCH[2]))
+        fi
+      done
+    done <"$dir/io.stat"
+    CG_USE[io_rbytes]=$r CG_USE[io_wbytes]=$w
+    cg_usage_io_disks "$dir/io.stat"
+  fi
+  cg_read_psi "$dir/cpu.pressure" cpu
+  cg_read_psi "$dir/memory.pressure" memory
+  cg_read_psi "$dir/io.pressure" io
+  return 0
+}
+
+# cg_usage on cgroup v1: the cpu, memory and blkio controllers' files, and
+# the hybrid layout's v2 mount for CPU time and pressure.
+cg_usage_v1() {
+  local dir
+  dir=${CG_V1[cpu]:-}
+  if [[ -n $dir ]] && cg_read_kv "$dir/cpu.stat" cpu_; then
+    CG_USE[throttled]=${CG_USE[cpu_nr_throttled]:-}
+    [[ -n ${CG_USE[cpu_throttled_time]:-} ]] && CG_USE[throttled_usec]=$((CG_USE[cpu_throttled_time] / 1000))
+  fi
+  dir=${CG_V1[memory]:-}
+  if [[ -n $dir && -r $dir/memory.max_usage_in_bytes ]]; then
+    CG_USE[mem_peak]=$(<"$dir/memory.max_usage_in_bytes")
+    CG_USE[mem_max]=$(<"$dir/memory.failcnt")
+    [[ ${CG_USE[mem_peak]} =~ ^[0-9]+$ ]] || unset 'CG_USE[mem_peak]'
+    [[ ${CG_USE[mem_max]} =~ ^[0-9]+$ ]] || unset 'CG_USE[mem_max]'
+  fi
+  dir=${CG_V1[blkio]:-}
+  if [[ -n $dir && -r $dir/blkio.throttle.io_service_bytes ]]; then
+    local r=0 w=0 dev op n
+    while read -r dev op n; do
+      [[ $n =~ ^[0-9]+$ ]] || continue
+      case $op in
+        Read) r=$((r + n)) ;;
+        Write)
+          w=$((w + n))
+          [[ $dev =~ ^[0-9]+:[0-9]+$ ]] && CG_USE[io_w_$dev]=$n
+          ;;
+      esac
+    done <"$dir/blkio.throttle.io_service_bytes"
+    CG_USE[io_rbytes]=$r CG_USE[io_wbytes]=$w
+  fi
+  # The hybrid layout's v2 mount has no controllers but keeps CPU time
+  # and pressure stall per cgroup.
+  dir=${CG_V1[unified]:-}
+  if [[ -n $dir ]]; then
+    cg_read_kv "$dir/cpu.stat" cpu_ && CG_USE[cpu_usec]=${CG_USE[cpu_usage_usec]:-}
+    cg_read_psi "$dir/cpu.pressure" cpu
+    cg_read_psi "$dir/memory.pressure" memory
+    cg_read_psi "$dir/io.pressure" io
+  fi
+}
+
+# Fills CG_USE_MISSING: what cg_usage found no figure for, in words.
+cg_usage_missing() {
   [[ -n ${CG_USE[throttled]:-} ]] || CG_USE_MISSING+=("CPU throttling (cpu.stat)")
   [[ -n ${CG_USE[mem_peak]:-} ]] || CG_USE_MISSING+=("memory peak (memory.peak: kernel 5.19+)")
   [[ -n ${CG_USE[mem_reclaim]:-} ]] || CG_USE_MISSING+=("memory reclaim (memory.stat pgsteal: v2 only)")

@@ -571,16 +571,39 @@ gg_proc_link() {
   done
 }
 
+# Reads a /proc stat file (/proc/PID/stat or /proc/PID/task/TID/stat) into
+# the array named $2, its fields numbered as proc(5) numbers them less one:
+# [0] pid, [1] comm (without its parentheses), [2] state, [3] ppid, [4] pgrp,
+# [5] session, ... The fields are found after the last ") ", so a process
+# name holding blanks or parentheses cannot shift them.
+# Arguments:
+#   $1 the stat file
+#   $2 name of the array to set
+# Returns:
+#   1 (the array empty) when the file cannot be read or is not a stat line
+gg_proc_stat_into() {
+  local stat_line stat_comm IFS=$' \t\n'
+  local -a stat_rest
+  local -n stat_fields=$2
+  stat_fields=()
+  { read -r stat_line <"$1"; } 2>/dev/null || return 1
+  [[ $stat_line == *') '* ]] || return 1
+  stat_comm=${stat_line#*(}
+  stat_comm=${stat_comm%)*}
+  read -r -a stat_rest <<<"${stat_line##*) }"
+  # shellcheck disable=SC2034 # nameref: assigns the caller's array
+  stat_fields=("${stat_line%% *}" "$stat_comm" "${stat_rest[@]}")
+}
+
 # Reads /proc/PID/stat of each PID given into GG_PROC_* (all but
 # GG_PROC_KIDS); a process that is gone is forgotten.
 # shellcheck disable=SC2034 # GG_PROC_* are read by leak.sh and lowprio.sh
 gg_proc_read() {
-  local f line pid rest comm IFS=$' \t\n'
+  local f pid comm IFS=$' \t\n'
   local -a a
   # A stat line split at blanks has as many fields as ours unless the
-  # process name (comm) holds blanks: then the fields are found after the
-  # last ") " instead, behind two placeholders so that both ways number
-  # them alike. read -a splits in one step (no expansions): this runs for
+  # process name (comm) holds blanks: then gg_proc_stat_into reads it,
+  # numbering the fields alike. read -a splits in one step (no expansions): this runs for
   # many processes every cycle.
   if [[ -z ${GG_PROC_STAT_WIDTH:-} ]]; then
     read -r -a a </proc/self/stat
@@ -595,13 +618,8 @@ gg_proc_read() {
     if ((${#a[@]} == GG_PROC_STAT_WIDTH)) && [[ ${a[1]} == '('*')' ]]; then
       comm=${a[1]:1:-1}
     else
-      { read -r line <"$f"; } 2>/dev/null || continue
-      comm=${line#*(}
-      comm=${comm%)*}
-      # after the last ") ": state ppid pgrp ... (comm may hold spaces)
-      rest=${line##*) }
-      # shellcheck disable=SC2206 # numbers and a state letter: nothing to glob
-      a=("$pid" "($comm)" $rest)
+      gg_proc_stat_into "$f" a || continue
+      comm=${a[1]}
     fi
     # fields as proc(5) numbers them, less one
     GG_PROC_PPID[$pid]=${a[3]}

@@ -42,7 +42,7 @@ jobinfo_reset() {
 # Reads /proc/PID/stat into the array named $2: (ppid pgrp sid starttime
 # comm). Returns 1 when the process is not visible.
 jobinfo_stat_into() {
-  local pid=$1 line rest comm
+  local pid=$1
   local -n stat_ref=$2
   if [[ -n ${JOBINFO_STAT[$pid]+set} ]]; then
     # shellcheck disable=SC2206 # cached "ppid pgrp sid start comm"
@@ -53,16 +53,11 @@ jobinfo_stat_into() {
   JOBINFO_STAT[$pid]=''
   stat_ref=()
   [[ $pid =~ ^[0-9]+$ ]] || return 1
-  { read -r line <"/proc/$pid/stat"; } 2>/dev/null || return 1
-  comm=${line#*(}
-  comm=${comm%)*}
-  comm=${comm//[[:space:]]/_}
-  rest=${line##*) }
   local -a a
-  read -r -a a <<<"$rest"
-  # after the comm: state ppid pgrp session ... starttime is field 22
-  ((${#a[@]} > 19)) || return 1
-  stat_ref=("${a[1]}" "${a[2]}" "${a[3]}" "${a[19]}" "$comm")
+  gg_proc_stat_into "/proc/$pid/stat" a || return 1
+  # ppid pgrp session ... starttime is field 22
+  ((${#a[@]} > 21)) || return 1
+  stat_ref=("${a[3]}" "${a[4]}" "${a[5]}" "${a[21]}" "${a[1]//[[:space:]]/_}")
   JOBINFO_STAT[$pid]="${stat_ref[*]}"
 }
 

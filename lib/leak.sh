@@ -104,26 +104,59 @@ leak_cycle() {
   fi
   leak_select_roots
   LEAK_ID_RESET=1
-  local samples='' root pid used free total cpu rss key name cmd ticks members mlines mfree mtotal rank uuids prev
-  local -a tree holders visible=()
-  local -A tree_of=()
-  leak_gpu_rooms
-  # The watched trees, kept for the loop below; this cycle's CPU ticks,
-  # RSS, name and start time of their processes, read in one call
-  # (gg_proc_update read only the processes new since the last cycle). A
-  # PID not visible here (another PID namespace) is a tree of one; so is a
-  # process without children (no function call for it: these loops run for
-  # every watched process every cycle).
+  local lines
+  leak_samples_into lines "$now"
+  lines+=$LEAK_ID_LINES
+  LEAK_ID_LINES=''
+  leak_run_detector "$lines"
+  # ARCHITECTURE.md, rule 4: events_emit only enqueues; one digest per target a cycle
+  events_flush
+  leak_forget_gone
+  if [[ -n ${GPUGUARD_TEXTFILE_DIR:-} ]]; then
+    textfile_write_leak || gg_log warn "could not write textfile metrics in $GPUGUARD_TEXTFILE_DIR"
+  fi
+}
+
+# Reads this cycle's figures of the watched trees' processes: their CPU
+# ticks, RSS, name and start time, in one call (gg_proc_update read only
+# the processes new since the last cycle), and keeps each tree of more than
+# one process in the caller's associative array. A PID not visible here
+# (another PID namespace) is a tree of one; so is a process without
+# children (no function call for it: these loops run for every watched
+# process every cycle).
+# Arguments:
+#   $1 name of an associative array to fill: root PID -> PIDs of its tree
+leak_read_trees_into() {
+  local -n trees_ref=$1
+  local root
+  local -a tree visible=()
+  trees_ref=()
   for root in "${LEAK_ROOT_PIDS[@]}"; do
     if [[ -n ${GG_PROC_KIDS[$root]:-} ]]; then
       gg_proc_tree_into "$root" tree
-      tree_of[$root]=${tree[*]}
+      # shellcheck disable=SC2004,SC2034 # nameref: the caller's associative array
+      trees_ref[$root]=${tree[*]}
       visible+=("${tree[@]}")
     elif [[ -n ${GG_PROC_PPID[$root]:-} ]]; then
       visible+=("$root")
     fi
   done
   ((${#visible[@]} == 0)) || gg_proc_read "${visible[@]}"
+}
+
+# Builds the cycle's "T" and "M" sample lines (see leak_cycle) of every
+# watched tree, and queues the "J" identity lines of trees not named yet.
+# Arguments:
+#   $1 name of the variable to set to the lines
+#   $2 now (unix seconds)
+leak_samples_into() {
+  local -n samples_ref=$1
+  local now=$2
+  local samples='' root pid used free total cpu rss key name cmd ticks members mlines mfree mtotal rank uuids prev
+  local -a tree holders
+  local -A tree_of=()
+  leak_gpu_rooms
+  leak_read_trees_into tree_of
   for root in "${LEAK_ROOT_PIDS[@]}"; do
     if [[ -n ${tree_of[$root]:-} ]]; then
       # shellcheck disable=SC2206 # PIDs, split at the blanks that joined them
@@ -184,11 +217,14 @@ leak_cycle() {
       leak_identity_lines "$key" "$now" "${holders[@]}"
     fi
   done
-  samples+=$LEAK_ID_LINES
-  LEAK_ID_LINES=''
-  leak_run_detector "$samples"
-  # ARCHITECTURE.md, rule 4: events_emit only enqueues; one digest per target a cycle
-  events_flush
+  # shellcheck disable=SC2034 # nameref: assigns the caller's variable
+  samples_ref=$samples
+}
+
+# Forgets what the cycle keeps per process (CPU ticks, ranks, command
+# lines, names) for the processes that are gone.
+leak_forget_gone() {
+  local pid key
   for pid in "${!LEAK_CPU_PREV[@]}"; do
     [[ -n ${GG_PROC_PPID[$pid]:-} ]] || unset "LEAK_CPU_PREV[$pid]"
   done
@@ -201,9 +237,6 @@ leak_cycle() {
   for key in "${!LEAK_NAMED[@]}"; do
     [[ -n ${GG_PROC_PPID[${key%%-*}]:-} || -n ${SMI_PIDS_MEM[${key%%-*}]:-} ]] || unset "LEAK_NAMED[$key]"
   done
-  if [[ -n ${GPUGUARD_TEXTFILE_DIR:-} ]]; then
-    textfile_write_leak || gg_log warn "could not write textfile metrics in $GPUGUARD_TEXTFILE_DIR"
-  fi
 }
 
 # Adds to LEAK_ID_LINES an "J" line (python/gpuguard_leak.py PROTOCOL)
@@ -677,12 +710,10 @@ leak_job_send() {
 # own process group (setsid is done), or it never gets one (no setsid).
 leak_job_grouped() {
   ((LEAK_JOB_OWN_GROUP)) || return 0
-  local line
   local -a fields
-  { read -r line <"/proc/$LEAK_JOB_PID/stat"; } 2>/dev/null || return 1
-  # after the last ") ": state ppid pgrp ...
-  read -r -a fields <<<"${line##*) }"
-  [[ ${fields[2]} == "$LEAK_JOB_PID" ]]
+  gg_proc_stat_into "/proc/$LEAK_JOB_PID/stat" fields || return 1
+  # field 5: its process group
+  [[ ${fields[4]} == "$LEAK_JOB_PID" ]]
 }
 
 # Trap handler for SIGTSTP (Ctrl-Z at the terminal): stops the job's group,

@@ -148,9 +148,17 @@ lowprio_io_max_add() {
 
 # Parses the options into the plan; sets LP_ARGS to the command.
 lowprio_parse() {
-  local tier=batch v
   declare -ga LP_ARGS=()
   declare -g LP_EXPLAIN=0 LP_DRY_RUN=0
+  lowprio_parse_tier "$@" || return
+  lowprio_parse_options "$@" || return
+  lowprio_parse_check
+}
+
+# Loads the tier named by --tier (batch when none) before the other
+# options, which override its settings whatever their order.
+lowprio_parse_tier() {
+  local tier=batch
   local -a args=("$@")
   local i
   for ((i = 0; i < ${#args[@]}; i++)); do
@@ -159,6 +167,13 @@ lowprio_parse() {
     [[ ${args[i]} == -- ]] && break
   done
   lowprio_load_tier "$tier" || return
+}
+
+# Reads each option into the plan (LP_SET, LP_NICE, LP_ACTION...); the
+# first argument that is not an option, or all after --, is the command
+# (LP_ARGS). A bad value is a usage error.
+lowprio_parse_options() {
+  local v
   while (($#)); do
     case $1 in
       --tier) shift ;;
@@ -234,6 +249,11 @@ lowprio_parse() {
     esac
     shift
   done
+}
+
+# Checks the plan as a whole: options that go together, what needs root or
+# a tool, and that there is something to do.
+lowprio_parse_check() {
   # ionice reaches reads and direct writes only: buffered writes (a
   # checkpoint) go to the disk later from the kernel's flusher threads, in
   # the name of the job's cgroup, so the idle class goes on the cgroup too
@@ -266,21 +286,20 @@ lowprio_parse() {
 # Refuses targets that --attach must never demote: PID 1, kernel threads,
 # and (unless root) another user's processes. One line, status 2.
 lowprio_attach_check() {
-  local pid=$1 line uid
+  local pid=$1 uid
   local -a f
   if ((pid == 1)); then
     gg_usage_error "--attach refuses PID 1 (init): demoting it slows every service on the box"
     return
   fi
-  { read -r line <"/proc/$pid/stat"; } 2>/dev/null || {
+  gg_proc_stat_into "/proc/$pid/stat" f || {
     gg_usage_error "--attach needs a running PID (got '$pid')"
     return
   }
-  read -r -a f <<<"${line##*) }"
-  # field 9 (flags) has PF_KTHREAD (0x00200000) for kernel threads
-  if (((f[6] & 0x00200000) != 0 || pid == 2 || f[1] == 2)); then
-    local comm=${line#*(}
-    gg_usage_error "--attach refuses PID $pid: it is a kernel thread (${comm%)*}), not a job"
+  # field 9 (flags) has PF_KTHREAD (0x00200000) for kernel threads; their
+  # parent (field 4) is kthreadd, PID 2
+  if (((f[8] & 0x00200000) != 0 || pid == 2 || f[3] == 2)); then
+    gg_usage_error "--attach refuses PID $pid: it is a kernel thread (${f[1]}), not a job"
     return
   fi
   uid=$(stat -c %u "/proc/$pid" 2>/dev/null) || uid=''
@@ -461,13 +480,10 @@ lowprio_forward() {
 # True when lowprio-run and the job are both in the foreground process group
 # of lowprio-run's terminal.
 lowprio_keyboard_reached_job() {
-  local mine job
   local -a m j
-  { read -r mine <"/proc/$$/stat" && read -r job <"/proc/$LP_CHILD/stat"; } 2>/dev/null || return 1
-  read -r -a m <<<"${mine##*) }"
-  read -r -a j <<<"${job##*) }"
-  # after the last ") ": state ppid pgrp session tty_nr tpgid
-  ((m[5] > 0 && m[2] == m[5] && j[2] == m[5]))
+  gg_proc_stat_into "/proc/$$/stat" m && gg_proc_stat_into "/proc/$LP_CHILD/stat" j || return 1
+  # field 5 is the process group, field 8 (tpgid) the terminal's foreground one
+  ((m[7] > 0 && m[4] == m[7] && j[4] == m[7]))
 }
 
 # Runs the command under the plan; forwards INT, TERM, HUP and QUIT;
@@ -695,11 +711,9 @@ lowprio_attach() {
 
 # Prints a thread's nice value (field 19 of its stat).
 lowprio_nice_of() {
-  local line
   local -a f
-  { read -r line <"/proc/$1/task/$2/stat"; } 2>/dev/null || return 1
-  read -r -a f <<<"${line##*) }"
-  printf '%s' "${f[16]}"
+  gg_proc_stat_into "/proc/$1/task/$2/stat" f || return 1
+  printf '%s' "${f[18]}"
 }
 
 # True when a thread has the nice value, or is gone.

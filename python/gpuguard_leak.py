@@ -24,7 +24,6 @@ Commands:
                   The state is written each cycle exactly as by `check`, so
                   a kill -9 loses nothing, and read back only when the file
                   is no longer the one it wrote; ends at end of input.
-  report          write one self-contained HTML file charting the history
   loss FILE       say whether the loss in an ms-swift logging.jsonl plateaued
   slopes          print "PID SLOPE FIRING" for every watched process tree
 
@@ -63,19 +62,8 @@ import sys
 import time
 
 from gpuguard_files import write_atomic
-from gpuguard_leakstat import DEFAULTS, Series, mann_kendall_z, median, theil_sen  # noqa: F401
-
-HISTORY_HEADER = "timestamp,pid,used_memory_mib,gpu_used_mib,gpu_total_mib"
-
-
-def params_from(args_or_env):
-    p = dict(DEFAULTS)
-    for key, name in (("bucket_s", "LEAK_BUCKET_S"), ("threshold", "LEAK_THRESHOLD_MIB_H")):
-        value = args_or_env.get(name)
-        if value not in (None, ""):
-            p[key] = float(value)
-    return p
-
+from gpuguard_history import history_append, identity_read, identity_write
+from gpuguard_leakstat import Series, median, params_from
 
 # ---------------------------------------------------------------- replay --
 
@@ -92,10 +80,10 @@ def replay_rows(rows, params, gpu_total=None, out=None):
         c[0].append(row[0])
         c[1].append(row[2])
         c[2].append((total - gpu_used) if total else None)
-    return replay_columns(cols, params, out)
+    return _replay_columns(cols, params, out)
 
 
-def replay_columns(cols, params, out=None):
+def _replay_columns(cols, params, out=None):
     """{pid: (timestamps, used_mib, free_mib or None)} -> events in time order."""
     series = {}
     events = []
@@ -110,7 +98,7 @@ def replay_columns(cols, params, out=None):
     return events
 
 
-def read_csv_columns(path, gpu_total=None):
+def _read_csv_columns(path, gpu_total=None):
     """{pid: (timestamps, used_mib, free_mib)} of a replay CSV (free from
     the file's gpu_used_mib/gpu_total_mib, else from gpu_total, else None);
     ValueError naming the line on bad input."""
@@ -137,7 +125,7 @@ def read_csv_columns(path, gpu_total=None):
     itot = header.index("gpu_total_mib") if "gpu_total_mib" in header else None
     quoted = '"' in text
     if not quoted:
-        cols = fast_columns(body, width, it, ip, iu, ig, itot, gpu_total)
+        cols = _fast_columns(body, width, it, ip, iu, ig, itot, gpu_total)
         if cols is not None:
             return cols
     # the careful way, which names the first bad line
@@ -179,7 +167,7 @@ def read_csv_columns(path, gpu_total=None):
     return cols
 
 
-def numbers(cells):
+def _numbers(cells):
     """Numbers of a column: ints when they all are (a third faster to read
     than floats), else floats; ValueError on anything else."""
     try:
@@ -189,10 +177,10 @@ def numbers(cells):
 
 
 # str.splitlines' line breaks besides "\n" (and "\r\n"), as "\n"
-LINE_BREAKS = {ord(c): "\n" for c in "\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"}
+_LINE_BREAKS = {ord(c): "\n" for c in "\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"}
 
 
-def fast_columns(body, width, it, ip, iu, ig, itot, gpu_total):
+def _fast_columns(body, width, it, ip, iu, ig, itot, gpu_total):
     """read_csv_columns for a clean file, a column at a time (a 7-day
     1-second trace is 600,000 lines): the body (the text after the header
     line) is split once, at commas and line ends together, a line end
@@ -204,8 +192,8 @@ def fast_columns(body, width, it, ip, iu, ig, itot, gpu_total):
     # dropped: every line break becomes "\n" (int() would take the others
     # for blanks around a number), runs of them one
     body = body.replace("\r\n", "\n")
-    if any(chr(c) in body for c in LINE_BREAKS):
-        body = body.translate(LINE_BREAKS)
+    if any(chr(c) in body for c in _LINE_BREAKS):
+        body = body.translate(_LINE_BREAKS)
     while "\n\n" in body:
         body = body.replace("\n\n", "\n")
     body = body.strip("\n")
@@ -218,7 +206,7 @@ def fast_columns(body, width, it, ip, iu, ig, itot, gpu_total):
     if len(cells) != end + 1 or set(cells[width:end:step]) != {"\n"}:
         return None
     try:
-        ts, used = numbers(cells[it:end:step]), numbers(cells[iu:end:step])
+        ts, used = _numbers(cells[it:end:step]), _numbers(cells[iu:end:step])
         total = sum(ts) + sum(used)
         if not math.isfinite(total) or min(used) < 0:
             return None
@@ -254,11 +242,11 @@ def fast_columns(body, width, it, ip, iu, ig, itot, gpu_total):
     return cols
 
 
-def replay(path, params, gpu_total=None, out=sys.stdout, err=sys.stderr):
+def _replay(path, params, gpu_total=None, out=sys.stdout, err=sys.stderr):
     """Runs the detector over a CSV; returns the events. Prints one summary
     line on `err` even when there is no event."""
-    cols = read_csv_columns(path, gpu_total)
-    events = replay_columns(cols, params, out)
+    cols = _read_csv_columns(path, gpu_total)
+    events = _replay_columns(cols, params, out)
     series = replay_rows.series
     n = sum(len(c[0]) for c in cols.values())
     hours = (max(c[0][-1] for c in cols.values()) - min(c[0][0] for c in cols.values())) / 3600.0 if cols else 0.0
@@ -280,7 +268,7 @@ def replay(path, params, gpu_total=None, out=sys.stdout, err=sys.stderr):
 
 # ----------------------------------------------------------------- rules --
 
-RULE_KEYS = {"threshold": float, "min_growth": float, "fast_oom_h": float, "note_h": float,
+_RULE_KEYS = {"threshold": float, "min_growth": float, "fast_oom_h": float, "note_h": float,
              "critical_h": float, "step_mib": float}
 
 
@@ -313,11 +301,11 @@ def load_rules(path):
                 key, eq, value = item.partition("=")
                 if not eq:
                     key, value = "threshold", item
-                if key not in RULE_KEYS:
+                if key not in _RULE_KEYS:
                     raise ValueError("%s:%d: unknown setting %r (known: ignore, %s)"
-                                     % (path, n, key, ", ".join(sorted(RULE_KEYS))))
+                                     % (path, n, key, ", ".join(sorted(_RULE_KEYS))))
                 try:
-                    settings[key] = RULE_KEYS[key](value)
+                    settings[key] = _RULE_KEYS[key](value)
                 except ValueError:
                     raise ValueError("%s:%d: %s must be a number (got %r)" % (path, n, key, value))
             rules.append((rx, settings))
@@ -362,7 +350,7 @@ def loss_plateau(path, last=60):
 
 # ------------------------------------------------------------------ live --
 
-def num(text):
+def _num(text):
     """An int from a protocol field; None when empty, '-' or malformed."""
     try:
         return int(float(text))
@@ -370,102 +358,135 @@ def num(text):
         return None
 
 
+class _Cycle:
+    """What one live cycle works on: the settings read from the
+    environment, the series and their meta (history rows, members, name,
+    alerting) loaded from the state, and what the lines fed so far built."""
+
+    def __init__(self, env):
+        self.state_dir = env.get("GPUGUARD_STATE_DIR") or "."
+        self.params = params_from(env)
+        self.rules = load_rules(env.get("LEAK_RULES") or "")
+        self.path = _state_path(self.state_dir, env.get("LEAK_INSTANCE") or "")
+        self.max_rows = int(env.get("LEAK_HISTORY_MAX_ROWS") or 20000)
+        self.loss_log = env.get("LEAK_LOSS_LOG") or ""
+        self.host = env.get("GPUGUARD_HOST") or os.uname().nodename
+        self.series, self.meta = _load_series(self.path, self.state_dir, env.get("LEAK_INSTANCE") or "",
+                                              self.params)
+        self.seen = set()
+        self.trees = {}           # root key -> [pid, name, settings, used, cpu, rss]
+        self.statuses = []
+        self.member_events = {}   # root key -> [event]
+
+
 def check(env, stdin, stdout, keep=False):
     """One live cycle: samples in, events and status out. keep (serve):
     remember the state written, for the next cycle of this process."""
-    state_dir = env.get("GPUGUARD_STATE_DIR") or "."
-    instance = env.get("LEAK_INSTANCE") or ""
-    params = params_from(env)
-    rules = load_rules(env.get("LEAK_RULES") or "")
-    path = state_path(state_dir, instance)
-    cached = LIVE_CACHE.pop(path, None)
-    if cached and cached[0] == file_signature(path):
-        # the file is as this process wrote it last cycle: its objects
-        # stand for it (no JSON to parse, a third of a cycle's CPU)
-        series, meta = cached[1], cached[2]
-    else:
-        state = load_state(state_dir, instance)
-        series = {k: Series.from_json(params, v) for k, v in state.get("series", {}).items()}
-        meta = state.get("meta", {})      # per key: history rows, members, name
-    seen = set()
-    max_rows = int(env.get("LEAK_HISTORY_MAX_ROWS") or 20000)
-    loss_log = env.get("LEAK_LOSS_LOG") or ""
-    host = env.get("GPUGUARD_HOST") or os.uname().nodename
-    trees = {}            # root key -> [pid, name, settings, used, cpu, rss]
-    statuses = []
-    member_events = {}    # root key -> [event]
+    cyc = _Cycle(env)
     lines = [line.rstrip("\n").split("\t") for line in stdin]
-    os.makedirs(os.path.join(state_dir, "history"), exist_ok=True)
+    os.makedirs(os.path.join(cyc.state_dir, "history"), exist_ok=True)
     # trees first: members take their settings from the tree's cmdline
     for parts in sorted(lines, key=lambda p: p[0] != "T"):
-        if parts[0] == "J":
-            if len(parts) >= 3:
-                # a tree of several ranks is one job: the ranks are its members'
-                ranked = any(p[0] == "J" and len(p) > 1 and p[1].startswith(parts[1] + "/") for p in lines)
-                identity_write(state_dir, parts[1], parts[2], drop_rank=ranked)
-            continue
-        if parts[0] == "T" and len(parts) >= 11:
-            key, ts, pid, used, free, total, cpu, rss, members, name = parts[1:11]
-            cmdline = parts[11] if len(parts) > 11 and parts[11] else name
-            root_key, rank = None, None
-        elif parts[0] == "M" and len(parts) >= 8:
-            key, root_key, ts, pid, used, free, total = parts[1:8]
-            rank = parts[8] if len(parts) > 8 and parts[8] else None
-            cpu = rss = members = ""
-            if root_key not in trees:
-                continue
-            name, cmdline = trees[root_key][1], None
-        else:
-            continue
-        try:
-            ts, pid, used = float(ts), int(pid), int(float(used))
-        except ValueError:
-            continue
-        free = num(free)
-        seen.add(key)
-        m = meta.setdefault(key, {})
-        m["pid"] = pid
-        if rank is not None:
-            m["rank"] = rank
-        m["rows"] = history_append(state_dir, key, ts, pid, used, free, num(total), max_rows, m.get("rows"))
-        settings = rule_for(rules, cmdline, {}) if root_key is None else trees[root_key][2]
+        _feed_line(cyc, parts, lines)
+    _tree_alerts(cyc, stdout)
+    _forget_gone(cyc, stdout)
+    # status lines after the events: a watcher that writes no metrics
+    # stops reading at the first
+    stdout.write("".join(cyc.statuses))
+    write_atomic(cyc.path, json.dumps({"series": {k: s.to_json() for k, s in cyc.series.items()},
+                                       "meta": cyc.meta}, separators=(",", ":")))
+    if keep:
+        _LIVE_CACHE[cyc.path] = (_file_signature(cyc.path), cyc.series, cyc.meta)
+
+
+def _load_series(path, state_dir, instance, params):
+    """(series, meta) of the state: serve's own objects when the file is as
+    this process wrote it last cycle, else parsed from the file."""
+    cached = _LIVE_CACHE.pop(path, None)
+    if cached and cached[0] == _file_signature(path):
+        # the file is as this process wrote it last cycle: its objects
+        # stand for it (no JSON to parse, a third of a cycle's CPU)
+        return cached[1], cached[2]
+    state = _load_state(state_dir, instance)
+    series = {k: Series.from_json(params, v) for k, v in state.get("series", {}).items()}
+    return series, state.get("meta", {})      # meta per key: history rows, members, name
+
+
+def _feed_line(cyc, parts, lines):
+    """One protocol line: a "J" identity is kept; a "T" tree or "M" member
+    sample goes to the history and to its series, whose event (if any) is
+    kept for its tree's alert."""
+    if parts[0] == "J":
+        if len(parts) >= 3:
+            # a tree of several ranks is one job: the ranks are its members'
+            ranked = any(p[0] == "J" and len(p) > 1 and p[1].startswith(parts[1] + "/") for p in lines)
+            identity_write(cyc.state_dir, parts[1], parts[2], drop_rank=ranked)
+        return
+    trees = cyc.trees
+    if parts[0] == "T" and len(parts) >= 11:
+        key, ts, pid, used, free, total, cpu, rss, members, name = parts[1:11]
+        cmdline = parts[11] if len(parts) > 11 and parts[11] else name
+        root_key, rank = None, None
+    elif parts[0] == "M" and len(parts) >= 8:
+        key, root_key, ts, pid, used, free, total = parts[1:8]
+        rank = parts[8] if len(parts) > 8 and parts[8] else None
+        cpu = rss = members = ""
+        if root_key not in trees:
+            return
+        name, cmdline = trees[root_key][1], None
+    else:
+        return
+    try:
+        ts, pid, used = float(ts), int(pid), int(float(used))
+    except ValueError:
+        return
+    free = _num(free)
+    cyc.seen.add(key)
+    m = cyc.meta.setdefault(key, {})
+    m["pid"] = pid
+    if rank is not None:
+        m["rank"] = rank
+    m["rows"] = history_append(cyc.state_dir, key, ts, pid, used, free, _num(total), cyc.max_rows, m.get("rows"))
+    settings = rule_for(cyc.rules, cmdline, {}) if root_key is None else trees[root_key][2]
+    if root_key is None:
+        trees[key] = [pid, name, settings, used, cpu, rss]
+    if settings == "ignore":
         if root_key is None:
-            trees[key] = [pid, name, settings, used, cpu, rss]
-        if settings == "ignore":
-            if root_key is None:
-                statuses.append("status\t%d\t0\t0\t%d\tnone\t-\t%s\n" % (pid, used, name))
-            continue
-        s = series.get(key)
-        if s is None:
-            s = series[key] = Series(params, key, pid)
-        s.p = dict(params, **settings)
-        if root_key is None and members:
-            new = set(members.split(","))
-            old = set(m.get("members") or [])
-            if old and not (old & new):
-                s.restart(ts)                 # same key, new processes
-            m["members"] = sorted(new)
-        ev = s.add(ts, used, free)
-        if ev:
-            ev.update({"host": host, "name": name,
-                       "threshold_mib_per_hour": s.p["threshold"]})
-            if root_key is None:
-                ev.update({"cpu_pct": int(cpu) if cpu.isdigit() else None,
-                           "rss_mib": int(rss) if rss.isdigit() else None})
-            else:
-                # one rank of a data-parallel tree: the tree is the unit
-                # acted on, the rank is named
-                ev.update({"pid": trees[root_key][0], "leaking_pid": pid, "rank": rank})
-            if loss_log:
-                ev["loss_plateau"] = loss_plateau(loss_log)
-            if root_key is None:
-                member_events.setdefault(key, []).append(ev)
-            else:
-                member_events.setdefault(root_key, []).append(ev)
+            cyc.statuses.append("status\t%d\t0\t0\t%d\tnone\t-\t%s\n" % (pid, used, name))
+        return
+    s = cyc.series.get(key)
+    if s is None:
+        s = cyc.series[key] = Series(cyc.params, key, pid)
+    s.p = dict(cyc.params, **settings)
+    if root_key is None and members:
+        new = set(members.split(","))
+        old = set(m.get("members") or [])
+        if old and not (old & new):
+            s.restart(ts)                 # same key, new processes
+        m["members"] = sorted(new)
+    ev = s.add(ts, used, free)
+    if ev:
+        ev.update({"host": cyc.host, "name": name, "threshold_mib_per_hour": s.p["threshold"]})
+        if root_key is None:
+            ev.update({"cpu_pct": int(cpu) if cpu.isdigit() else None,
+                       "rss_mib": int(rss) if rss.isdigit() else None})
+        else:
+            # one rank of a data-parallel tree: the tree is the unit
+            # acted on, the rank is named
+            ev.update({"pid": trees[root_key][0], "leaking_pid": pid, "rank": rank})
+        if cyc.loss_log:
+            ev["loss_plateau"] = loss_plateau(cyc.loss_log)
+        cyc.member_events.setdefault(key if root_key is None else root_key, []).append(ev)
+
+
+def _tree_alerts(cyc, stdout):
+    """Per watched tree: one firing or resolved event when its alerting
+    changed, and its status line (the worst verdict of it and its ranks)."""
+    series, meta, host = cyc.series, cyc.meta, cyc.host
     by_tree = {}
     for k, s in series.items():
         by_tree.setdefault(k.split("/", 1)[0], []).append(s)
-    for key, (pid, name, settings, used, _cpu, _rss) in trees.items():
+    for key, (pid, name, settings, used, _cpu, _rss) in cyc.trees.items():
         if settings == "ignore":
             continue
         parts = by_tree.get(key, [])
@@ -473,7 +494,7 @@ def check(env, stdin, stdout, keep=False):
             continue
         m = meta[key]
         alerting = any(s.firing for s in parts)
-        evs = member_events.get(key, [])
+        evs = cyc.member_events.get(key, [])
         if alerting and not m.get("alerting"):
             # one alert per tree: a rank's when one fires (it names the
             # rank), else the tree's with its fastest-growing rank named
@@ -486,50 +507,49 @@ def check(env, stdin, stdout, keep=False):
             if "leaking_pid" not in ev and members:
                 top = max(members, key=lambda s: s.last.get("slope") or 0.0)
                 ev.update({"leaking_pid": top.pid, "rank": meta.get(top.key, {}).get("rank")})
-            with_job(state_dir, key, ev, series)
-            emit_event(stdout, pid, ev)
+            _with_job(cyc.state_dir, key, ev, series)
+            _emit_event(stdout, pid, ev)
         elif m.get("alerting") and not alerting:
             resolved = [e for e in evs if e["state"] == "resolved"]
             ev = resolved[0] if resolved else series[key].event("resolved")
             ev.setdefault("host", host)
-            with_job(state_dir, key, ev)
-            emit_event(stdout, pid, ev)
+            _with_job(cyc.state_dir, key, ev)
+            _emit_event(stdout, pid, ev)
         m["alerting"] = alerting
         # the tree's verdict: the worst of its own and its ranks'
         slope, firing, sev, oom = max((s.verdict() for s in parts), key=lambda v: (v[1], v[0]))
-        statuses.append("status\t%d\t%.1f\t%d\t%d\t%s\t%s\t%s\n" % (
+        cyc.statuses.append("status\t%d\t%.1f\t%d\t%d\t%s\t%s\t%s\n" % (
             pid, slope, firing, used, sev, "-" if oom is None else int(oom * 3600), name))
-    for key in list(meta):
-        if key not in seen:
-            m = meta.pop(key)
+
+
+def _forget_gone(cyc, stdout):
+    """Drops the series not seen this cycle; one that was alerting is
+    resolved with reason "gone"."""
+    series = cyc.series
+    for key in list(cyc.meta):
+        if key not in cyc.seen:
+            m = cyc.meta.pop(key)
             if m.get("alerting"):
                 if key in series:
                     ev = series[key].event("resolved")
                 else:
                     ev = {"ts": int(time.time()), "event": "gpu_memory_leak", "state": "resolved",
                           "pid": m.get("pid")}
-                ev.update({"host": host, "reason": "gone"})
-                with_job(state_dir, key, ev)
-                emit_event(stdout, m.get("pid") or 0, ev)
+                ev.update({"host": cyc.host, "reason": "gone"})
+                _with_job(cyc.state_dir, key, ev)
+                _emit_event(stdout, m.get("pid") or 0, ev)
     for key in list(series):
-        if key not in seen:
+        if key not in cyc.seen:
             series.pop(key)
-    # status lines after the events: a watcher that writes no metrics
-    # stops reading at the first
-    stdout.write("".join(statuses))
-    write_atomic(path, json.dumps({"series": {k: s.to_json() for k, s in series.items()}, "meta": meta},
-                                  separators=(",", ":")))
-    if keep:
-        LIVE_CACHE[path] = (file_signature(path), series, meta)
 
 
 # serve's memory of the state it wrote: {path: (signature, series, meta)}.
 # Read back only while the file is unchanged (another writer, a restore
 # or a removal changes its signature); dropped on any failed cycle.
-LIVE_CACHE = {}
+_LIVE_CACHE = {}
 
 
-def file_signature(path):
+def _file_signature(path):
     """(inode, size, mtime ns) of a file; None when it cannot be read."""
     try:
         st = os.stat(path)
@@ -538,11 +558,11 @@ def file_signature(path):
     return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-def serve(env, stdin, stdout, err=sys.stderr):
+def _serve(env, stdin, stdout, err=sys.stderr):
     """`check` once per request on stdin (the module docstring's `serve`);
     returns at end of input. Every cycle writes the state as `check` does;
     the objects behind it are kept for the next cycle while the file is
-    unchanged (LIVE_CACHE), so only a file changed behind its back is read.
+    unchanged (_LIVE_CACHE), so only a file changed behind its back is read.
     Ctrl-C and SIGHUP are for the watcher, which ends the detector by
     closing its input (a detector killed mid-cycle would lose that cycle)."""
     import io
@@ -569,11 +589,11 @@ def serve(env, stdin, stdout, err=sys.stderr):
             # (read -N; line by line it reads a pipe a byte per system call)
             body = out.getvalue().encode("utf-8", "surrogateescape")
             stdout.flush()
-            write_bytes(stdout, b"R\t%d\t%d\n%s" % (body.count(b"\n"), len(body), body))
+            _write_bytes(stdout, b"R\t%d\t%d\n%s" % (body.count(b"\n"), len(body), body))
         stdout.flush()
 
 
-def write_bytes(stdout, data):
+def _write_bytes(stdout, data):
     """Writes bytes to a text stream (its buffer when it has one)."""
     buf = getattr(stdout, "buffer", None)
     if buf is not None:
@@ -582,24 +602,24 @@ def write_bytes(stdout, data):
         stdout.write(data.decode("utf-8", "surrogateescape"))
 
 
-def emit_event(stdout, pid, ev):
+def _emit_event(stdout, pid, ev):
     # the raw command line stays out of events (it may hold tokens): the
     # job object (with_job) carries the masked one
     stdout.write("event\t%s\t%d\t%s\n" % (ev["state"], pid, json.dumps(ev)))
 
 
-def state_path(state_dir, instance=""):
+def _state_path(state_dir, instance=""):
     """leak-state-<instance>.json (ARCHITECTURE.md, rule 6); leak-state.json without one."""
     if instance:
         return os.path.join(state_dir, "leak-state-%s.json" % re.sub(r"[^0-9A-Za-z_.-]", "_", instance))
     return os.path.join(state_dir, "leak-state.json")
 
 
-def load_state(state_dir, instance=""):
+def _load_state(state_dir, instance=""):
     """{"series": {key: ...}, "meta": {...}}; empty when there is none or it
     is unreadable (an older flat file is read as its series)."""
     try:
-        with open(state_path(state_dir, instance), encoding="utf-8") as f:
+        with open(_state_path(state_dir, instance), encoding="utf-8") as f:
             data = json.load(f)
     except (OSError, ValueError):
         return {}
@@ -610,7 +630,7 @@ def load_state(state_dir, instance=""):
     return data
 
 
-def all_states(state_dir):
+def _all_states(state_dir):
     """Every instance's saved series."""
     out = {}
     try:
@@ -620,66 +640,11 @@ def all_states(state_dir):
     for name in names:
         if name.startswith("leak-state") and name.endswith(".json"):
             inst = name[len("leak-state-"):-5] if name.startswith("leak-state-") else ""
-            out.update(load_state(state_dir, inst).get("series", {}))
+            out.update(_load_state(state_dir, inst).get("series", {}))
     return out
 
 
-def history_name(state_dir, key, suffix):
-    """history/<key><suffix>, the key made safe for a file name."""
-    return os.path.join(state_dir, "history", re.sub(r"[^0-9A-Za-z_.-]", "_", key) + suffix)
-
-
-# The fields of a job object (lib/jobinfo.sh) kept in an identity file;
-# longer strings are cut, so a file stays under a kilobyte or two.
-IDENTITY_FIELDS = ("user", "uid", "pid", "pids", "cmdline", "cwd", "start_ts", "slurm_job", "container",
-                   "rank", "local_rank", "visible")
-IDENTITY_MAX_CHARS = 400
-
-
-def identity_clean(job):
-    """The known fields of a job object, strings cut and PID lists
-    bounded; None when it is not one."""
-    if not isinstance(job, dict):
-        return None
-    out = {}
-    for k in IDENTITY_FIELDS:
-        v = job.get(k)
-        if isinstance(v, str):
-            v = v[:IDENTITY_MAX_CHARS]
-        elif isinstance(v, list):
-            v = [x for x in v if isinstance(x, int)][:64]
-        elif not (v is None or isinstance(v, (int, float, bool))):
-            v = None
-        out[k] = v
-    return out
-
-
-def identity_write(state_dir, key, text, drop_rank=False):
-    """Keeps a series' identity (a "J" line's job object) in
-    history/<key>.job.json, written atomically; gg_retention prunes it
-    with the history. A malformed object is dropped; drop_rank: the
-    series is a tree of several ranks (its rank fields are unknown)."""
-    try:
-        job = identity_clean(json.loads(text))
-    except ValueError:
-        return
-    if job is not None:
-        if drop_rank:
-            job["rank"] = job["local_rank"] = None
-        write_atomic(history_name(state_dir, key, ".job.json"),
-                     json.dumps(job, ensure_ascii=False, separators=(",", ":")) + "\n")
-
-
-def identity_read(state_dir, key):
-    """The job object kept for a series; None when there is none."""
-    try:
-        with open(history_name(state_dir, key, ".job.json"), encoding="utf-8") as f:
-            return identity_clean(json.loads(f.read(65536)))
-    except (OSError, ValueError):
-        return None
-
-
-def with_job(state_dir, key, ev, keys=()):
+def _with_job(state_dir, key, ev, keys=()):
     """Puts the series' job into a leak event, as idle events carry theirs
     (the leaking rank's own when it was kept: `keys` are the series keys,
     a rank's is KEY/PID-START), so a digest names the job."""
@@ -693,90 +658,6 @@ def with_job(state_dir, key, ev, keys=()):
         ev["job"] = job
 
 
-def history_append(state_dir, key, ts, pid, used, free, total, max_rows, rows=None):
-    """Appends to history/<key>.csv; past max_rows rows (or 64 bytes a row:
-    a file that grew behind the count's back) it is rotated to .1. `rows`
-    is the count kept in the state (the file is counted only when it is
-    unknown); returns the new count. One open and one write: a cycle never
-    re-reads the history."""
-    path = os.path.join(state_dir, "history", re.sub(r"[^0-9A-Za-z_.-]", "_", key) + ".csv")
-    gpu_used = (total - free) if total is not None and free is not None else None
-    row = "%d,%d,%d,%s,%s\n" % (ts, pid, used, "" if gpu_used is None else gpu_used, "" if total is None else total)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)
-    except FileNotFoundError:
-        fd = None
-    if fd is not None:
-        if rows is None:
-            with open(path, "rb") as f:
-                rows = sum(1 for _ in f) - 1
-        if rows >= max_rows or os.fstat(fd).st_size > 64 * (max_rows + 1):
-            os.close(fd)
-            os.replace(path, path + ".1")
-            fd = None
-    if fd is None:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
-        row, rows = HISTORY_HEADER + "\n" + row, 0
-    try:
-        os.write(fd, row.encode())
-    finally:
-        os.close(fd)
-    return rows + 1
-
-
-# ---------------------------------------------------------------- report --
-
-class HistoryRow(tuple):
-    """(timestamp, used_mib), with the GPU's figures as attributes:
-    pid, gpu_used_mib, gpu_total_mib, gpu_free_mib (None when unknown)."""
-
-    def __new__(cls, ts, used, pid=None, gpu_used=None, gpu_total=None):
-        row = tuple.__new__(cls, (ts, used))
-        row.pid, row.gpu_used_mib, row.gpu_total_mib = pid, gpu_used, gpu_total
-        row.gpu_free_mib = (gpu_total - gpu_used) if gpu_total is not None and gpu_used is not None else None
-        return row
-
-
-def _num_or_none(text):
-    try:
-        return float(text)
-    except (TypeError, ValueError):
-        return None
-
-
-def read_history(folder):
-    """{key: [(timestamp, used_mib), ...]} for every history file; each row
-    also carries .pid, .gpu_used_mib, .gpu_total_mib and .gpu_free_mib
-    (None when the file predates them)."""
-    import csv
-    out = {}
-    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
-        if not name.endswith(".csv"):
-            continue
-        rows = []
-        with open(os.path.join(folder, name), newline="", encoding="utf-8-sig") as f:
-            for row in csv.DictReader(f):
-                try:
-                    r = HistoryRow(float(row["timestamp"]), float(row["used_memory_mib"]),
-                                   _num_or_none(row.get("pid")), _num_or_none(row.get("gpu_used_mib")),
-                                   _num_or_none(row.get("gpu_total_mib")))
-                except (KeyError, TypeError, ValueError):
-                    continue
-                rows.append(r)
-        if rows:
-            out[name[:-4]] = rows
-    return out
-
-
-def report(state_dir, out_path, params):
-    """`gpu-leak-watch report`: the same report as `gpuguard report`
-    (python/gpuguard_report.py); returns the number of processes charted."""
-    import gpuguard_report
-    env = dict(os.environ, GPUGUARD_STATE_DIR=state_dir, LEAK_BUCKET_S=str(params["bucket_s"]),
-               LEAK_THRESHOLD_MIB_H=str(params["threshold"]))
-    return gpuguard_report.report(state_dir, ["--out", out_path], env)[2]
-
-
 def main(argv):
     env = os.environ
     cmd = argv[1] if len(argv) > 1 else ""
@@ -786,20 +667,16 @@ def main(argv):
             # cycle collector would only cost time
             gc.disable()
             gpu_total = float(env["LEAK_GPU_TOTAL_MIB"]) if env.get("LEAK_GPU_TOTAL_MIB") else None
-            replay(argv[2], params_from(env), gpu_total)
+            _replay(argv[2], params_from(env), gpu_total)
             return 0
         if cmd == "check":
             check(env, sys.stdin, sys.stdout)
             return 0
         if cmd == "serve":
-            return serve(env, sys.stdin, sys.stdout)
-        if cmd == "report" and len(argv) >= 3:
-            n = report(env.get("GPUGUARD_STATE_DIR") or ".", argv[2], params_from(env))
-            print("wrote %s (%d processes)" % (argv[2], n))
-            return 0
+            return _serve(env, sys.stdin, sys.stdout)
         if cmd == "slopes":
             # for gpuguard status: "PID SLOPE FIRING" per watched series
-            for data in all_states(env.get("GPUGUARD_STATE_DIR") or ".").values():
+            for data in _all_states(env.get("GPUGUARD_STATE_DIR") or ".").values():
                 print("%s %.0f %d" % (data.get("pid"), (data.get("last") or {}).get("slope", 0.0) or 0.0,
                                       data.get("firing", False)))
             return 0
@@ -809,7 +686,7 @@ def main(argv):
     except (OSError, ValueError) as e:
         print("gpu-leak-watch: %s" % e, file=sys.stderr)
         return 2
-    print("usage: gpuguard_leak.py replay FILE | check | serve | report OUT.html | loss FILE | slopes", file=sys.stderr)
+    print("usage: gpuguard_leak.py replay FILE | check | serve | loss FILE | slopes", file=sys.stderr)
     return 2
 
 

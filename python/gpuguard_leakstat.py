@@ -103,6 +103,17 @@ MAX_FINES = 120
 
 # ------------------------------------------------------------ statistics --
 
+
+def params_from(env):
+    """DEFAULTS with the two the user may set (LEAK_BUCKET_S and
+    LEAK_THRESHOLD_MIB_H, from the environment or a dict like it)."""
+    p = dict(DEFAULTS)
+    for key, name in (("bucket_s", "LEAK_BUCKET_S"), ("threshold", "LEAK_THRESHOLD_MIB_H")):
+        value = env.get(name)
+        if value not in (None, ""):
+            p[key] = float(value)
+    return p
+
 def median(values):
     s = sorted(values)
     n = len(s)

@@ -16,7 +16,7 @@ Commands:
 
 Inputs, all under $GPUGUARD_STATE_DIR: gpu-history.tsv(.1) (the watchdog,
 lib/gpuhistory.sh), history/*.csv (the leak watcher, read through
-gpuguard_leak.read_history), leak-state.json and leak-state-<instance>.json
+gpuguard_history.read_history), leak-state.json and leak-state-<instance>.json
 (the detector's verdicts and slopes, under "series"), history/*.job.json
 (each series' identity: its job as lib/jobinfo.sh read it, command line
 masked), events.jsonl (every alert).
@@ -37,9 +37,10 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import gpuguard_leak as leak
 import gpuguard_ledger
 from gpuguard_files import write_atomic
+from gpuguard_history import identity_read, read_history
+from gpuguard_leakstat import median, params_from, theil_sen
 
 WIDTH = 960                     # chart width, px
 PLOT_LEFT, PLOT_RIGHT = 74, 18  # margins, px
@@ -325,8 +326,8 @@ def fit_line(pts, slope_per_s=None):
     sub = pts[::step]
     xs = [t for t, _ in sub]
     ys = [v for _, v in sub]
-    beta = leak.theil_sen(xs, ys) if slope_per_s is None else slope_per_s
-    icpt = leak.median([y - beta * x for x, y in zip(xs, ys)])
+    beta = theil_sen(xs, ys) if slope_per_s is None else slope_per_s
+    icpt = median([y - beta * x for x, y in zip(xs, ys)])
     return beta, icpt
 
 
@@ -362,13 +363,13 @@ def job_identity(events):
 
 def read_identities(state_dir):
     """{history file name without .csv: job object} from the leak watcher's
-    history/<key>.job.json files (gpuguard_leak.identity_write; the command
+    history/<key>.job.json files (gpuguard_history.identity_write; the command
     lines there are already masked)."""
     folder = os.path.join(state_dir, "history")
     out = {}
     for path in glob.glob(os.path.join(glob.escape(folder), "*.job.json")):
         name = os.path.basename(path)[:-len(".job.json")]
-        job = leak.identity_read(state_dir, name)
+        job = identity_read(state_dir, name)
         if job is not None:
             out[name] = job
     return out
@@ -449,7 +450,7 @@ def build(state_dir, opts, params, now):
     states = read_leak_states(state_dir)
     ident = job_identity(events)
     identities = read_identities(state_dir)
-    history = leak.read_history(os.path.join(state_dir, "history"))
+    history = read_history(os.path.join(state_dir, "history"))
     threshold = params["threshold"]
     holders = {}                # pid -> {gpu index: rows holding it}
     for idx, g in gpus.items():
@@ -1147,7 +1148,7 @@ def filters_text(opts):
 def report(state_dir, args, env, now=None, today_text=""):
     now = time.time() if now is None else now
     opts = parse_args(args, now)
-    params = leak.params_from(env)
+    params = params_from(env)
     gpus, procs, events = build(state_dir, opts, params, now)
     host = env.get("GPUGUARD_HOST") or os.uname().nodename
     text = render(gpus, procs, events, host, now, opts, ledger_section(env, opts, now, today_text))
@@ -1189,7 +1190,7 @@ def main(argv):
                 print("gpuguard: %s" % report.unmatched, file=sys.stderr)
             return 0
         if cmd == "leaks":
-            leaks(state_dir, sys.stdout, leak.params_from(env)["threshold"])
+            leaks(state_dir, sys.stdout, params_from(env)["threshold"])
             now = float(env["GPUGUARD_NOW"]) if env.get("GPUGUARD_NOW") else None
             ended(state_dir, sys.stdout, set(read_leak_states(state_dir)), now)
             return 0

@@ -345,3 +345,54 @@ def test_citation_rule_catches_an_undefined_one():
     files = [("lib/x.sh", "# as contract 4 says\n# see shared/research/notes.md\n# ARCHITECTURE.md, rule 99\n"
                           "# ARCHITECTURE.md, rule 2\n")]
     assert [h.split(":")[1] for h in citation_violations(files, {1, 2})] == ["1", "2", "3"]
+
+
+def python_imports(files):
+    """{module: set of runtime modules it imports} for (path, text) pairs,
+    read with the ast (so an import inside a function counts too)."""
+    import ast
+    names = {Path(rel).stem for rel, _ in files}
+    graph = {}
+    for rel, text in files:
+        deps = set()
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.Import):
+                deps.update(a.name.split(".")[0] for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                deps.add(node.module.split(".")[0])
+        graph[Path(rel).stem] = deps & names
+    return graph
+
+
+def import_cycles(files):
+    """Each import cycle among the modules, as "a -> b -> a" (empty when
+    there is none): a depth-first walk that reports every back edge."""
+    graph = python_imports(files)
+    cycles, state, path = [], {}, []
+
+    def visit(mod):
+        state[mod] = "open"
+        path.append(mod)
+        for dep in sorted(graph[mod]):
+            if state.get(dep) == "open":
+                cycles.append(" -> ".join(path[path.index(dep):] + [dep]))
+            elif dep not in state:
+                visit(dep)
+        path.pop()
+        state[mod] = "done"
+
+    for mod in sorted(graph):
+        if mod not in state:
+            visit(mod)
+    return cycles
+
+
+def test_runtime_python_modules_import_no_cycle():
+    assert import_cycles([(rel, read(rel)) for rel in RUNTIME_PYTHON]) == []
+
+
+def test_cycle_rule_catches_an_import_inside_a_function():
+    files = [(rel, read(rel)) for rel in RUNTIME_PYTHON]
+    planted = [(rel, text + "\n\ndef _late():\n    import gpuguard_report\n" if rel.endswith("/gpuguard_history.py")
+                else text) for rel, text in files]
+    assert import_cycles(planted) == ["gpuguard_history -> gpuguard_report -> gpuguard_history"]

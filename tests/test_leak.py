@@ -9,7 +9,9 @@ import subprocess
 import sys
 import time
 
+import gpuguard_history as gg_history
 import gpuguard_leak as leak
+import gpuguard_leakstat as leakstat
 import pytest
 from conftest import ROOT, user_environ, wait_for
 
@@ -18,8 +20,8 @@ import leak as bench
 
 
 def firing_times(trace, **params):
-    p = dict(leak.DEFAULTS, **params)
-    s = leak.Series(p, "k", 1)
+    p = dict(leakstat.DEFAULTS, **params)
+    s = leakstat.Series(p, "k", 1)
     out = []
     for t, v in trace:
         ev = s.add(t, v, 40000)
@@ -31,10 +33,10 @@ def firing_times(trace, **params):
 # ------------------------------------------------------------ statistics --
 
 def test_mann_kendall_and_theil_sen_known_values():
-    assert leak.mann_kendall_z([1, 2, 3, 4, 5, 6, 7, 8, 9, 10]) == pytest.approx(3.9354, abs=1e-3)
-    assert leak.mann_kendall_z([5] * 10) == 0.0
-    assert leak.mann_kendall_z(list(range(10, 0, -1))) < -3.9
-    assert leak.theil_sen([0, 1, 2, 3, 4], [0, 2, 4, 100, 8]) == 2.0     # an outlier does not move it
+    assert leakstat.mann_kendall_z([1, 2, 3, 4, 5, 6, 7, 8, 9, 10]) == pytest.approx(3.9354, abs=1e-3)
+    assert leakstat.mann_kendall_z([5] * 10) == 0.0
+    assert leakstat.mann_kendall_z(list(range(10, 0, -1))) < -3.9
+    assert leakstat.theil_sen([0, 1, 2, 3, 4], [0, 2, 4, 100, 8]) == 2.0     # an outlier does not move it
 
 
 @pytest.mark.parametrize("kind", bench.CLEAN)
@@ -222,7 +224,7 @@ def test_live_watch_follows_the_tree_and_alerts_with_context(box, tmp_path, sink
     history = list((box.state / "history").glob("%d-*.csv" % job.proc.pid))
     # the history records the GPU's used and total memory, so a replay of it
     # knows the capacity
-    assert len(history) == 1 and history[0].read_text().startswith(leak.HISTORY_HEADER + "\n")
+    assert len(history) == 1 and history[0].read_text().startswith(gg_history.HISTORY_HEADER + "\n")
     assert prom.count("gpuguard_process_leak_slope_mib_per_hour{") == 1
     slope = float(prom.split('gpuguard_process_leak_slope_mib_per_hour{pid="%d",name="bash"} ' % job.proc.pid)[1].split()[0])
     assert slope == pytest.approx(event["slope_mib_per_hour"], rel=0.5) and slope > 50
@@ -304,7 +306,7 @@ def test_history_is_bounded(box, tmp_path):
         path = next((box.state / "history").glob("*.csv"))
         # the row count lives in the state (a cycle never re-reads the
         # history); without a state it is counted once
-        path.write_text(leak.HISTORY_HEADER + "\n" + "1,2,3,,\n" * 98)
+        path.write_text(gg_history.HISTORY_HEADER + "\n" + "1,2,3,,\n" * 98)
         for state in box.state.glob("leak-state*.json"):
             state.unlink()
         watch_cycles(box, ["--pid", str(job.proc.pid)], 3, env=env)
@@ -312,7 +314,7 @@ def test_history_is_bounded(box, tmp_path):
         assert len(path.read_text().splitlines()) == 2
         assert len(open(str(path) + ".1").read().splitlines()) == 101
         # a file that grew behind the watcher's back is rotated by its size
-        path.write_text(leak.HISTORY_HEADER + "\n" + "1796206508,8111,3000,3500,143771\n" * 250)
+        path.write_text(gg_history.HISTORY_HEADER + "\n" + "1796206508,8111,3000,3500,143771\n" * 250)
         watch_cycles(box, ["--pid", str(job.proc.pid)], 1, env=env)
         assert len(path.read_text().splitlines()) == 2
         assert len(open(str(path) + ".1").read().splitlines()) == 251
@@ -428,7 +430,7 @@ def test_near_oom_leak_fires_within_about_an_hour():
     """2000 MiB/h with 6 GiB free leaves about 3 h: the hours-long windows
     would alert too late; the near-OOM tier does not wait for them."""
     trace, total = near_full_trace(random.Random(11), 2000, 6 * 1024)
-    s = leak.Series(dict(leak.DEFAULTS), "k", 1)
+    s = leakstat.Series(dict(leakstat.DEFAULTS), "k", 1)
     fired = []
     for t, v in trace:
         ev = s.add(t, v, total - v)
@@ -451,7 +453,7 @@ def test_warm_up_after_a_quick_restart_on_a_nearly_full_gpu_is_not_a_leak():
     total = 48500
 
     def alerts(**params):
-        s = leak.Series(dict(leak.DEFAULTS, **params), "k", 1)
+        s = leakstat.Series(dict(leakstat.DEFAULTS, **params), "k", 1)
         return [ev for ev in (s.add(t, v, total - v) for t, v in flat + ramp) if ev]
 
     assert alerts() == []

@@ -10,7 +10,9 @@ import subprocess
 import sys
 import zlib
 
+import gpuguard_history as gg_history
 import gpuguard_leak as leak
+import gpuguard_leakstat as leakstat
 import pytest
 from conftest import ROOT, user_environ
 
@@ -21,7 +23,7 @@ H200 = 143771
 
 
 def firing(trace):
-    events = leak.replay_rows(trace["rows"], leak.params_from({}), gpu_total=trace["total"])
+    events = leak.replay_rows(trace["rows"], leakstat.params_from({}), gpu_total=trace["total"])
     return [e for e in events if e["state"] == "firing"]
 
 
@@ -101,7 +103,7 @@ def test_noisy_series_that_wanders_slowly_stays_quiet():
             drift = 0.97 * drift + rng.gauss(0, 200)
             v = (10000 + drift) * max(0.05, 1 + rng.gauss(0, 0.25))
             rows.append((1796206508 + i * 60.0, 5, int(v) // 2 * 2))
-        events = leak.replay_rows(rows, leak.params_from({}), gpu_total=H200)
+        events = leak.replay_rows(rows, leakstat.params_from({}), gpu_total=H200)
         assert [e for e in events if e["state"] == "firing"] == [], seed
 
 
@@ -112,7 +114,7 @@ def test_new_record_lengths_are_not_a_leak():
     steps = [(0.0, 34800), (3.75, 34980), (4.6, 35140), (5.75, 35160), (5.95, 35280), (6.9, 35600),
              (7.25, 36660)]
     rows = [(1796206508 + i * 60.0, 7, [lv for t, lv in steps if t <= i / 60.0][-1]) for i in range(24 * 60)]
-    assert leak.replay_rows(rows, leak.params_from({}), gpu_total=39732) == []
+    assert leak.replay_rows(rows, leakstat.params_from({}), gpu_total=39732) == []
 
 
 def tidy_firing(kind, seed):
@@ -125,7 +127,7 @@ def tidy_firing(kind, seed):
     trace = tidy.base_trace(rng, tidy.CLEAN_HOURS, kind.split("@")[0])
     total = max(v for _, v in trace) + (tidy.NEAR_FULL if kind.endswith("@full") else 20 * 1024)
     rows = [(1796206200 + t, 7, v) for t, v in trace]     # bucket-aligned, as in the bench
-    events = leak.replay_rows(rows, leak.params_from({}), gpu_total=total)
+    events = leak.replay_rows(rows, leakstat.params_from({}), gpu_total=total)
     return [e for e in events if e["state"] == "firing"]
 
 
@@ -200,12 +202,12 @@ def test_recorded_88_minute_fill_alerts_30_minutes_before_oom():
 def test_cache_fill_is_called_saturating_not_a_leak():
     rows = [(1796206508 + i * 60.0, 1, 20000 + int(12000 * (1 - 2.718 ** (-i / 90.0))) // 20 * 20)
             for i in range(12 * 60)]
-    leak.replay_rows(rows, leak.params_from({}), gpu_total=H200)
+    leak.replay_rows(rows, leakstat.params_from({}), gpu_total=H200)
     series = leak.replay_rows.series[1]
     assert not series.firing
     # while it still grew, the verdict said why it is no leak
     rows = rows[:150]
-    assert leak.replay_rows(rows, leak.params_from({}), gpu_total=H200) == []
+    assert leak.replay_rows(rows, leakstat.params_from({}), gpu_total=H200) == []
 
 
 def test_alert_payload_says_rate_since_projection_confidence_and_severity():
@@ -223,9 +225,9 @@ def test_alert_payload_says_rate_since_projection_confidence_and_severity():
 
 @pytest.mark.parametrize("oom_h,severity", [(2.0, "critical"), (30.0, "warning"), (951.0, "info"), (None, "warning")])
 def test_severity_follows_the_projection(oom_h, severity):
-    assert leak.Series.__module__ == "gpuguard_leakstat"
+    assert leakstat.Series.__module__ == "gpuguard_leakstat"
     from gpuguard_leakstat import severity_for
-    assert severity_for(oom_h, leak.params_from({})) == severity
+    assert severity_for(oom_h, leakstat.params_from({})) == severity
 
 
 # ------------------------------------------------------------ the CLI --
@@ -267,7 +269,7 @@ def test_replay_of_the_watchers_own_history_knows_the_capacity(tmp_path):
     trace = corpus.make_trace("l_fill88", 1)
     rows = [(t, pid, v, v + 3000, int(trace["total"]) + 3000) for t, pid, v in trace["rows"]]
     path = tmp_path / "1234-5678.csv"
-    write_rows(path, rows, header=leak.HISTORY_HEADER, bom=True)
+    write_rows(path, rows, header=gg_history.HISTORY_HEADER, bom=True)
     r = run(["--replay", str(path)], env={"GPUGUARD_STATE_DIR": str(tmp_path)})
     assert r.returncode == 0, r.stderr
     events = [json.loads(line) for line in r.stdout.splitlines()]
