@@ -373,9 +373,14 @@ def _h200_row(work):
 
 def _replay_in_process(args):
     """Firing alerts of one trace replayed with these detector settings."""
+    import csv
+
+    import gpuguard_leak
     path, total, settings = args
-    params = dict(leak.params_from({}), **settings)
-    events = leak.replay_columns(leak.read_csv_columns(path, total), params)
+    params = dict(leakstat.params_from({}), **settings)
+    with open(path, newline="") as f:
+        rows = [(float(r["timestamp"]), int(r["pid"]), float(r["used_memory_mib"])) for r in csv.DictReader(f)]
+    events = gpuguard_leak.replay_rows(rows, params, gpu_total=total)
     return os.path.basename(path), [{"ts": float(e["ts"]), "pid": e["pid"], "severity": e.get("severity")}
                                     for e in events if e["state"] == "firing"]
 
