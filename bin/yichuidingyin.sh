@@ -35,6 +35,8 @@ source "$GPUGUARD_ROOT/lib/common.sh"
 source "$GPUGUARD_ROOT/lib/config.sh"
 # shellcheck source=../lib/smi.sh
 source "$GPUGUARD_ROOT/lib/smi.sh"
+# shellcheck source=../lib/npu.sh
+source "$GPUGUARD_ROOT/lib/npu.sh"
 # shellcheck source=../lib/events.sh
 source "$GPUGUARD_ROOT/lib/events.sh"
 # shellcheck source=../lib/textfile.sh

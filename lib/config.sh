@@ -53,6 +53,9 @@ config_define() {
     [HISTORY_MAX_FILES]=1500
     [HISTORY_MAX_MB]=30
     [EVENTS_MAX_MB]=5
+    # Ascend NPUs (lib/npu.sh)
+    [GPUGUARD_DEVICE]=auto
+    [NPU_SMI]=npu-smi
   )
   declare -gA GG_CONFIG_KIND=(
     [THRESHOLD]='int:0:100'
@@ -100,6 +103,9 @@ config_define() {
     [HISTORY_MAX_FILES]='int:10:'
     [HISTORY_MAX_MB]='int:1:'
     [EVENTS_MAX_MB]='int:1:'
+    # Ascend NPUs (lib/npu.sh)
+    [GPUGUARD_DEVICE]='enum:auto|nvidia|ascend'
+    [NPU_SMI]='str'
   )
 }
 

@@ -83,7 +83,7 @@ doctor_run() {
 
 # Whether the PIDs nvidia-smi reports exist here (container PID namespaces).
 doctor_processes() {
-  if ! smi_sample; then
+  if ! device_sample; then
     doctor_line WARN "sample failed: $SMI_ERROR"
     return 0
   fi
@@ -246,7 +246,7 @@ status_collect() {
   declare -gA STATUS_LEAK=() STATUS_SPARK=()
   declare -ga STATUS_ENDED=()
   jobinfo_reset
-  smi_sample || return 1
+  device_sample || return 1
   # GPU names come with a newer smi.sh; until then they are unknown
   declare -p SMI_NAME >/dev/null 2>&1 || declare -gA SMI_NAME=()
   local pid slope firing verdict values
@@ -337,7 +337,7 @@ status_leak_into() {
 # (its job, the leak watcher's verdict and slope, recent memory).
 status_table() {
   printf '%s%-4s %5s %17s %6s %-9s %-9s %-6s %s%s\n' "$C_BOLD" GPU UTIL MEMORY POWER IDLE STUCK STATE 'RECENT UTIL' "$C_OFF"
-  local uuid state colour power pid name mem root leak firing user
+  local uuid state colour power pid name mem root leak firing user label
   for uuid in "${SMI_UUIDS[@]}"; do
     idle_settings_for "$uuid"
     state=ok colour=$C_GRN
@@ -349,7 +349,10 @@ status_table() {
     fi
     power=${SMI_POWER[$uuid]:-}
     power=${power:+${power%.*}W}
-    printf '%-4s %4s%% %7s/%-6s MiB %6s %-9s %-9s %s%-6s%s %s\n' "${SMI_INDEX[$uuid]}" "${SMI_UTIL[$uuid]:-n/a}" \
+    # an Ascend NPU (lib/npu.sh) reads "npu2": a mixed box lists both kinds
+    label=${SMI_INDEX[$uuid]}
+    [[ ${SMI_VENDOR[$uuid]:-} == ascend ]] && label=npu$label
+    printf '%-4s %4s%% %7s/%-6s MiB %6s %-9s %-9s %s%-6s%s %s\n' "$label" "${SMI_UTIL[$uuid]:-n/a}" \
       "${SMI_MEM_USED[$uuid]:-?}" "${SMI_MEM_TOTAL[$uuid]:-?}" "${power:-n/a}" \
       "idle ${IDLE_CYCLES[$uuid]:-0}/$IDLE_T_MAX" "stuck ${IDLE_SPIN[$uuid]:-0}/$IDLE_T_SPIN" \
       "$colour" "$state" "$C_OFF" "$(status_spark "${IDLE_HISTORY[$uuid]:-}" 100)"

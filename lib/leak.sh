@@ -87,7 +87,7 @@ leak_select_roots() {
 #   $1 now (unix seconds)
 leak_cycle() {
   local now=$1
-  if ! smi_sample; then
+  if ! device_sample; then
     LEAK_FAILS=$((LEAK_FAILS + 1))
     ((LEAK_FAILS == 1)) && gg_log error "$SMI_ERROR (no leak samples until nvidia-smi answers again)"
     return 0

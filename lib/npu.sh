@@ -1,5 +1,6 @@
 # shellcheck shell=bash
 # shellcheck disable=SC2034 # SMI_* are filled here for idle.sh, leak.sh and textfile.sh
+# shellcheck disable=SC2004 # the SMI_* arrays are associative (smi_reset in lib/smi.sh declares them)
 # The one place that runs npu-smi (Huawei Ascend NPUs), beside lib/smi.sh
 # for nvidia-smi. It reads the summary table of `npu-smi info` into the same
 # SMI_* arrays smi_sample fills, so nothing above this layer learns a second
@@ -13,6 +14,13 @@
 # Values npu-smi prints for what it does not have ("-" on the second chip
 # of an Atlas A3 card, whose power is counted on the first; NA on a 310P).
 NPU_PLACEHOLDERS='|-|NA|N/A||'
+
+# An idle Ascend chip with no process shows part of its memory in use (the
+# recordings: about 3.4 GB of a 910B's 64 GB, 1.5 GB of a 310P chip's 44
+# GB): that much, a share of its total, is SMI_MEM_BASE, which the idle
+# rule adds to IDLE_MEM_MIB before it calls a chip without listed
+# processes held (a container hides them; a job's memory is far above).
+NPU_RESERVED_PCT=8
 
 # True when the command of NPU_SMI (its first word) can be run.
 npu_available() {
@@ -75,7 +83,7 @@ npu_describe_failure() {
 #   version npu-smi reports)
 npu_sample() {
   local output rc=0 version
-  declare -gA SMI_VENDOR
+  declare -gA SMI_VENDOR SMI_MEM_BASE
   NPU_APPS_OK=0
   npu_run_into output info || rc=$?
   if ((rc != 0)); then
@@ -87,7 +95,7 @@ npu_sample() {
     SMI_ERROR="npu-smi ($version) printed a layout of 'npu-smi info' gpuguard does not know: $NPU_PARSE_ERROR"
     return 1
   fi
-  if ((!NPU_APPS_OK)); then
+  if ((! NPU_APPS_OK)); then
     SMI_ERROR="npu-smi printed no readable process table"
   fi
   return 0
@@ -260,6 +268,7 @@ npu_add_chip() {
   SMI_UTIL[$id]=$util
   SMI_MEM_USED[$id]=$used
   SMI_MEM_TOTAL[$id]=$total
+  SMI_MEM_BASE[$id]=$((${total:-0} * NPU_RESERVED_PCT / 100))
   SMI_POWER[$id]=$watts
   # npu-smi info prints no power limit: the power rule stays silent
   SMI_POWER_LIMIT[$id]=''
@@ -327,7 +336,7 @@ device_kinds_into() {
 #   was read
 device_sample() {
   local kinds
-  declare -gA SMI_VENDOR=()
+  declare -gA SMI_VENDOR=() SMI_MEM_BASE=()
   device_kinds_into kinds
   case $kinds in
     nvidia) smi_sample ;;

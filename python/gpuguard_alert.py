@@ -53,6 +53,9 @@ import gpuguard_messages_zh
 from gpuguard_files import write_atomic
 
 TABLES = {"en": gpuguard_messages_en.MESSAGES, "zh": gpuguard_messages_zh.MESSAGES}
+# The same tables for Ascend NPUs (an event with "vendor": "ascend"): they
+# say NPU and npu-smi where the others say GPU and nvidia-smi.
+NPU_TABLES = {"en": gpuguard_messages_en.NPU_MESSAGES, "zh": gpuguard_messages_zh.NPU_MESSAGES}
 PROVIDER_HOSTS = {
     "oapi.dingtalk.com": "dingtalk",
     "open.feishu.cn": "feishu",
@@ -424,6 +427,8 @@ def language(env=None):
 
 
 def msg(lang, key, **fields):
+    if lang.endswith("-npu"):
+        return NPU_TABLES[lang[:-4]][key].format(**fields)
     return TABLES[lang][key].format(**fields)
 
 
@@ -807,7 +812,7 @@ def group_events(events):
             extra = ()
         else:
             extra = (id(e),)
-        key = (str(e.get("host", "?")), kind, state_class(e)) + extra
+        key = (str(e.get("host", "?")), kind, state_class(e), e.get("vendor", "nvidia")) + extra
         groups.setdefault(key, []).append(e)
     # a later event about the same GPU/PID replaces an earlier one of the
     # same group (a reminder after a firing in one flush)
@@ -958,7 +963,9 @@ def render_digest(events, lang, env=None):
     host = defuse(", ".join(hosts))
     sections = []
     for g in groups[:DIGEST_MAX_GROUPS]:
-        what, lines = group_render(g, lang, env, digest=len(groups) > 1)
+        # an NPU group reads in the NPU wording of its language
+        glang = lang + "-npu" if g[0].get("vendor") == "ascend" else lang
+        what, lines = group_render(g, glang, env, digest=len(groups) > 1)
         sections.append((g, what, lines))
     states = [state_class(g[0]) for g in groups]
     lead = "firing" if "firing" in states else ("test" if "test" in states else "resolved")
