@@ -293,3 +293,29 @@ def test_alert_text_says_npu_for_an_npu(box):
         title, sections = gpuguard_alert.render_digest(events, lang, env={})
         text = " ".join([title] + [head + " " + " ".join(lines) for head, lines in sections])
         assert "NPU 0" in text and "GPU 0" not in text
+
+
+# ------------------------------------------------------------ leak watcher --
+
+@pytest.mark.parametrize("per_step", [64, 0])
+def test_leak_watcher_catches_a_leak_on_an_npu_and_not_steady_memory(box, tmp_path, per_step):
+    """gpu-leak-watch samples through the same layer: a process whose HBM
+    grows 64 MB a minute on a 910B is a leak; a steady one is not."""
+    import test_leak
+    devices = Devices(box, "ascend")
+    job = test_leak.Job(tmp_path)
+    try:
+        pid = job.child()
+        devices.write([{"chips": [{"aicore": 90, "used": 3400 + 3000 + per_step * i, "power": 230.0, "temp": 50}],
+                        "procs": [{"card": 0, "chip": 0, "pid": pid, "name": "python3",
+                                   "mem": 3000 + per_step * i}]} for i in range(40)])
+        test_leak.watch_cycles(box, ["--pid", str(job.proc.pid)], 30)
+    finally:
+        job.stop()
+    leaks = [e for e in box.events() if e["event"] == "gpu_memory_leak"]
+    if per_step == 0:
+        assert leaks == []
+        return
+    (event,) = leaks
+    assert event["state"] == "firing" and event["pid"] == job.proc.pid
+    assert event["free_memory_mib"] < 65536
