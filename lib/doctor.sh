@@ -49,8 +49,13 @@ doctor_run() {
   local -a cmd
   read -r -a cmd <<<"${NVIDIA_SMI:-nvidia-smi}"
   ((${DOCTOR_JSON:-0})) || printf 'gpuguard %s on %s\n' "$(<"$GPUGUARD_ROOT/VERSION")" "$GPUGUARD_HOST"
-  if ! command -v -- "${cmd[0]}" >/dev/null 2>&1; then
-    doctor_line FAIL "nvidia-smi: '${cmd[0]}' not found (install the NVIDIA driver, or set NVIDIA_SMI)"
+  local kinds
+  device_kinds_into kinds
+  [[ $kinds == *ascend* ]] && doctor_npu
+  if [[ $kinds != *nvidia* ]]; then
+    : # an Ascend box without nvidia-smi: nothing more to check here
+  elif ! command -v -- "${cmd[0]}" >/dev/null 2>&1; then
+    doctor_line FAIL "nvidia-smi: '${cmd[0]}' not found (install the NVIDIA driver, or set NVIDIA_SMI; on Ascend NPUs set GPUGUARD_DEVICE=ascend)"
   else
     local info rc=0 start=$EPOCHREALTIME
     info=$(smi_query_info) || rc=$?
@@ -79,6 +84,24 @@ doctor_run() {
   fi
   ((${DOCTOR_JSON:-0})) && doctor_print_json
   ((DOCTOR_FAILS == 0))
+}
+
+# The Ascend NPUs (lib/npu.sh): does npu-smi answer, in a layout gpuguard
+# reads, with a process table; one line per chip.
+doctor_npu() {
+  local start=$EPOCHREALTIME ms id
+  smi_reset
+  if ! npu_sample; then
+    doctor_line FAIL "npu-smi: $SMI_ERROR"
+    return 0
+  fi
+  ms=$(((${EPOCHREALTIME/[.,]/} - ${start/[.,]/}) / 1000))
+  doctor_line OK "npu-smi answers in ${ms} ms (${#SMI_UUIDS[@]} NPU chips)"
+  for id in "${SMI_UUIDS[@]}"; do
+    doctor_line INFO "NPU ${SMI_INDEX[$id]} ($id): ${SMI_NAME[$id]}, ${SMI_GPU_FAULT[$id]:-Health OK}"
+  done
+  ((NPU_APPS_OK)) ||
+    doctor_line WARN "npu-smi printed no process table: idle alerts wait for one (device faults still alert)"
 }
 
 # Whether the PIDs nvidia-smi reports exist here (container PID namespaces).

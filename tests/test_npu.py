@@ -319,3 +319,27 @@ def test_leak_watcher_catches_a_leak_on_an_npu_and_not_steady_memory(box, tmp_pa
     (event,) = leaks
     assert event["state"] == "firing" and event["pid"] == job.proc.pid
     assert event["free_memory_mib"] < 65536
+
+
+def test_doctor_checks_npu_smi_and_names_each_chip(box, tmp_path):
+    devices = Devices(box, "ascend")
+    warn = {"chips": [{"aicore": 0, "used": 3408, "power": 97.9, "temp": 34, "health": "Warning"}], "procs": []}
+    devices.write([warn])
+    r = box.run("doctor", cmd="bin/gpuguard")
+    assert "OK    npu-smi answers" in r.stdout and "(1 NPU chips)" in r.stdout
+    assert "NPU 0 (NPU-0-0): Ascend 910B3, Health Warning" in r.stdout
+    assert "nvidia-smi" not in r.stdout
+
+
+def test_report_covers_npu_history(box, tmp_path):
+    devices = Devices(box, "ascend")
+    devices.write(["idle"] * 4)
+    for t in range(4):
+        box.once(now=1796206508 + 60 * t)
+    out = tmp_path / "r.html"
+    r = box.run("report", "--out", str(out), "--gpu", "NPU-0-0", cmd="bin/gpuguard",
+                env={"GPUGUARD_NOW": str(1796206508 + 300)})
+    assert r.returncode == 0, r.stderr
+    html = out.read_text()
+    # the chip's history: its section, with the HBM capacity npu-smi gave
+    assert "NPU-0-0  · capacity 65,536 MiB" in html
