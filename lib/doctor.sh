@@ -460,7 +460,7 @@ status_json() {
       procs+="${procs:+,}{\"pid\":$pid,\"name\":\"$name_esc\",\"job\":\"$job_esc\",\"cmdline\":$cmd,\"user\":$user,\"job_pid\":$STATUS_JOB_PID,\"visible\":$(status_json_bool "$STATUS_JOB_VISIBLE"),\"used_memory_mib\":${mem:-null},\"leak_root_pid\":${root:-null},\"leak\":$leak}"
     done <<<"${SMI_PROCS[$uuid]}"
     gg_json_escape_into "${SMI_NAME[$uuid]:-}" name_esc
-    gpus+="${gpus:+,}{\"index\":${SMI_INDEX[$uuid]},\"uuid\":\"$uuid\",\"name\":\"$name_esc\",\"utilization\":${SMI_UTIL[$uuid]:-null},\"memory_used_mib\":${SMI_MEM_USED[$uuid]:-null},\"memory_total_mib\":${SMI_MEM_TOTAL[$uuid]:-null},\"power_w\":${SMI_POWER[$uuid]:-null},\"idle_cycles\":${IDLE_CYCLES[$uuid]:-0},\"idle_limit\":$IDLE_T_MAX,\"stuck_cycles\":${IDLE_SPIN[$uuid]:-0},\"stuck_limit\":$IDLE_T_SPIN,\"idle_firing\":$(status_json_bool "${IDLE_FIRING[$uuid]:-0}"),\"recent_utilization\":[$(status_json_numbers "${IDLE_HISTORY[$uuid]:-}")],\"processes\":[$procs]}"
+    gpus+="${gpus:+,}{\"index\":${SMI_INDEX[$uuid]},\"uuid\":\"$uuid\",\"vendor\":\"${SMI_VENDOR[$uuid]:-nvidia}\",\"name\":\"$name_esc\",\"utilization\":${SMI_UTIL[$uuid]:-null},\"memory_used_mib\":${SMI_MEM_USED[$uuid]:-null},\"memory_total_mib\":${SMI_MEM_TOTAL[$uuid]:-null},\"power_w\":${SMI_POWER[$uuid]:-null},\"idle_cycles\":${IDLE_CYCLES[$uuid]:-0},\"idle_limit\":$IDLE_T_MAX,\"stuck_cycles\":${IDLE_SPIN[$uuid]:-0},\"stuck_limit\":$IDLE_T_SPIN,\"idle_firing\":$(status_json_bool "${IDLE_FIRING[$uuid]:-0}"),\"recent_utilization\":[$(status_json_numbers "${IDLE_HISTORY[$uuid]:-}")],\"processes\":[$procs]}"
   done
   printf '{"host":"%s","ts":%s,"error":null,"gpus":[%s],"ended_jobs":[%s]}\n' "$host" "$(gg_now)" "$gpus" \
     "$(status_ended_json)"

@@ -278,6 +278,9 @@ def test_status_lists_npus(box):
     assert r.returncode == 0, r.stderr
     row = [line for line in r.stdout.splitlines() if line.startswith("npu0")]
     assert row and "41052/65536" in row[0]
+    r = box.run("status", "--json", cmd="bin/gpuguard")
+    (chip,) = json.loads(r.stdout)["gpus"]
+    assert chip["vendor"] == "ascend" and chip["uuid"] == "NPU-0-0" and chip["memory_used_mib"] == 41052
 
 
 def test_alert_text_says_npu_for_an_npu(box):
