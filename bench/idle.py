@@ -18,7 +18,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOUBLE = os.path.join(ROOT, "tests", "fakebin", "nvidia-smi")
 BENCH_DOUBLE = os.path.join(ROOT, "bench", "fakebin", "nvidia-smi")
 OURS_ARGS = [
-    ["--query-gpu=index,uuid,utilization.gpu,memory.used,memory.total,power.draw,power.limit",
+    ["--query-gpu=index,uuid,utilization.gpu,memory.used,memory.total,power.draw,power.limit,name",
      "--format=csv,noheader,nounits"],
     ["--query-compute-apps=pid,process_name,used_memory,gpu_uuid", "--format=csv,noheader,nounits"],
 ]

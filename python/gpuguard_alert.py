@@ -1132,8 +1132,10 @@ ALERTNAMES = {"gpu_idle": "GpuIdleHeld", "gpu_stuck": "GpuStuckSpinning", "gpu_d
 # without one keeps GpuMemoryLeakDetected.
 LEAK_ALERTNAMES = {"critical": "GpuMemoryLeak", "warning": "GpuMemoryLeak", "info": "GpuMemoryLeakTrend"}
 SEVERITY = {"monitor_degraded": "critical", "gpu_degraded": "critical"}
-LABEL_KEYS = {"gpu_idle": ("gpu", "uuid"), "gpu_stuck": ("gpu", "uuid"), "gpu_degraded": ("gpu", "uuid"),
-              "gpu_memory_leak": ("pid", "name")}
+# vendor: as the metrics' label (nvidia, or ascend for an NPU), so that a
+# rule's alert and gpuguard's own one carry the same labels
+LABEL_KEYS = {"gpu_idle": ("gpu", "uuid", "vendor"), "gpu_stuck": ("gpu", "uuid", "vendor"),
+              "gpu_degraded": ("gpu", "uuid", "vendor"), "gpu_memory_leak": ("pid", "name")}
 
 
 def alertmanager_labels(event):
@@ -1144,7 +1146,7 @@ def alertmanager_labels(event):
     labels = {"alertname": name, "instance": str(event.get("host", "")),
               "job": "gpuguard", "severity": severity(event)}
     for key in LABEL_KEYS.get(kind, ("gpu", "uuid", "pid")):
-        value = event.get(key)
+        value = event.get(key, "nvidia" if key == "vendor" else None)
         if key == "name" and value is not None:
             value = os.path.basename(str(value))
         if value is not None and value != "":

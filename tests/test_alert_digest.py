@@ -613,13 +613,13 @@ def rule_block(name):
 def test_shipped_rules_carry_the_labels_gpuguard_sends_alertmanager(kind):
     """Same alert name, severity, job and instance (the scrape port
     stripped) as the alerts gpuguard pushes, and the GPU identity labels
-    (gpu, uuid) kept by the expression."""
+    (gpu, uuid, and vendor, which the metrics carry) kept by the expression."""
     labels = alert.alertmanager_labels({"event": kind, "host": "node7", "gpu": 3, "uuid": "GPU-x",
                                         "severity": "critical" if kind == "gpu_degraded" else None})
     block = rule_block(labels["alertname"])
     assert f"severity: {labels['severity']}" in block
     assert "job: gpuguard" in block and 'reReplaceAll ":[0-9]+$" "" $labels.instance' in block
-    assert set(labels) - {"alertname", "instance", "job", "severity"} == {"gpu", "uuid"}
+    assert set(labels) - {"alertname", "instance", "job", "severity"} == {"gpu", "uuid", "vendor"}
     expr = block.split("expr:", 1)[1].split("for:", 1)[0]
     assert "on (instance, gpu, uuid)" in expr or re.fullmatch(r"\s*gpuguard_gpu_fault == 1\s*", expr)
 
