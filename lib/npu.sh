@@ -101,36 +101,19 @@ npu_sample() {
   return 0
 }
 
-# Splits a table row "| a | b | c |" into its cells, blanks trimmed, into
-# the array named $1.
-npu_cells_into() {
-  local -n _npu_cells=$1
-  local _row=$2 _i
-  _row=${_row#|}
-  _row=${_row%|}
-  local - IFS='|'
-  set -f
-  # shellcheck disable=SC2206 # splitting at the bars is the point
-  _npu_cells=($_row)
-  for _i in "${!_npu_cells[@]}"; do
-    _npu_cells[_i]=${_npu_cells[_i]#"${_npu_cells[_i]%%[![:space:]]*}"}
-    _npu_cells[_i]=${_npu_cells[_i]%"${_npu_cells[_i]##*[![:space:]]}"}
-  done
-}
+# The rows of `npu-smi info`, one regular expression each (one match a line
+# and no function call on the common path: the parse runs every cycle for
+# every chip). A chip's first row: "| card name | health | power temp
+# hugepages |"; its second: "| chip [device] | bus-id | aicore used / total
+# [hbm-used / hbm-total] |"; a process: "| card chip | pid | name | MB |"
+# (the name is all between the PID's cell and the last one).
+NPU_ROW1_RE='^\|[[:space:]]*([0-9]+)[[:space:]]+([^|]*[^|[:space:]])[[:space:]]*\|[[:space:]]*([^|]*[^|[:space:]])?[[:space:]]*\|[[:space:]]*([^|[:space:]]+)[^|]*\|$'
+NPU_ROW2_RE='^\|[[:space:]]*([0-9]+)([[:space:]]+([0-9]+))?[[:space:]]*\|[^|]*\|[[:space:]]*([^|[:space:]]+)[[:space:]]+([^|[:space:]/]+)[[:space:]]*/[[:space:]]*([^|[:space:]/]+)([[:space:]]+([^|[:space:]/]+)[[:space:]]*/[[:space:]]*([^|[:space:]/]+))?[[:space:]]*\|$'
+NPU_PROC_RE='^\|[[:space:]]*([0-9]+)[[:space:]]+([0-9]+)[[:space:]]*\|[[:space:]]*([0-9]+)[[:space:]]*\|(.*)\|[[:space:]]*([^|[:space:]]+)[[:space:]]*\|$'
 
-# Splits a cell at blanks into the array named $1; a "/" becomes a word of
-# its own ("41052/ 65536" reads as "41052 / 65536").
-npu_words_into() {
-  local -n _npu_words=$1
-  local _cell=${2//\// \/ }
-  local - IFS=$' \t'
-  set -f
-  # shellcheck disable=SC2206 # splitting at blanks is the point
-  _npu_words=($_cell)
-}
-
-# Reads one value: a placeholder gives '', a number in range itself,
-# anything else '' counted in SMI_BAD_VALUES.
+# Reads one value the fast checks of npu_parse_info did not take: a
+# placeholder gives '', a number in range itself, anything else '' counted
+# in SMI_BAD_VALUES.
 # Arguments:
 #   $1 variable, $2 text, $3 int|dec, $4 MIN, $5 MAX
 npu_value_into() {
@@ -141,52 +124,57 @@ npu_value_into() {
   return 0
 }
 
-# Parses the output of `npu-smi info`: a header, then two rows per chip
-# ("| card name | health | power temp hugepages |" and "| chip [device] |
-# bus-id | aicore used / total [hbm-used / hbm-total] |"), then the process
-# table ("| card chip | pid | name | MB |" rows, or "No running processes
-# found in NPU N"). Rows of a kind it does not know fail the whole parse.
+# Parses the output of `npu-smi info`: a header, two rows per chip, then the
+# process table (rows, or "No running processes found in NPU N"). A row of
+# a kind it does not know fails the whole parse: a chip missing from a
+# sample must not read as released.
 # Globals (set):
 #   the SMI_* arrays; NPU_APPS_OK; NPU_PARSE_ERROR (why it failed)
 # Returns:
 #   1 when no device header, no chip, or a cut or unknown row was read
 npu_parse_info() {
   local text=${1#$'\xef\xbb\xbf'} line section=none hbm=0 card='' name='' health='' power=''
-  local -a lines cells words
+  local -a lines
   NPU_PARSE_ERROR='' NPU_APPS_OK=0
+  # associative, whoever called (an indexed array would read the key "NPU-0-0" as arithmetic)
+  declare -gA SMI_VENDOR SMI_MEM_BASE
   smi_lines_into lines "$text"
   for line in "${lines[@]}"; do
     line=${line%$'\r'}
-    [[ $line == *[![:space:]]* && $line != +([[:space:]])+([+=-]) && $line != +([+=-]) ]] || continue
-    [[ $line == '|'*'|' ]] || {
-      NPU_PARSE_ERROR="a line outside the table: ${line:0:60}"
-      return 1
-    }
+    # separators (+----+ and +====+) and blank lines
+    [[ $line == *[![:space:]+=-]* ]] || continue
+    if [[ $section == devices ]]; then
+      if [[ -z $card && $line =~ $NPU_ROW1_RE ]]; then
+        card=${BASH_REMATCH[1]} name=${BASH_REMATCH[2]} health=${BASH_REMATCH[3]} power=${BASH_REMATCH[4]}
+        continue
+      fi
+      if [[ -n $card && $line =~ $NPU_ROW2_RE ]]; then
+        npu_add_chip
+        card=''
+        continue
+      fi
+    elif [[ $section == procs && $line =~ $NPU_PROC_RE ]]; then
+      npu_add_process
+      continue
+    fi
     case $line in
-      *'npu-smi '*'Version:'*) continue ;;
-      '| NPU'*'Name'*'| Health'*)
+      '|'*'npu-smi '*'Version:'*'|') continue ;;
+      '| NPU'*'Name'*'| Health'*'|')
         section=devices
         continue
         ;;
-      '| Chip'*'| Bus-Id'*'AICore(%)'*)
+      '| Chip'*'| Bus-Id'*'AICore(%)'*'|')
         [[ $line == *HBM-Usage* ]] && hbm=1
         continue
         ;;
-      '| NPU'*'Chip'*'| Process id'*)
-        section=procs NPU_APPS_OK=1
+      '| NPU'*'Chip'*'| Process id'*'|')
+        [[ -z $card ]] && section=procs NPU_APPS_OK=1
         continue
         ;;
-      '| No running processes found in NPU '*) continue ;;
+      '| No running processes found in NPU '*'|') [[ $section == procs ]] && continue ;;
     esac
-    npu_cells_into cells "$line"
-    case $section in
-      devices) npu_parse_device_row || return 1 ;;
-      procs) npu_parse_process_row || return 1 ;;
-      *)
-        NPU_PARSE_ERROR="a row before the device header: ${line:0:60}"
-        return 1
-        ;;
-    esac
+    NPU_PARSE_ERROR="a line read as no known row: ${line:0:60}"
+    return 1
   done
   if [[ -n $card ]]; then
     NPU_PARSE_ERROR="a chip's first row without its second (cut output)"
@@ -208,59 +196,29 @@ npu_has_chips() {
   return 1
 }
 
-# Reads one row of the device section (npu_parse_info's locals: cells,
-# words, card, name, health, power, hbm). The first row of a chip is kept
-# until its second row comes.
-npu_parse_device_row() {
-  if ((${#cells[@]} != 3)); then
-    NPU_PARSE_ERROR="a device row of ${#cells[@]} cells: ${line:0:60}"
-    return 1
-  fi
-  npu_words_into words "${cells[0]}"
-  if [[ -z $card ]]; then
-    # "card name | health | power temp hugepages"
-    if ((${#words[@]} < 2)) || [[ ${words[0]} != +([0-9]) ]]; then
-      NPU_PARSE_ERROR="a chip's first row without card and name: ${line:0:60}"
-      return 1
-    fi
-    card=${words[0]} name=${words[*]:1} health=${cells[1]}
-    npu_words_into words "${cells[2]}"
-    power=${words[0]:-}
-    return 0
-  fi
-  # "chip [device] | bus-id | aicore used / total [hbm-used / hbm-total]"
-  if [[ ${words[0]:-} != +([0-9]) || (${#words[@]} -gt 1 && ${words[1]} != +([0-9])) ]]; then
-    NPU_PARSE_ERROR="a chip's second row without its chip number: ${line:0:60}"
-    return 1
-  fi
-  local chip=${words[0]} device=${words[1]:-} id util used total watts
-  npu_words_into words "${cells[2]}"
-  if ((${#words[@]} < 4)) || [[ ${words[2]} != / ]]; then
-    NPU_PARSE_ERROR="a chip's usage cell not read as 'aicore used / total': ${line:0:60}"
-    return 1
+# Adds the chip of a second row (BASH_REMATCH of NPU_ROW2_RE; the first
+# row's card, name, health and power; hbm) to the SMI_* arrays. Memory is
+# the HBM where the chip has it (910 series), else its DDR (310P). A second
+# pair of rows for one chip is skipped.
+npu_add_chip() {
+  local chip=${BASH_REMATCH[1]} device=${BASH_REMATCH[3]} util=${BASH_REMATCH[4]} id
+  local used=${BASH_REMATCH[5]} total=${BASH_REMATCH[6]} watts=$power
+  if ((hbm)) && [[ -n ${BASH_REMATCH[9]} && ${BASH_REMATCH[9]} != @(0|-|NA) ]]; then
+    used=${BASH_REMATCH[8]} total=${BASH_REMATCH[9]}
   fi
   id="NPU-$card-$chip"
-  npu_value_into util "${words[0]}" dec 0 100
-  # HBM when the chip has it (910 series); DDR otherwise (310P)
-  if ((hbm && ${#words[@]} >= 7)) && [[ ${words[5]} == / && ${words[6]} != @(0|-|NA) ]]; then
-    npu_value_into total "${words[6]}" int 1 "$SMI_MAX_MIB"
-    npu_value_into used "${words[4]}" int 0 "${total:-$SMI_MAX_MIB}"
-  else
-    npu_value_into total "${words[3]}" int 1 "$SMI_MAX_MIB"
-    npu_value_into used "${words[1]}" int 0 "${total:-$SMI_MAX_MIB}"
-  fi
-  npu_value_into watts "$power" dec 0 "$SMI_MAX_WATTS"
-  npu_add_chip
-  card=''
-}
-
-# Adds the chip just read to the SMI_* arrays (npu_parse_device_row's
-# locals). Two rows for one chip: the second is skipped.
-npu_add_chip() {
   if [[ -n ${SMI_INDEX[$id]+set} ]]; then
     SMI_BAD_LINES=$((${SMI_BAD_LINES:-0} + 1))
     return 0
   fi
+  # plain numbers in range need no call (nearly every value); the rest
+  # (placeholders, garbage) goes through npu_value_into
+  [[ $total == [1-9]*([0-9]) && ${#total} -le 8 ]] || npu_value_into total "$total" int 1 "$SMI_MAX_MIB"
+  if [[ $used != @(0|[1-9]*([0-9])) || ${#used} -gt 8 || -z $total ]] || ((used > total)); then
+    npu_value_into used "$used" int 0 "${total:-$SMI_MAX_MIB}"
+  fi
+  [[ $util == @([0-9]|[1-9][0-9]|100) ]] || npu_value_into util "$util" dec 0 100
+  [[ $watts == @(0|[1-9]?([0-9])?([0-9])).[0-9] ]] || npu_value_into watts "$watts" dec 0 "$SMI_MAX_WATTS"
   SMI_UUIDS+=("$id")
   # the logic device id (what ASCEND_RT_VISIBLE_DEVICES names) where the
   # table prints one; the card number on one-chip cards
@@ -283,23 +241,22 @@ npu_add_chip() {
   SMI_PROCS[$id]=''
 }
 
-# Reads one row of the process table (npu_parse_info's locals): "card chip
-# | pid | name | MB". A process on a chip not in the sample is ignored.
-npu_parse_process_row() {
-  local id pid mem pname
-  npu_words_into words "${cells[0]}"
-  if ((${#cells[@]} != 4 || ${#words[@]} != 2)) || [[ ${words[0]} != +([0-9]) || ${words[1]} != +([0-9]) ]]; then
-    NPU_PARSE_ERROR="a process row not read as 'card chip | pid | name | MB': ${line:0:60}"
-    return 1
-  fi
-  id="NPU-${words[0]}-${words[1]}"
-  if ! gg_number_into pid "${cells[1]}" int 1 "$SMI_MAX_PID"; then
-    NPU_PARSE_ERROR="a process row without a PID: ${line:0:60}"
-    return 1
-  fi
-  pname=${cells[2]}
-  npu_value_into mem "${cells[3]}" int 0 "${SMI_MEM_TOTAL[$id]:-$SMI_MAX_MIB}"
+# Adds a process row (BASH_REMATCH of NPU_PROC_RE) to its chip. A process
+# on a chip not in the sample is ignored; a PID out of range fails the
+# parse (npu_parse_info's NPU_PARSE_ERROR).
+npu_add_process() {
+  local id="NPU-${BASH_REMATCH[1]}-${BASH_REMATCH[2]}" pid=${BASH_REMATCH[3]} pname=${BASH_REMATCH[4]}
+  local mem=${BASH_REMATCH[5]}
   [[ -n ${SMI_INDEX[$id]+set} ]] || return 0
+  pname=${pname#"${pname%%[![:space:]]*}"}
+  pname=${pname%"${pname##*[![:space:]]}"}
+  if [[ $pid != [1-9]*([0-9]) || ${#pid} -gt 9 ]]; then
+    gg_number_into pid "$pid" int 1 "$SMI_MAX_PID" || pid=''
+  fi
+  if [[ $mem != @(0|[1-9]*([0-9])) || ${#mem} -gt 8 ]] || ((mem > ${SMI_MEM_TOTAL[$id]:-SMI_MAX_MIB})); then
+    npu_value_into mem "$mem" int 0 "${SMI_MEM_TOTAL[$id]:-$SMI_MAX_MIB}"
+  fi
+  [[ -n $pid ]] || return 0
   SMI_NPROCS[$id]=$((SMI_NPROCS[$id] + 1))
   SMI_PROCS[$id]+="${pid}"$'\t'"${pname//$'\t'/ }"$'\t'"${mem}"$'\n'
   SMI_PIDS_MEM[$pid]=$((${SMI_PIDS_MEM[$pid]:-0} + ${mem:-0}))
