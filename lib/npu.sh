@@ -101,16 +101,6 @@ npu_sample() {
   return 0
 }
 
-# The rows of `npu-smi info`, one regular expression each (one match a line
-# and no function call on the common path: the parse runs every cycle for
-# every chip). A chip's first row: "| card name | health | power temp
-# hugepages |"; its second: "| chip [device] | bus-id | aicore used / total
-# [hbm-used / hbm-total] |"; a process: "| card chip | pid | name | MB |"
-# (the name is all between the PID's cell and the last one).
-NPU_ROW1_RE='^\|[[:space:]]*([0-9]+)[[:space:]]+([^|]*[^|[:space:]])[[:space:]]*\|[[:space:]]*([^|]*[^|[:space:]])?[[:space:]]*\|[[:space:]]*([^|[:space:]]+)[^|]*\|$'
-NPU_ROW2_RE='^\|[[:space:]]*([0-9]+)([[:space:]]+([0-9]+))?[[:space:]]*\|[^|]*\|[[:space:]]*([^|[:space:]]+)[[:space:]]+([^|[:space:]/]+)[[:space:]]*/[[:space:]]*([^|[:space:]/]+)([[:space:]]+([^|[:space:]/]+)[[:space:]]*/[[:space:]]*([^|[:space:]/]+))?[[:space:]]*\|$'
-NPU_PROC_RE='^\|[[:space:]]*([0-9]+)[[:space:]]+([0-9]+)[[:space:]]*\|[[:space:]]*([0-9]+)[[:space:]]*\|(.*)\|[[:space:]]*([^|[:space:]]+)[[:space:]]*\|$'
-
 # Reads one value the fast checks of npu_parse_info did not take: a
 # placeholder gives '', a number in range itself, anything else '' counted
 # in SMI_BAD_VALUES.
@@ -124,54 +114,61 @@ npu_value_into() {
   return 0
 }
 
-# Parses the output of `npu-smi info`: a header, two rows per chip, then the
-# process table (rows, or "No running processes found in NPU N"). A row of
-# a kind it does not know fails the whole parse: a chip missing from a
-# sample must not read as released.
+# Parses the output of `npu-smi info`: a header, two rows per chip ("| card
+# name | health | power temp hugepages |", then "| chip [device] | bus-id |
+# aicore used / total [hbm-used / hbm-total] |"), then the process table
+# ("| card chip | pid | name | MB |" rows, or "No running processes found in
+# NPU N"). A row of a kind it does not know fails the whole parse: a chip
+# missing from a sample must not read as released. Rows are split at their
+# bars and cells at blanks by the shell in one step each, with no function
+# call on the common path (it runs every cycle for every chip; a regular
+# expression a row cost twice as much).
 # Globals (set):
 #   the SMI_* arrays; NPU_APPS_OK; NPU_PARSE_ERROR (why it failed)
 # Returns:
 #   1 when no device header, no chip, or a cut or unknown row was read
 npu_parse_info() {
-  local text=${1#$'\xef\xbb\xbf'} line section=none hbm=0 card='' name='' health='' power=''
-  local -a lines
+  local text=$1 line section=none hbm=0 card='' name='' health='' power=''
+  local -a lines cells w
+  # a byte order mark, dropped by a match on the start alone (${1#BOM} on
+  # a 30 kB answer costs 18 ms in a UTF-8 locale)
+  [[ $text == $'\xef\xbb\xbf'* ]] && text=${text:3}
   NPU_PARSE_ERROR='' NPU_APPS_OK=0
-  # associative, whoever called (an indexed array would read the key "NPU-0-0" as arithmetic)
+  # associative, whoever called (an indexed array would read the key
+  # "NPU-0-0" as arithmetic)
   declare -gA SMI_VENDOR SMI_MEM_BASE
   smi_lines_into lines "$text"
+  local - IFS
+  set -f
   for line in "${lines[@]}"; do
     line=${line%$'\r'}
-    # separators (+----+ and +====+) and blank lines
-    [[ $line == *[![:space:]+=-]* ]] || continue
-    if [[ $section == devices ]]; then
-      if [[ -z $card && $line =~ $NPU_ROW1_RE ]]; then
-        card=${BASH_REMATCH[1]} name=${BASH_REMATCH[2]} health=${BASH_REMATCH[3]} power=${BASH_REMATCH[4]}
-        continue
-      fi
-      if [[ -n $card && $line =~ $NPU_ROW2_RE ]]; then
-        npu_add_chip
-        card=''
-        continue
-      fi
-    elif [[ $section == procs && $line =~ $NPU_PROC_RE ]]; then
-      npu_add_process
-      continue
-    fi
+    # separators (+----+, +====+) and blank lines
+    [[ -z $line || $line == '+'* ]] && continue
     case $line in
-      '|'*'npu-smi '*'Version:'*'|') continue ;;
-      '| NPU'*'Name'*'| Health'*'|')
+      '|'*'npu-smi '*'Version:'*) continue ;;
+      '| NPU'*'Name'*'| Health'*)
         section=devices
         continue
         ;;
-      '| Chip'*'| Bus-Id'*'AICore(%)'*'|')
+      '| Chip'*'| Bus-Id'*'AICore(%)'*)
         [[ $line == *HBM-Usage* ]] && hbm=1
         continue
         ;;
-      '| NPU'*'Chip'*'| Process id'*'|')
+      '| NPU'*'Chip'*'| Process id'*)
         [[ -z $card ]] && section=procs NPU_APPS_OK=1
         continue
         ;;
-      '| No running processes found in NPU '*'|') [[ $section == procs ]] && continue ;;
+      '| No running processes found in NPU '*) [[ $section == procs ]] && continue ;;
+      '|'*'|')
+        # shellcheck disable=SC2206 # splitting at the bars is the point
+        IFS='|' cells=($line)
+        IFS=$' \t'
+        case $section in
+          devices) npu_device_row || return 1 ;;
+          procs) npu_process_row || return 1 ;;
+        esac
+        [[ $section != none ]] && continue
+        ;;
     esac
     NPU_PARSE_ERROR="a line read as no known row: ${line:0:60}"
     return 1
@@ -187,6 +184,75 @@ npu_parse_info() {
   return 0
 }
 
+# Reads one row of the device section (npu_parse_info's cells, split at
+# the bars, blanks as IFS): a chip's first row is kept in card, name,
+# health and power until its second row comes.
+npu_device_row() {
+  # shellcheck disable=SC2206 # splitting at blanks is the point
+  w=(${cells[1]})
+  if [[ -z $card ]]; then
+    if ((${#cells[@]} != 4 || ${#w[@]} < 2)) || [[ ${w[0]} != +([0-9]) ]]; then
+      NPU_PARSE_ERROR="a chip's first row not read as 'card name | health | power ...': ${line:0:60}"
+      return 1
+    fi
+    card=${w[0]} name=${w[*]:1}
+    # shellcheck disable=SC2206
+    w=(${cells[2]})
+    health=${w[*]}
+    # shellcheck disable=SC2206
+    w=(${cells[3]})
+    power=${w[0]:-}
+    return 0
+  fi
+  if ((${#cells[@]} != 4 || ${#w[@]} < 1 || ${#w[@]} > 2)) || [[ ${w[0]} != +([0-9]) || ${w[1]:-0} != +([0-9]) ]]; then
+    NPU_PARSE_ERROR="a chip's second row not read as 'chip [device] | bus | usage': ${line:0:60}"
+    return 1
+  fi
+  local chip=${w[0]} device=${w[1]:-}
+  # shellcheck disable=SC2206 # "41052/ 65536" reads as "41052 / 65536"
+  w=(${cells[3]//\// \/ })
+  if ((${#w[@]} != 4 && ${#w[@]} != 7)) || [[ ${w[2]} != / || ${w[5]:-/} != / ]]; then
+    NPU_PARSE_ERROR="a chip's usage cell not read as 'aicore used / total': ${line:0:60}"
+    return 1
+  fi
+  npu_add_chip
+  card=''
+}
+
+# Reads one row of the process table (npu_parse_info's cells): "card chip |
+# pid | name | MB"; the name is all between the PID's cell and the last.
+npu_process_row() {
+  local n=${#cells[@]}
+  # shellcheck disable=SC2206 # splitting at blanks is the point
+  w=(${cells[1]})
+  if ((n < 5 || ${#w[@]} != 2)) || [[ ${w[0]} != +([0-9]) || ${w[1]} != +([0-9]) ]]; then
+    NPU_PARSE_ERROR="a process row not read as 'card chip | pid | name | MB': ${line:0:60}"
+    return 1
+  fi
+  local id="NPU-${w[0]}-${w[1]}" pid=${cells[2]} mem=${cells[n - 1]} pname
+  [[ -n ${SMI_INDEX[$id]+set} ]] || return 0
+  # the name: its cells joined (a name may hold a bar), its blanks
+  # trimmed by a split (a run of blanks inside becomes one)
+  IFS='|'
+  pname="${cells[*]:3:n-4}"
+  IFS=$' \t'
+  # shellcheck disable=SC2206 # splitting at blanks is the point
+  w=($pname)
+  pname=${w[*]}
+  pid=${pid// /} mem=${mem// /}
+  if [[ $pid != [1-9]*([0-9]) || ${#pid} -gt 9 ]] && ! gg_number_into pid "$pid" int 1 "$SMI_MAX_PID"; then
+    NPU_PARSE_ERROR="a process row without a PID: ${line:0:60}"
+    return 1
+  fi
+  if [[ $mem != @(0|[1-9]*([0-9])) || ${#mem} -gt 8 ]] || ((mem > ${SMI_MEM_TOTAL[$id]:-SMI_MAX_MIB})); then
+    npu_value_into mem "$mem" int 0 "${SMI_MEM_TOTAL[$id]:-$SMI_MAX_MIB}"
+  fi
+  SMI_NPROCS[$id]=$((SMI_NPROCS[$id] + 1))
+  SMI_PROCS[$id]+="${pid}"$'\t'"${pname//$'\t'/ }"$'\t'"${mem}"$'\n'
+  SMI_PIDS_MEM[$pid]=$((${SMI_PIDS_MEM[$pid]:-0} + ${mem:-0}))
+  SMI_PID_UUIDS[$pid]+="${SMI_PID_UUIDS[$pid]:+ }$id"
+}
+
 # True when the last parse added at least one Ascend chip.
 npu_has_chips() {
   local id
@@ -196,17 +262,15 @@ npu_has_chips() {
   return 1
 }
 
-# Adds the chip of a second row (BASH_REMATCH of NPU_ROW2_RE; the first
-# row's card, name, health and power; hbm) to the SMI_* arrays. Memory is
-# the HBM where the chip has it (910 series), else its DDR (310P). A second
-# pair of rows for one chip is skipped.
+# Adds the chip of a second row (npu_device_row's chip, device and usage
+# words w; the first row's card, name, health and power) to the SMI_*
+# arrays. Memory is the HBM where the chip has it (910 series), else its DDR
+# (310P). A second pair of rows for one chip is skipped.
 npu_add_chip() {
-  local chip=${BASH_REMATCH[1]} device=${BASH_REMATCH[3]} util=${BASH_REMATCH[4]} id
-  local used=${BASH_REMATCH[5]} total=${BASH_REMATCH[6]} watts=$power
-  if ((hbm)) && [[ -n ${BASH_REMATCH[9]} && ${BASH_REMATCH[9]} != @(0|-|NA) ]]; then
-    used=${BASH_REMATCH[8]} total=${BASH_REMATCH[9]}
+  local util=${w[0]} used=${w[1]} total=${w[3]} watts=$power id="NPU-$card-$chip"
+  if ((hbm && ${#w[@]} == 7)) && [[ ${w[6]} != @(0|-|NA) ]]; then
+    used=${w[4]} total=${w[6]}
   fi
-  id="NPU-$card-$chip"
   if [[ -n ${SMI_INDEX[$id]+set} ]]; then
     SMI_BAD_LINES=$((${SMI_BAD_LINES:-0} + 1))
     return 0
@@ -239,28 +303,6 @@ npu_add_chip() {
   SMI_VENDOR[$id]=ascend
   SMI_NPROCS[$id]=0
   SMI_PROCS[$id]=''
-}
-
-# Adds a process row (BASH_REMATCH of NPU_PROC_RE) to its chip. A process
-# on a chip not in the sample is ignored; a PID out of range fails the
-# parse (npu_parse_info's NPU_PARSE_ERROR).
-npu_add_process() {
-  local id="NPU-${BASH_REMATCH[1]}-${BASH_REMATCH[2]}" pid=${BASH_REMATCH[3]} pname=${BASH_REMATCH[4]}
-  local mem=${BASH_REMATCH[5]}
-  [[ -n ${SMI_INDEX[$id]+set} ]] || return 0
-  pname=${pname#"${pname%%[![:space:]]*}"}
-  pname=${pname%"${pname##*[![:space:]]}"}
-  if [[ $pid != [1-9]*([0-9]) || ${#pid} -gt 9 ]]; then
-    gg_number_into pid "$pid" int 1 "$SMI_MAX_PID" || pid=''
-  fi
-  if [[ $mem != @(0|[1-9]*([0-9])) || ${#mem} -gt 8 ]] || ((mem > ${SMI_MEM_TOTAL[$id]:-SMI_MAX_MIB})); then
-    npu_value_into mem "$mem" int 0 "${SMI_MEM_TOTAL[$id]:-$SMI_MAX_MIB}"
-  fi
-  [[ -n $pid ]] || return 0
-  SMI_NPROCS[$id]=$((SMI_NPROCS[$id] + 1))
-  SMI_PROCS[$id]+="${pid}"$'\t'"${pname//$'\t'/ }"$'\t'"${mem}"$'\n'
-  SMI_PIDS_MEM[$pid]=$((${SMI_PIDS_MEM[$pid]:-0} + ${mem:-0}))
-  SMI_PID_UUIDS[$pid]+="${SMI_PID_UUIDS[$pid]:+ }$id"
 }
 
 # Which device tools this box is sampled with, from GPUGUARD_DEVICE:

@@ -112,6 +112,13 @@ def test_older_npu_smi_23_and_a3_dash_power_and_a_process_on_two_chips():
     assert pids[3328327] == (133 + 50119, ["NPU-0-0", "NPU-0-1"])
 
 
+def test_a_process_name_with_blanks_or_a_bar_is_read_whole():
+    text = (FIXTURES / "info-910b3-25.2.0-one-process.txt").read_text().replace(
+        "| 1333928       |                          |", "| 1333928       | vllm | worker 0         |")
+    rc, _, chips, pids = parse(text)
+    assert rc == 0 and pids == {1333928: (37709, ["NPU-2-0"])} and chips["NPU-2-0"][-1] == "1"
+
+
 @pytest.mark.parametrize("text, why", [
     ("NPU 0: AICore 0% HBM 3408/65536\n", "a line outside the table"),
     ("\n".join((FIXTURES / "info-910b3-25.2.0-one-process.txt").read_text().splitlines()[:7]) + "\n", "cut"),
