@@ -144,6 +144,18 @@ npu_parse_info() {
     line=${line%$'\r'}
     # separators (+----+, +====+) and blank lines
     [[ -z $line || $line == '+'* ]] && continue
+    # a data row (a chip's, a process's) first: nearly every line is one
+    if [[ $section != none && $line == '|'+( )[0-9]*'|' ]]; then
+      # shellcheck disable=SC2206 # splitting at the bars is the point
+      IFS='|' cells=($line)
+      IFS=$' \t'
+      if [[ $section == devices ]]; then
+        npu_device_row || return 1
+      else
+        npu_process_row || return 1
+      fi
+      continue
+    fi
     case $line in
       '|'*'npu-smi '*'Version:'*) continue ;;
       '| NPU'*'Name'*'| Health'*)
@@ -159,16 +171,6 @@ npu_parse_info() {
         continue
         ;;
       '| No running processes found in NPU '*) [[ $section == procs ]] && continue ;;
-      '|'*'|')
-        # shellcheck disable=SC2206 # splitting at the bars is the point
-        IFS='|' cells=($line)
-        IFS=$' \t'
-        case $section in
-          devices) npu_device_row || return 1 ;;
-          procs) npu_process_row || return 1 ;;
-        esac
-        [[ $section != none ]] && continue
-        ;;
     esac
     NPU_PARSE_ERROR="a line read as no known row: ${line:0:60}"
     return 1
