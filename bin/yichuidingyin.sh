@@ -21,6 +21,7 @@
 #   ALERTMANAGER_URL  GPUGUARD_STATE_DIR  GPUGUARD_LOG  GPUGUARD_TEXTFILE_DIR
 #   RETENTION_DAYS=7  RETENTION_INTERVAL=300  HISTORY_MAX_FILES=1500
 #   HISTORY_MAX_MB=30  EVENTS_MAX_MB=5 (disk bounds of the state folder)
+#   GPUGUARD_DEVICE=auto (nvidia, ascend: Huawei Ascend NPUs)  NPU_SMI=npu-smi
 # Webhook URLs and secrets belong in secrets.conf (mode 600) beside the
 # config file; the environment still overrides both.
 # Signals: SIGHUP re-reads the configuration (a bad file keeps the one in

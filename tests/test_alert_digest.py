@@ -136,7 +136,7 @@ def test_eight_idle_gpus_of_one_job_make_one_post_per_target_in_its_language(env
     alerts = posts["api"][0]
     assert sorted(a["labels"]["gpu"] for a in alerts) == [str(i) for i in range(8)]
     assert {a["labels"]["alertname"] for a in alerts} == {"GpuIdleHeld"}
-    assert set(alerts[0]["labels"]) == {"alertname", "instance", "job", "severity", "gpu", "uuid"}
+    assert set(alerts[0]["labels"]) == {"alertname", "instance", "job", "severity", "gpu", "uuid", "vendor"}
     assert "held by Slurm job 4242" in alerts[0]["annotations"]["description"]
 
 
@@ -444,7 +444,7 @@ def test_stuck_gpus_of_one_job_are_one_post_per_target_with_job_cost_and_hint(en
     assert len(alerts) == 8
     for a in alerts:
         assert a["labels"]["alertname"] == "GpuStuckSpinning"
-        assert set(a["labels"]) == {"alertname", "instance", "job", "severity", "gpu", "uuid"}
+        assert set(a["labels"]) == {"alertname", "instance", "job", "severity", "gpu", "uuid", "vendor"}
         assert (a["labels"]["job"], a["labels"]["instance"], a["labels"]["severity"]) == (
             "gpuguard", "node7", "warning")
         assert a["startsAt"] == alert.iso(1796206268)
@@ -481,7 +481,7 @@ def test_degraded_gpu_is_critical_and_names_gpu_model_uuid_fault_and_what_to_che
         assert "a reset (nvidia-smi -r -i 3) needs the GPU idle" in text
     (a,) = posts["api"][0]
     assert a["labels"] == {"alertname": "GpuDegraded", "instance": "node7", "job": "gpuguard",
-                           "severity": "critical", "gpu": "3", "uuid": uuid}
+                           "severity": "critical", "gpu": "3", "uuid": uuid, "vendor": "nvidia"}
     assert a["annotations"]["fault"] == "GPU requires reset"
     title, lines = alert.render(degraded(3, "resolved"), "en")
     assert title == "[gpuguard RESOLVED] node7: GPU 3 reads normally again"
