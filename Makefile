@@ -10,10 +10,10 @@ ARGS ?=
 VENV := $(CURDIR)/.venv
 # The venv first on PATH: the tests find its bats, shellcheck and shfmt.
 WITH_VENV := PATH="$(VENV)/bin:$$PATH"
-SHELL_FILES = $(shell grep -l '^\#!/usr/bin/env bash' bin/* bench/fakebin/*) lib/*.sh install.sh .ci/run .ci/venv \
+SHELL_FILES = $(shell grep -ls '^\#!/usr/bin/env bash' bin/* bench/fakebin/*) lib/*.sh install.sh .ci/run .ci/venv \
 	$(wildcard tests/*.sh tests/bats/*.bats tests/bats/*/*.bash bench/*.sh bench/h200/*.sh)
-# and the nvidia-smi test double, a Python script without .py
-PYTHON_FILES = python tests bench tests/fakebin/nvidia-smi
+# and the test doubles of nvidia-smi and npu-smi, Python scripts without .py
+PYTHON_FILES = python tests bench tests/fakebin/nvidia-smi tests/fakebin/npu/npu-smi
 
 # pytest's exit 5 means it collected no test: say so rather than pass quietly.
 define pytest

@@ -18,7 +18,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOUBLE = os.path.join(ROOT, "tests", "fakebin", "nvidia-smi")
 BENCH_DOUBLE = os.path.join(ROOT, "bench", "fakebin", "nvidia-smi")
 OURS_ARGS = [
-    ["--query-gpu=index,uuid,utilization.gpu,memory.used,memory.total,power.draw,power.limit",
+    ["--query-gpu=index,uuid,utilization.gpu,memory.used,memory.total,power.draw,power.limit,name",
      "--format=csv,noheader,nounits"],
     ["--query-compute-apps=pid,process_name,used_memory,gpu_uuid", "--format=csv,noheader,nounits"],
 ]
@@ -72,6 +72,35 @@ def render(scen, steps, arg_sets, outdir):
                 f.write(buf.getvalue())
 
 
+NPU_DOUBLE = os.path.join(ROOT, "tests", "fakebin", "npu", "npu-smi")
+# the bench double answers npu-smi too (files picked by the arguments)
+NPU_BENCH_DOUBLE = os.path.join(ROOT, "bench", "fakebin", "npu", "npu-smi")
+
+
+def npu_render(n, steps, rng, outdir):
+    """The NPU double's `npu-smi info` for n 910B chips (one a card), per
+    step, with processes that come and go as in scenario()."""
+    chips = [{"card": i, "chip": 0, "name": "910B3", "bus": "0000:%02X:00.0" % (i + 1), "total": 65536}
+             for i in range(n)]
+    for s in range(steps):
+        vals, procs = [], []
+        for i in range(n):
+            k = rng.randint(0, 3)
+            vals.append({"aicore": rng.choice([0, 3, 50, 100]), "used": 3400 + 3000 * k,
+                         "power": round(90 + 200 * rng.random(), 1), "temp": 40})
+            procs += [{"card": i, "chip": 0, "pid": rng.randint(1000, 4_000_000), "name": "python3",
+                       "mem": 3000} for _ in range(k)]
+        path = os.path.join(outdir, "scenario.json")
+        os.makedirs(os.path.join(outdir, str(s)), exist_ok=True)
+        with open(path, "w") as f:
+            json.dump({"layout": "910b", "version": "25.2.0", "chips": chips,
+                       "steps": [{"chips": vals, "procs": procs}]}, f)
+        out = subprocess.run([NPU_DOUBLE, "info"], env={"FAKE_NPU_SCENARIO": path},
+                             capture_output=True, text=True, check=True).stdout
+        with open(os.path.join(outdir, str(s), "info"), "w") as f:
+            f.write(out)
+
+
 def run_cpu(cmd, env):
     """CPU seconds (user+sys) of a command and everything it started."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -94,8 +123,9 @@ def bench_env(smidir, steps, state):
 
 def double_cost(smidir, args, env, calls=200):
     """CPU seconds of one call to the bench double itself."""
-    script = 'for ((i = 0; i < %d; i++)); do nvidia-smi %s >/dev/null; done' % (
-        calls, " ".join("'%s'" % a for a in args))
+    tool = env.get("NPU_SMI", "nvidia-smi")
+    script = 'for ((i = 0; i < %d; i++)); do %s %s >/dev/null; done' % (
+        calls, tool, " ".join("'%s'" % a for a in args))
     cpu, _ = run_cpu(["bash", "-c", script], env)
     return cpu / calls
 
@@ -126,8 +156,24 @@ def main():
                 beyond = (cpu - per_call * calls_per_cycle * cycles) / cycles
                 rows.append((n, name, calls_per_cycle, 1000 * cpu / cycles, 1000 * beyond,
                              1000 * per_call, 20.0 * calls_per_cycle))
+            # the same cycle on n Ascend NPUs: one `npu-smi info` a cycle
+            npudir = os.path.join(work, "npu%d" % n)
+            npu_render(n, steps, rng, npudir)
+            env = dict(bench_env(npudir, steps, os.path.join(work, "state-npu-%d" % n)),
+                       GPUGUARD_DEVICE="ascend", NPU_SMI=NPU_BENCH_DOUBLE)
+            log = os.path.join(work, "calls.log")
+            if os.path.exists(log):
+                os.remove(log)
+            run_cpu(["bash", os.path.join(ROOT, "bench", "idle_bench.sh"), "10"], dict(env, BENCH_SMI_LOG=log))
+            with open(log) as f:
+                calls_per_cycle = sum(1 for _ in f) / 10
+            cpu, _ = run_cpu(["bash", os.path.join(ROOT, "bench", "idle_bench.sh"), str(cycles)], env)
+            per_call = double_cost(npudir, ["info"], env)
+            beyond = (cpu - per_call * calls_per_cycle * cycles) / cycles
+            rows.append((n, "gpuguard, Ascend NPUs", calls_per_cycle, 1000 * cpu / cycles, 1000 * beyond,
+                         1000 * per_call, 20.0 * calls_per_cycle))
         print("## Idle watchdog: cost per cycle (%d cycles, PIDs churning)\n" % cycles)
-        print("| GPUs | loop | nvidia-smi calls/cycle | CPU ms/cycle (all) | CPU ms/cycle beyond nvidia-smi | bench double ms/call | real nvidia-smi CPU ms/cycle at 20 ms/call (H200 recording) |")
+        print("| GPUs | loop | nvidia-smi (npu-smi) calls/cycle | CPU ms/cycle (all) | CPU ms/cycle beyond nvidia-smi (npu-smi) | bench double ms/call | real nvidia-smi CPU ms/cycle at 20 ms/call (H200 recording) |")
         print("|---|---|---|---|---|---|---|")
         for r in rows:
             print("| %d | %s | %g | %.1f | %.1f | %.1f | %.0f |" % r)

@@ -25,6 +25,7 @@
 #   HISTORY_MAX_MB=30  EVENTS_MAX_MB=5 (disk bounds of the state folder)
 #   LEDGER_DIGEST_AT (e.g. 09:00: yesterday's ledger to the targets)
 #   LEDGER_NAMES=user|hash|none  LEDGER_KEEP_DAYS=35
+#   GPUGUARD_DEVICE=auto (nvidia, ascend: Huawei Ascend NPUs)  NPU_SMI=npu-smi
 # Webhook URLs and secrets belong in secrets.conf (mode 600) beside the
 # config file; the environment still overrides both.
 # Signals: SIGHUP re-reads the configuration (a bad file keeps the one in
@@ -39,6 +40,8 @@ source "$GPUGUARD_ROOT/lib/common.sh"
 source "$GPUGUARD_ROOT/lib/config.sh"
 # shellcheck source=../lib/smi.sh
 source "$GPUGUARD_ROOT/lib/smi.sh"
+# shellcheck source=../lib/npu.sh
+source "$GPUGUARD_ROOT/lib/npu.sh"
 # shellcheck source=../lib/events.sh
 source "$GPUGUARD_ROOT/lib/events.sh"
 # shellcheck source=../lib/textfile.sh

@@ -59,6 +59,9 @@ config_define() {
     [LEDGER_KEEP_DAYS]=35
     # daemons sample from nvidia-smi loops kept running (lib/smi.sh)
     [SMI_STREAM]=1
+    # Ascend NPUs (lib/npu.sh)
+    [GPUGUARD_DEVICE]=auto
+    [NPU_SMI]=npu-smi
   )
   declare -gA GG_CONFIG_KIND=(
     [THRESHOLD]='int:0:100'
@@ -112,6 +115,9 @@ config_define() {
     [LEDGER_KEEP_DAYS]='int:1:3650'
     # daemons sample from nvidia-smi loops kept running (lib/smi.sh)
     [SMI_STREAM]='bool'
+    # Ascend NPUs (lib/npu.sh)
+    [GPUGUARD_DEVICE]='enum:auto|nvidia|ascend'
+    [NPU_SMI]='str'
   )
 }
 

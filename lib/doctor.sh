@@ -49,8 +49,13 @@ doctor_run() {
   local -a cmd
   read -r -a cmd <<<"${NVIDIA_SMI:-nvidia-smi}"
   ((${DOCTOR_JSON:-0})) || printf 'gpuguard %s on %s\n' "$(<"$GPUGUARD_ROOT/VERSION")" "$GPUGUARD_HOST"
-  if ! command -v -- "${cmd[0]}" >/dev/null 2>&1; then
-    doctor_line FAIL "nvidia-smi: '${cmd[0]}' not found (install the NVIDIA driver, or set NVIDIA_SMI)"
+  local kinds
+  device_kinds_into kinds
+  [[ $kinds == *ascend* ]] && doctor_npu
+  if [[ $kinds != *nvidia* ]]; then
+    : # an Ascend box without nvidia-smi: nothing more to check here
+  elif ! command -v -- "${cmd[0]}" >/dev/null 2>&1; then
+    doctor_line FAIL "nvidia-smi: '${cmd[0]}' not found (install the NVIDIA driver, or set NVIDIA_SMI; on Ascend NPUs set GPUGUARD_DEVICE=ascend)"
   else
     local info rc=0 start=$EPOCHREALTIME
     info=$(smi_query_info) || rc=$?
@@ -81,9 +86,27 @@ doctor_run() {
   ((DOCTOR_FAILS == 0))
 }
 
+# The Ascend NPUs (lib/npu.sh): does npu-smi answer, in a layout gpuguard
+# reads, with a process table; one line per chip.
+doctor_npu() {
+  local start=$EPOCHREALTIME ms id
+  smi_reset
+  if ! npu_sample; then
+    doctor_line FAIL "npu-smi: $SMI_ERROR"
+    return 0
+  fi
+  ms=$(((${EPOCHREALTIME/[.,]/} - ${start/[.,]/}) / 1000))
+  doctor_line OK "npu-smi answers in ${ms} ms (${#SMI_UUIDS[@]} NPU chips)"
+  for id in "${SMI_UUIDS[@]}"; do
+    doctor_line INFO "NPU ${SMI_INDEX[$id]} ($id): ${SMI_NAME[$id]}, ${SMI_GPU_FAULT[$id]:-Health OK}"
+  done
+  ((NPU_APPS_OK)) ||
+    doctor_line WARN "npu-smi printed no process table: idle alerts wait for one (device faults still alert)"
+}
+
 # Whether the PIDs nvidia-smi reports exist here (container PID namespaces).
 doctor_processes() {
-  if ! smi_sample; then
+  if ! device_sample; then
     doctor_line WARN "sample failed: $SMI_ERROR"
     return 0
   fi
@@ -246,7 +269,7 @@ status_collect() {
   declare -gA STATUS_LEAK=() STATUS_SPARK=()
   declare -ga STATUS_ENDED=()
   jobinfo_reset
-  smi_sample || return 1
+  device_sample || return 1
   # GPU names come with a newer smi.sh; until then they are unknown
   declare -p SMI_NAME >/dev/null 2>&1 || declare -gA SMI_NAME=()
   local pid slope firing verdict values
@@ -337,7 +360,7 @@ status_leak_into() {
 # (its job, the leak watcher's verdict and slope, recent memory).
 status_table() {
   printf '%s%-4s %5s %17s %6s %-9s %-9s %-6s %s%s\n' "$C_BOLD" GPU UTIL MEMORY POWER IDLE STUCK STATE 'RECENT UTIL' "$C_OFF"
-  local uuid state colour power pid name mem root leak firing user
+  local uuid state colour power pid name mem root leak firing user label
   for uuid in "${SMI_UUIDS[@]}"; do
     idle_settings_for "$uuid"
     state=ok colour=$C_GRN
@@ -349,7 +372,10 @@ status_table() {
     fi
     power=${SMI_POWER[$uuid]:-}
     power=${power:+${power%.*}W}
-    printf '%-4s %4s%% %7s/%-6s MiB %6s %-9s %-9s %s%-6s%s %s\n' "${SMI_INDEX[$uuid]}" "${SMI_UTIL[$uuid]:-n/a}" \
+    # an Ascend NPU (lib/npu.sh) reads "npu2": a mixed box lists both kinds
+    label=${SMI_INDEX[$uuid]}
+    [[ ${SMI_VENDOR[$uuid]:-} == ascend ]] && label=npu$label
+    printf '%-4s %4s%% %7s/%-6s MiB %6s %-9s %-9s %s%-6s%s %s\n' "$label" "${SMI_UTIL[$uuid]:-n/a}" \
       "${SMI_MEM_USED[$uuid]:-?}" "${SMI_MEM_TOTAL[$uuid]:-?}" "${power:-n/a}" \
       "idle ${IDLE_CYCLES[$uuid]:-0}/$IDLE_T_MAX" "stuck ${IDLE_SPIN[$uuid]:-0}/$IDLE_T_SPIN" \
       "$colour" "$state" "$C_OFF" "$(status_spark "${IDLE_HISTORY[$uuid]:-}" 100)"
@@ -434,7 +460,7 @@ status_json() {
       procs+="${procs:+,}{\"pid\":$pid,\"name\":\"$name_esc\",\"job\":\"$job_esc\",\"cmdline\":$cmd,\"user\":$user,\"job_pid\":$STATUS_JOB_PID,\"visible\":$(status_json_bool "$STATUS_JOB_VISIBLE"),\"used_memory_mib\":${mem:-null},\"leak_root_pid\":${root:-null},\"leak\":$leak}"
     done <<<"${SMI_PROCS[$uuid]}"
     gg_json_escape_into "${SMI_NAME[$uuid]:-}" name_esc
-    gpus+="${gpus:+,}{\"index\":${SMI_INDEX[$uuid]},\"uuid\":\"$uuid\",\"name\":\"$name_esc\",\"utilization\":${SMI_UTIL[$uuid]:-null},\"memory_used_mib\":${SMI_MEM_USED[$uuid]:-null},\"memory_total_mib\":${SMI_MEM_TOTAL[$uuid]:-null},\"power_w\":${SMI_POWER[$uuid]:-null},\"idle_cycles\":${IDLE_CYCLES[$uuid]:-0},\"idle_limit\":$IDLE_T_MAX,\"stuck_cycles\":${IDLE_SPIN[$uuid]:-0},\"stuck_limit\":$IDLE_T_SPIN,\"idle_firing\":$(status_json_bool "${IDLE_FIRING[$uuid]:-0}"),\"recent_utilization\":[$(status_json_numbers "${IDLE_HISTORY[$uuid]:-}")],\"processes\":[$procs]}"
+    gpus+="${gpus:+,}{\"index\":${SMI_INDEX[$uuid]},\"uuid\":\"$uuid\",\"vendor\":\"${SMI_VENDOR[$uuid]:-nvidia}\",\"name\":\"$name_esc\",\"utilization\":${SMI_UTIL[$uuid]:-null},\"memory_used_mib\":${SMI_MEM_USED[$uuid]:-null},\"memory_total_mib\":${SMI_MEM_TOTAL[$uuid]:-null},\"power_w\":${SMI_POWER[$uuid]:-null},\"idle_cycles\":${IDLE_CYCLES[$uuid]:-0},\"idle_limit\":$IDLE_T_MAX,\"stuck_cycles\":${IDLE_SPIN[$uuid]:-0},\"stuck_limit\":$IDLE_T_SPIN,\"idle_firing\":$(status_json_bool "${IDLE_FIRING[$uuid]:-0}"),\"recent_utilization\":[$(status_json_numbers "${IDLE_HISTORY[$uuid]:-}")],\"processes\":[$procs]}"
   done
   printf '{"host":"%s","ts":%s,"error":null,"gpus":[%s],"ended_jobs":[%s]}\n' "$host" "$(gg_now)" "$gpus" \
     "$(status_ended_json)"

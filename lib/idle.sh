@@ -85,7 +85,7 @@ idle_state_load() {
         read -r -a f <<<"$line"
         uuid=${f[1]:-}
         : "${f[8]:=0}" "${f[9]:=-}" "${f[10]:=0}" "${f[11]:=0}" "${f[12]:=0}"
-        if ((${#f[@]} >= 8)) && [[ $uuid =~ ^(GPU|MIG)- ]] && idle_all_uint "${f[@]:2:5}" "${f[8]}" "${f[10]}" "${f[11]}" "${f[12]}" &&
+        if ((${#f[@]} >= 8)) && [[ $uuid =~ ^(GPU|MIG|NPU)- ]] && idle_all_uint "${f[@]:2:5}" "${f[8]}" "${f[10]}" "${f[11]}" "${f[12]}" &&
           [[ ${f[9]} =~ ^(-|gpu_idle|gpu_stuck)$ ]]; then
           IDLE_CYCLES[$uuid]=${f[2]} IDLE_SINCE[$uuid]=${f[3]}
           IDLE_FIRING[$uuid]=${f[4]} IDLE_LAST_ALERT[$uuid]=${f[5]}
@@ -167,7 +167,7 @@ idle_cycle() {
   # events saved by a run killed before it enqueued them
   ((${#IDLE_PENDING[@]} == 0)) || idle_pending_emit
   jobinfo_reset
-  if ! smi_sample; then
+  if ! device_sample; then
     idle_monitor_failed "$now"
   elif ((${SMI_APPS_OK:-1} != 1)); then
     # The GPU lines are fine but the process list is not: nothing about
@@ -416,7 +416,9 @@ idle_classify() {
     # The process list is hidden (container PID namespace) or empty: held
     # when memory is; unknown memory is not "released".
     [[ -n $used ]] || return 2
-    if ((${used%.*} <= IDLE_MEM_MIB)); then
+    # SMI_MEM_BASE: what the device shows in use with nothing on it (an
+    # Ascend NPU's firmware reserve, lib/npu.sh); none on NVIDIA GPUs
+    if ((${used%.*} <= IDLE_MEM_MIB + ${SMI_MEM_BASE[$uuid]:-0})); then
       verdict_ref=released
       return 0
     fi
@@ -592,7 +594,8 @@ idle_emit() {
     "${SMI_UTIL[$uuid]:-null}" "${IDLE_T_THRESHOLD:-$THRESHOLD}" "${SMI_MEM_USED[$uuid]:-null}" \
     "${SMI_MEM_TOTAL[$uuid]:-null}" "${SMI_POWER[$uuid]:-null}" "${SMI_POWER_LIMIT[$uuid]:-null}" \
     "${IDLE_T_PCT:-$IDLE_POWER_PCT}" "$((${IDLE_CYCLES[$uuid]:-0} + ${IDLE_SPIN[$uuid]:-0}))" \
-    "${IDLE_SPIN[$uuid]:-0}" "$idle_seconds" "$since" "$rule" "$procs" "$job" "$jobs" "$job_pid" "$cost_json"
+    "${IDLE_SPIN[$uuid]:-0}" "$idle_seconds" "$since" "$rule" "$procs" "$job" "$jobs" "$job_pid" \
+    "$cost_json,\"vendor\":\"${SMI_VENDOR[$uuid]:-nvidia}\""
   gg_log warn "$kind $state: GPU ${SMI_INDEX[$uuid]:-?} util ${SMI_UTIL[$uuid]:-?}% for $((${IDLE_CYCLES[$uuid]:-0} + ${IDLE_SPIN[$uuid]:-0})) cycles, ${SMI_NPROCS[$uuid]:-0} processes ($reason), power ${SMI_POWER[$uuid]:-?} W"
   idle_queue_event "$id" "$event"
 }
@@ -607,9 +610,9 @@ idle_emit_fault() {
   jobinfo_json_str_into "${SMI_NAME[$uuid]:-}" gpu_name
   jobinfo_json_str_into "${SMI_GPU_FAULT[$uuid]:-}" fault
   local id="$now-$uuid-gpu_degraded-$state"
-  printf -v event '{"id":"%s","ts":%s,"host":"%s","event":"gpu_degraded","state":"%s","reason":"%s","severity":"critical","gpu":%s,"uuid":"%s","gpu_name":%s,"fault":%s,"faulted_cycles":%s}' \
+  printf -v event '{"id":"%s","ts":%s,"host":"%s","event":"gpu_degraded","state":"%s","reason":"%s","severity":"critical","gpu":%s,"uuid":"%s","gpu_name":%s,"fault":%s,"faulted_cycles":%s,"vendor":"%s"}' \
     "$id" "$now" "$host_esc" "$state" "$reason" "${SMI_INDEX[$uuid]:-null}" "$uuid" "$gpu_name" "$fault" \
-    "${IDLE_FAULT[$uuid]:-0}"
+    "${IDLE_FAULT[$uuid]:-0}" "${SMI_VENDOR[$uuid]:-nvidia}"
   gg_log error "gpu_degraded $state: GPU ${SMI_INDEX[$uuid]:-?} ($uuid): ${SMI_GPU_FAULT[$uuid]:-$reason}"
   idle_queue_event "$id" "$event"
 }

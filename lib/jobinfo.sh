@@ -96,12 +96,15 @@ jobinfo_top_into() {
 # (another user's process, read without root). One fork.
 # Globals:
 #   JOBINFO_DEVICE_GLOB: what a GPU device file looks like (/dev/nvidia*;
-#   the environment may change it, as the tests do)
+#   the environment may change it, as the tests do); an NPU's /dev/davinci*
+#   counts too
 jobinfo_holds_gpu() {
   local pid=$1 hit
   [[ -d /proc/$pid ]] || return 1
   [[ -r /proc/$pid/fd && -x /proc/$pid/fd ]] || return 2
-  hit=$(find "/proc/$pid/fd" -mindepth 1 -maxdepth 1 -lname "${JOBINFO_DEVICE_GLOB:-/dev/nvidia*}" -print -quit 2>/dev/null) || return 2
+  # /dev/davinci*: what a process on an Ascend NPU holds open (lib/npu.sh)
+  hit=$(find "/proc/$pid/fd" -mindepth 1 -maxdepth 1 \( -lname "${JOBINFO_DEVICE_GLOB:-/dev/nvidia*}" \
+    -o -lname /dev/davinci\* \) -print -quit 2>/dev/null) || return 2
   [[ -n $hit ]] && return 0
   return 1
 }

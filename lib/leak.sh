@@ -87,12 +87,12 @@ leak_select_roots() {
 #   $1 now (unix seconds)
 leak_cycle() {
   local now=$1
-  if ! smi_sample; then
+  if ! device_sample; then
     LEAK_FAILS=$((LEAK_FAILS + 1))
-    ((LEAK_FAILS == 1)) && gg_log error "$SMI_ERROR (no leak samples until nvidia-smi answers again)"
+    ((LEAK_FAILS == 1)) && gg_log error "$SMI_ERROR (no leak samples until the device tool answers again)"
     return 0
   fi
-  ((LEAK_FAILS > 0)) && gg_log info "nvidia-smi answers again after $LEAK_FAILS failed cycles"
+  ((LEAK_FAILS > 0)) && gg_log info "the device tool answers again after $LEAK_FAILS failed cycles"
   LEAK_FAILS=0
   # a --match pattern is looked for in every command line, which an exec
   # changes: every process is read then; otherwise only new ones and the
@@ -750,7 +750,7 @@ leak_job_watch_check() {
     LEAK_UNWATCHED="the state folder $GPUGUARD_STATE_DIR is not writable"
   elif ! command -v python3 >/dev/null; then
     LEAK_UNWATCHED="python3 is not installed"
-  elif ! smi_available; then
+  elif ! smi_available && ! npu_available; then
     LEAK_UNWATCHED="$NVIDIA_SMI is not installed"
   elif [[ -n $LEAK_RULES && ! (-f $LEAK_RULES && -r $LEAK_RULES) ]]; then
     LEAK_UNWATCHED="cannot read rules file $LEAK_RULES"

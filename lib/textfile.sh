@@ -44,7 +44,8 @@ textfile_write_idle() {
   local limit='' spin='' stuck='' fault='' degraded=''
   if ((MON_FAILS == 0)); then
     for uuid in "${SMI_UUIDS[@]}"; do
-      lbl="{gpu=\"${SMI_INDEX[$uuid]}\",uuid=\"$uuid\"}"
+      # vendor: nvidia, or ascend for an NPU chip (lib/npu.sh)
+      lbl="{gpu=\"${SMI_INDEX[$uuid]}\",uuid=\"$uuid\",vendor=\"${SMI_VENDOR[$uuid]:-nvidia}\"}"
       [[ -n ${SMI_POWER_LIMIT[$uuid]} ]] && limit+="$lbl ${SMI_POWER_LIMIT[$uuid]}"$'\n'
       spin+="$lbl ${IDLE_SPIN[$uuid]:-0}"$'\n'
       # which alert fires for the GPU: the idle one or the stuck one
@@ -71,7 +72,7 @@ textfile_write_idle() {
       while IFS=$'\t' read -r pid name mem; do
         [[ -n $pid && -n $mem ]] || continue
         textfile_label_escape_into "${name##*/}" esc
-        pmem+="{gpu=\"${SMI_INDEX[$uuid]}\",uuid=\"$uuid\",pid=\"$pid\",name=\"$esc\"} $((${mem%.*} * 1048576))"$'\n'
+        pmem+="{gpu=\"${SMI_INDEX[$uuid]}\",uuid=\"$uuid\",vendor=\"${SMI_VENDOR[$uuid]:-nvidia}\",pid=\"$pid\",name=\"$esc\"} $((${mem%.*} * 1048576))"$'\n'
       done <<<"${SMI_PROCS[$uuid]}"
     done
   fi

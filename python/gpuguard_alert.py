@@ -54,6 +54,9 @@ import gpuguard_messages_zh
 from gpuguard_files import write_atomic
 
 TABLES = {"en": gpuguard_messages_en.MESSAGES, "zh": gpuguard_messages_zh.MESSAGES}
+# The same tables for Ascend NPUs (an event with "vendor": "ascend"): they
+# say NPU and npu-smi where the others say GPU and nvidia-smi.
+NPU_TABLES = {"en": gpuguard_messages_en.NPU_MESSAGES, "zh": gpuguard_messages_zh.NPU_MESSAGES}
 PROVIDER_HOSTS = {
     "oapi.dingtalk.com": "dingtalk",
     "open.feishu.cn": "feishu",
@@ -425,6 +428,8 @@ def language(env=None):
 
 
 def msg(lang, key, **fields):
+    if lang.endswith("-npu"):
+        return NPU_TABLES[lang[:-4]][key].format(**fields)
     return TABLES[lang][key].format(**fields)
 
 
@@ -808,7 +813,7 @@ def group_events(events):
             extra = ()
         else:
             extra = (id(e),)
-        key = (str(e.get("host", "?")), kind, state_class(e)) + extra
+        key = (str(e.get("host", "?")), kind, state_class(e), e.get("vendor", "nvidia")) + extra
         groups.setdefault(key, []).append(e)
     # a later event about the same GPU/PID replaces an earlier one of the
     # same group (a reminder after a firing in one flush)
@@ -972,7 +977,9 @@ def render_digest(events, lang, env=None):
     host = defuse(", ".join(hosts))
     sections = []
     for g in groups[:DIGEST_MAX_GROUPS]:
-        what, lines = group_render(g, lang, env, digest=len(groups) > 1)
+        # an NPU group reads in the NPU wording of its language
+        glang = lang + "-npu" if g[0].get("vendor") == "ascend" else lang
+        what, lines = group_render(g, glang, env, digest=len(groups) > 1)
         sections.append((g, what, lines))
     states = [state_class(g[0]) for g in groups]
     lead = "firing" if "firing" in states else ("test" if "test" in states else "resolved")
@@ -1141,8 +1148,10 @@ ALERTNAMES = {"gpu_idle": "GpuIdleHeld", "gpu_stuck": "GpuStuckSpinning", "gpu_d
 # without one keeps GpuMemoryLeakDetected.
 LEAK_ALERTNAMES = {"critical": "GpuMemoryLeak", "warning": "GpuMemoryLeak", "info": "GpuMemoryLeakTrend"}
 SEVERITY = {"monitor_degraded": "critical", "gpu_degraded": "critical"}
-LABEL_KEYS = {"gpu_idle": ("gpu", "uuid"), "gpu_stuck": ("gpu", "uuid"), "gpu_degraded": ("gpu", "uuid"),
-              "gpu_memory_leak": ("pid", "name")}
+# vendor: as the metrics' label (nvidia, or ascend for an NPU), so that a
+# rule's alert and gpuguard's own one carry the same labels
+LABEL_KEYS = {"gpu_idle": ("gpu", "uuid", "vendor"), "gpu_stuck": ("gpu", "uuid", "vendor"),
+              "gpu_degraded": ("gpu", "uuid", "vendor"), "gpu_memory_leak": ("pid", "name")}
 
 
 def alertmanager_labels(event):
@@ -1153,7 +1162,7 @@ def alertmanager_labels(event):
     labels = {"alertname": name, "instance": str(event.get("host", "")),
               "job": "gpuguard", "severity": severity(event)}
     for key in LABEL_KEYS.get(kind, ("gpu", "uuid", "pid")):
-        value = event.get(key)
+        value = event.get(key, "nvidia" if key == "vendor" else None)
         if key == "name" and value is not None:
             value = os.path.basename(str(value))
         if value is not None and value != "":

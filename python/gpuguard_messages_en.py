@@ -123,3 +123,10 @@ MESSAGES = {
     "ledger_change": "; {pct}% on the {n} days before",
     "ledger_in_digest": "{what}: {head}",
 }
+
+
+# The wording for Ascend NPUs (lib/npu.sh): NPU for GPU, npu-smi for
+# nvidia-smi; the fault hint names npu-smi's health query instead of Xid.
+NPU_MESSAGES = {key: text.replace("GPU", "NPU").replace("nvidia-smi", "npu-smi")
+                for key, text in MESSAGES.items()}
+NPU_MESSAGES["degraded_hint"] = "Check: npu-smi info -t health -i CARD (the card of device {index}: npu-smi info -m maps them); npu-smi info; dmesg. A reset needs the NPU idle: stop its jobs first"

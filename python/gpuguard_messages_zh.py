@@ -108,3 +108,10 @@ MESSAGES = {
     "ledger_change": "；比前 {n} 天 {pct}%",
     "ledger_in_digest": "{what}：{head}",
 }
+
+
+# The wording for Ascend NPUs (lib/npu.sh): NPU for GPU, npu-smi for
+# nvidia-smi; the fault hint names npu-smi's health query instead of Xid.
+NPU_MESSAGES = {key: text.replace("GPU", "NPU").replace("nvidia-smi", "npu-smi")
+                for key, text in MESSAGES.items()}
+NPU_MESSAGES["degraded_hint"] = "排查：npu-smi info -t health -i 卡号（设备 {index} 所在的卡：npu-smi info -m 列出对应关系）；npu-smi info；dmesg。重置需要该 NPU 空闲：先停掉上面的任务"

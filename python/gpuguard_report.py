@@ -85,6 +85,9 @@ def parse_gpus(text, out):
             out.add(int(part))
         elif re.fullmatch(r"(GPU|MIG)-[0-9A-Fa-f-]{8,64}", part):
             out.add(part.lower())
+        elif re.fullmatch(r"NPU-\d{1,4}-\d{1,4}", part):
+            # an Ascend NPU chip (lib/npu.sh): NPU-<card>-<chip>
+            out.add(part.lower())
         else:
             raise UsageError("--gpu needs a whole number (GPU index) or a GPU UUID (got '%s')" % text)
 

@@ -136,7 +136,7 @@ def test_eight_idle_gpus_of_one_job_make_one_post_per_target_in_its_language(env
     alerts = posts["api"][0]
     assert sorted(a["labels"]["gpu"] for a in alerts) == [str(i) for i in range(8)]
     assert {a["labels"]["alertname"] for a in alerts} == {"GpuIdleHeld"}
-    assert set(alerts[0]["labels"]) == {"alertname", "instance", "job", "severity", "gpu", "uuid"}
+    assert set(alerts[0]["labels"]) == {"alertname", "instance", "job", "severity", "gpu", "uuid", "vendor"}
     assert "held by Slurm job 4242" in alerts[0]["annotations"]["description"]
 
 
@@ -444,7 +444,7 @@ def test_stuck_gpus_of_one_job_are_one_post_per_target_with_job_cost_and_hint(en
     assert len(alerts) == 8
     for a in alerts:
         assert a["labels"]["alertname"] == "GpuStuckSpinning"
-        assert set(a["labels"]) == {"alertname", "instance", "job", "severity", "gpu", "uuid"}
+        assert set(a["labels"]) == {"alertname", "instance", "job", "severity", "gpu", "uuid", "vendor"}
         assert (a["labels"]["job"], a["labels"]["instance"], a["labels"]["severity"]) == (
             "gpuguard", "node7", "warning")
         assert a["startsAt"] == alert.iso(1796206268)
@@ -481,7 +481,7 @@ def test_degraded_gpu_is_critical_and_names_gpu_model_uuid_fault_and_what_to_che
         assert "a reset (nvidia-smi -r -i 3) needs the GPU idle" in text
     (a,) = posts["api"][0]
     assert a["labels"] == {"alertname": "GpuDegraded", "instance": "node7", "job": "gpuguard",
-                           "severity": "critical", "gpu": "3", "uuid": uuid}
+                           "severity": "critical", "gpu": "3", "uuid": uuid, "vendor": "nvidia"}
     assert a["annotations"]["fault"] == "GPU requires reset"
     title, lines = alert.render(degraded(3, "resolved"), "en")
     assert title == "[gpuguard RESOLVED] node7: GPU 3 reads normally again"
@@ -613,13 +613,13 @@ def rule_block(name):
 def test_shipped_rules_carry_the_labels_gpuguard_sends_alertmanager(kind):
     """Same alert name, severity, job and instance (the scrape port
     stripped) as the alerts gpuguard pushes, and the GPU identity labels
-    (gpu, uuid) kept by the expression."""
+    (gpu, uuid, and vendor, which the metrics carry) kept by the expression."""
     labels = alert.alertmanager_labels({"event": kind, "host": "node7", "gpu": 3, "uuid": "GPU-x",
                                         "severity": "critical" if kind == "gpu_degraded" else None})
     block = rule_block(labels["alertname"])
     assert f"severity: {labels['severity']}" in block
     assert "job: gpuguard" in block and 'reReplaceAll ":[0-9]+$" "" $labels.instance' in block
-    assert set(labels) - {"alertname", "instance", "job", "severity"} == {"gpu", "uuid"}
+    assert set(labels) - {"alertname", "instance", "job", "severity"} == {"gpu", "uuid", "vendor"}
     expr = block.split("expr:", 1)[1].split("for:", 1)[0]
     assert "on (instance, gpu, uuid)" in expr or re.fullmatch(r"\s*gpuguard_gpu_fault == 1\s*", expr)
 

@@ -331,7 +331,7 @@ def test_alertmanager_firing_then_resolved_with_stable_labels(outbox_env, sink):
     assert [r["path"] for r in sink.requests] == ["/api/v2/alerts"] * 2
     assert first["labels"] == second["labels"] == {
         "alertname": "GpuIdleHeld", "instance": "node7", "job": "gpuguard", "severity": "warning",
-        "gpu": "0", "uuid": IDLE_EVENT["uuid"]}
+        "gpu": "0", "uuid": IDLE_EVENT["uuid"], "vendor": "nvidia"}
     assert first["annotations"]["utilization"] == "6" and second["annotations"]["utilization"] == "97"
     assert first["endsAt"] > time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     assert second["endsAt"] <= time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 1))

@@ -1,5 +1,5 @@
 """The "one place" rules of docs/ARCHITECTURE.md, checked on the source:
-nvidia-smi is run only from lib/smi.sh; alerts leave only through
+nvidia-smi is run only from lib/smi.sh (npu-smi only from lib/npu.sh); alerts leave only through
 lib/events.sh -> python/gpuguard_alert.py, and nothing else speaks HTTP at
 run time; only lib/cgroup.sh writes under /sys/fs/cgroup; no config file is
 sourced; configuration keys are never exported.
@@ -94,6 +94,37 @@ def test_only_smi_sh_runs_nvidia_smi():
     files = [(rel, read(rel)) for rel in RUNTIME_SHELL + RUNTIME_PYTHON + RUNTIME_ETC + OTHER_SHELL]
     assert smi_violations(files) == [], "nvidia-smi is run only from lib/smi.sh (smi_run, smi_sample)"
     assert smi_violations([(SMI_HOME, read(SMI_HOME))]) == []
+
+
+# ------------------------------------------------------------------ npu-smi --
+
+NPU_HOME = "lib/npu.sh"
+
+
+def npu_violations(files):
+    """npu-smi (Ascend NPUs) is run only from lib/npu.sh, as nvidia-smi is
+    only from lib/smi.sh."""
+    hits = []
+    for rel, text in files:
+        if rel == NPU_HOME:
+            continue
+        if rel.endswith(".py"):
+            for n, code in python_code(text):
+                if re.search(r"(subprocess|Popen|os\.system|os\.exec\w*|os\.spawn\w*|os\.popen|check_output|"
+                             r"check_call)\b.*(npu-smi|NPU_SMI)", code):
+                    hits.append(f"{rel}:{n}")
+            continue
+        for n, code in shell_code(text):
+            if re.search(CMD_POS + r"npu-smi(\s|$|[;)|&`])", unquoted(code)) and "command -v" not in code or \
+                    re.search(CMD_POS + r"\"?\$\{?NPU_SMI\b", code):
+                hits.append(f"{rel}:{n}")
+    return hits
+
+
+def test_only_npu_sh_runs_npu_smi():
+    files = [(rel, read(rel)) for rel in RUNTIME_SHELL + RUNTIME_PYTHON + RUNTIME_ETC + OTHER_SHELL]
+    assert npu_violations(files) == [], "npu-smi is run only from lib/npu.sh (npu_run_into, npu_sample)"
+    assert npu_violations([(NPU_HOME, read(NPU_HOME))]) == []
 
 
 # ------------------------------------------------------------------ alerts --
@@ -242,6 +273,9 @@ SECOND_PLACES = [
     (smi_violations, "lib/doctor.sh", '  info=$(timeout 5 ${NVIDIA_SMI} -q)'),
     (smi_violations, "bench/h200/checks.sh", 'nvidia-smi -q >"$OUT/q.txt"'),
     (smi_violations, "python/gpuguard_leak.py", '    out = subprocess.run(["nvidia-smi", "-L"])'),
+    (npu_violations, "lib/idle.sh", 'out=$(npu-smi info)'),
+    (npu_violations, "lib/doctor.sh", '  timeout 5 "$NPU_SMI" info -t usages -i 0'),
+    (npu_violations, "python/gpuguard_leak.py", '    out = subprocess.run(["npu-smi", "info"])'),
     (alert_violations, "lib/idle.sh", '  python3 -S "$GPUGUARD_ROOT/python/gpuguard_alert.py" flush'),
     (alert_violations, "bin/gpuguard", '  gg_python gpuguard_alert.py "NOTIFY_URL" test'),
     (alert_violations, "lib/leak.sh", '  curl -fsS -d "$body" "$NOTIFY_URL"'),
@@ -261,6 +295,7 @@ NOT_VIOLATIONS = [
     (smi_violations, "lib/doctor.sh", '  read -r -a cmd <<<"${NVIDIA_SMI:-nvidia-smi}"'),
     (smi_violations, "lib/doctor.sh", '  if ! command -v -- nvidia-smi >/dev/null; then'),
     (smi_violations, "lib/idle.sh", '# nvidia-smi is run from smi.sh'),
+    (npu_violations, "lib/idle.sh", '    gg_log error "npu-smi answers again"'),
     (alert_violations, "python/gpuguard_leak.py", 'import urllib.parse'),
     (cgroup_violations, "lib/doctor.sh", '  doctor_line INFO "cgroup mode: $CG_MODE"'),
     (cgroup_violations, "lib/jobinfo.sh", '  read -r line </proc/$pid/cgroup'),

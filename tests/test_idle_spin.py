@@ -190,7 +190,7 @@ def test_stuck_gpu_in_the_textfile_metrics(box, tmp_path):
     text = (textdir / "gpuguard_idle.prom").read_text()
     r = subprocess.run([PROMTOOL, "check", "metrics"], input=text, capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
-    lbl = '{gpu="0",uuid="%s"}' % H200_UUID
+    lbl = '{gpu="0",uuid="%s",vendor="nvidia"}' % H200_UUID
     for line in ("gpuguard_gpu_stuck%s 1" % lbl, "gpuguard_gpu_idle%s 0" % lbl,
                  "gpuguard_gpu_spin_cycles%s 6" % lbl, "gpuguard_gpu_power_limit_watts%s 700.00" % lbl,
                  "gpuguard_gpu_fault%s 0" % lbl):

@@ -1,0 +1,357 @@
+# shellcheck shell=bash
+# shellcheck disable=SC2034 # SMI_* are filled here for idle.sh, leak.sh and textfile.sh
+# shellcheck disable=SC2004 # the SMI_* arrays are associative (smi_reset in lib/smi.sh declares them)
+# The one place that runs npu-smi (Huawei Ascend NPUs), beside lib/smi.sh
+# for nvidia-smi. It reads the summary table of `npu-smi info` into the same
+# SMI_* arrays smi_sample fills, so nothing above this layer learns a second
+# vocabulary: an NPU chip is a device keyed "NPU-<card>-<chip>", its AICore %
+# is the utilization, its HBM (or, without HBM, its DDR) the memory, and a
+# Health other than OK a device fault. SMI_VENDOR says "ascend" for each.
+# npu-smi must not run concurrently (its reference says so): every call goes
+# through smi.sh's runner, one at a time, bounded by SMI_TIMEOUT.
+# The layouts read are those recorded in tests/fixtures/npu (see its README).
+
+# Values npu-smi prints for what it does not have ("-" on the second chip
+# of an Atlas A3 card, whose power is counted on the first; NA on a 310P).
+NPU_PLACEHOLDERS='|-|NA|N/A||'
+
+# An idle Ascend chip with no process shows part of its memory in use (the
+# recordings: about 3.4 GB of a 910B's 64 GB, 1.5 GB of a 310P chip's 44
+# GB): that much, a share of its total, is SMI_MEM_BASE, which the idle
+# rule adds to IDLE_MEM_MIB before it calls a chip without listed
+# processes held (a container hides them; a job's memory is far above).
+NPU_RESERVED_PCT=8
+
+# True when the command of NPU_SMI (its first word) can be run.
+npu_available() {
+  local -a cmd
+  read -r -a cmd <<<"${NPU_SMI:-npu-smi}"
+  command -v -- "${cmd[0]}" >/dev/null 2>&1
+}
+
+# Runs npu-smi with the given arguments through smi.sh's bounded runner.
+# Arguments:
+#   $1 variable for the output (stdout and stderr), the rest: npu-smi's
+# Returns:
+#   npu-smi's status; 124 when it timed out; 127 when it is missing
+npu_run_into() {
+  local -n _npu_run_out=$1
+  shift
+  local _nr_rc=0 _nr_text=''
+  NVIDIA_SMI=${NPU_SMI:-npu-smi} smi_run_into _nr_text "$@" || _nr_rc=$?
+  _npu_run_out=$_nr_text
+  return "$_nr_rc"
+}
+
+# Puts the first line `npu-smi -v` prints (e.g. "npu-smi version: 23.0.6")
+# into the variable named $1, or "version unknown"; asked once a process.
+npu_version_into() {
+  local -n _npu_ver=$1
+  if [[ -z ${NPU_VERSION:-} ]]; then
+    local out=''
+    if npu_run_into out -v; then
+      out=${out%%$'\n'*}
+      out=${out//[^[:print:]]/}
+      NPU_VERSION=${out:0:80}
+    fi
+    NPU_VERSION=${NPU_VERSION:-version unknown}
+  fi
+  _npu_ver=$NPU_VERSION
+}
+
+# Describes a failed call in one line, for logs and monitor_degraded events.
+npu_describe_failure() {
+  local rc=$1 output=$2 first
+  first=${output%%$'\n'*}
+  first=${first:0:160}
+  case $rc in
+    124 | 137) printf 'npu-smi timed out after %ss (driver wedged?)' "${SMI_TIMEOUT:-10}" ;;
+    127) printf 'npu-smi not found (%s)' "$first" ;;
+    *) printf 'npu-smi exited %s: %s' "$rc" "${first:-no output}" ;;
+  esac
+}
+
+# Samples every NPU chip with one `npu-smi info` call and adds them to the
+# SMI_* arrays (callers reset them first: smi_reset, or smi_sample on a
+# mixed box).
+# Globals (set):
+#   the SMI_* arrays of smi_sample for each chip; SMI_VENDOR[id]=ascend;
+#   NPU_APPS_OK (1 when the process table was read); SMI_ERROR
+# Returns:
+#   0 when the table was read and named at least one chip; 1 otherwise (a
+#   failed call, or a layout this parser does not know, named with the
+#   version npu-smi reports)
+npu_sample() {
+  local output rc=0 version
+  declare -gA SMI_VENDOR SMI_MEM_BASE
+  NPU_APPS_OK=0
+  npu_run_into output info || rc=$?
+  if ((rc != 0)); then
+    SMI_ERROR=$(npu_describe_failure "$rc" "$output")
+    return 1
+  fi
+  if ! npu_parse_info "$output"; then
+    npu_version_into version
+    SMI_ERROR="npu-smi ($version) printed a layout of 'npu-smi info' gpuguard does not know: $NPU_PARSE_ERROR"
+    return 1
+  fi
+  if ((! NPU_APPS_OK)); then
+    SMI_ERROR="npu-smi printed no readable process table"
+  fi
+  return 0
+}
+
+# Reads one value the fast checks of npu_parse_info did not take: a
+# placeholder gives '', a number in range itself, anything else '' counted
+# in SMI_BAD_VALUES.
+# Arguments:
+#   $1 variable, $2 text, $3 int|dec, $4 MIN, $5 MAX
+npu_value_into() {
+  local -n _npu_val=$1
+  _npu_val=''
+  [[ $NPU_PLACEHOLDERS == *"|$2|"* ]] && return 0
+  gg_number_into "$1" "$2" "$3" "$4" "$5" || SMI_BAD_VALUES=$((${SMI_BAD_VALUES:-0} + 1))
+  return 0
+}
+
+# Parses the output of `npu-smi info`: a header, two rows per chip ("| card
+# name | health | power temp hugepages |", then "| chip [device] | bus-id |
+# aicore used / total [hbm-used / hbm-total] |"), then the process table
+# ("| card chip | pid | name | MB |" rows, or "No running processes found in
+# NPU N"). A row of a kind it does not know fails the whole parse: a chip
+# missing from a sample must not read as released. Rows are split at their
+# bars and cells at blanks by the shell in one step each, with no function
+# call on the common path (it runs every cycle for every chip; a regular
+# expression a row cost twice as much).
+# Globals (set):
+#   the SMI_* arrays; NPU_APPS_OK; NPU_PARSE_ERROR (why it failed)
+# Returns:
+#   1 when no device header, no chip, or a cut or unknown row was read
+npu_parse_info() {
+  local text=$1 line section=none hbm=0 card='' name='' health='' power=''
+  local -a lines cells w
+  # a byte order mark, dropped by a match on the start alone (${1#BOM} on
+  # a 30 kB answer costs 18 ms in a UTF-8 locale)
+  [[ $text == $'\xef\xbb\xbf'* ]] && text=${text:3}
+  NPU_PARSE_ERROR='' NPU_APPS_OK=0
+  # associative, whoever called (an indexed array would read the key
+  # "NPU-0-0" as arithmetic)
+  declare -gA SMI_VENDOR SMI_MEM_BASE
+  smi_lines_into lines "$text"
+  local - IFS
+  set -f
+  for line in "${lines[@]}"; do
+    line=${line%$'\r'}
+    # separators (+----+, +====+) and blank lines
+    [[ -z $line || $line == '+'* ]] && continue
+    # a data row (a chip's, a process's) first: nearly every line is one
+    if [[ $section != none && $line == '|'+( )[0-9]*'|' ]]; then
+      # shellcheck disable=SC2206 # splitting at the bars is the point
+      IFS='|' cells=($line)
+      IFS=$' \t'
+      if [[ $section == devices ]]; then
+        npu_device_row || return 1
+      else
+        npu_process_row || return 1
+      fi
+      continue
+    fi
+    case $line in
+      '|'*'npu-smi '*'Version:'*) continue ;;
+      '| NPU'*'Name'*'| Health'*)
+        section=devices
+        continue
+        ;;
+      '| Chip'*'| Bus-Id'*'AICore(%)'*)
+        [[ $line == *HBM-Usage* ]] && hbm=1
+        continue
+        ;;
+      '| NPU'*'Chip'*'| Process id'*)
+        [[ -z $card ]] && section=procs NPU_APPS_OK=1
+        continue
+        ;;
+      '| No running processes found in NPU '*) [[ $section == procs ]] && continue ;;
+    esac
+    NPU_PARSE_ERROR="a line read as no known row: ${line:0:60}"
+    return 1
+  done
+  if [[ -n $card ]]; then
+    NPU_PARSE_ERROR="a chip's first row without its second (cut output)"
+    return 1
+  fi
+  if [[ $section == none ]] || ! npu_has_chips; then
+    NPU_PARSE_ERROR="no NPU chip rows"
+    return 1
+  fi
+  return 0
+}
+
+# Reads one row of the device section (npu_parse_info's cells, split at
+# the bars, blanks as IFS): a chip's first row is kept in card, name,
+# health and power until its second row comes.
+npu_device_row() {
+  # shellcheck disable=SC2206 # splitting at blanks is the point
+  w=(${cells[1]})
+  if [[ -z $card ]]; then
+    if ((${#cells[@]} != 4 || ${#w[@]} < 2)) || [[ ${w[0]} != +([0-9]) ]]; then
+      NPU_PARSE_ERROR="a chip's first row not read as 'card name | health | power ...': ${line:0:60}"
+      return 1
+    fi
+    card=${w[0]} name=${w[*]:1}
+    # shellcheck disable=SC2206
+    w=(${cells[2]})
+    health=${w[*]}
+    # shellcheck disable=SC2206
+    w=(${cells[3]})
+    power=${w[0]:-}
+    return 0
+  fi
+  if ((${#cells[@]} != 4 || ${#w[@]} < 1 || ${#w[@]} > 2)) || [[ ${w[0]} != +([0-9]) || ${w[1]:-0} != +([0-9]) ]]; then
+    NPU_PARSE_ERROR="a chip's second row not read as 'chip [device] | bus | usage': ${line:0:60}"
+    return 1
+  fi
+  local chip=${w[0]} device=${w[1]:-}
+  # shellcheck disable=SC2206 # "41052/ 65536" reads as "41052 / 65536"
+  w=(${cells[3]//\// \/ })
+  if ((${#w[@]} != 4 && ${#w[@]} != 7)) || [[ ${w[2]} != / || ${w[5]:-/} != / ]]; then
+    NPU_PARSE_ERROR="a chip's usage cell not read as 'aicore used / total': ${line:0:60}"
+    return 1
+  fi
+  npu_add_chip
+  card=''
+}
+
+# Reads one row of the process table (npu_parse_info's cells): "card chip |
+# pid | name | MB"; the name is all between the PID's cell and the last.
+npu_process_row() {
+  local n=${#cells[@]}
+  # shellcheck disable=SC2206 # splitting at blanks is the point
+  w=(${cells[1]})
+  if ((n < 5 || ${#w[@]} != 2)) || [[ ${w[0]} != +([0-9]) || ${w[1]} != +([0-9]) ]]; then
+    NPU_PARSE_ERROR="a process row not read as 'card chip | pid | name | MB': ${line:0:60}"
+    return 1
+  fi
+  local id="NPU-${w[0]}-${w[1]}" pid=${cells[2]} mem=${cells[n - 1]} pname
+  [[ -n ${SMI_INDEX[$id]+set} ]] || return 0
+  # the name: its cells joined (a name may hold a bar), its blanks
+  # trimmed by a split (a run of blanks inside becomes one)
+  IFS='|'
+  pname="${cells[*]:3:n-4}"
+  IFS=$' \t'
+  # shellcheck disable=SC2206 # splitting at blanks is the point
+  w=($pname)
+  pname=${w[*]}
+  pid=${pid// /} mem=${mem// /}
+  if [[ $pid != [1-9]*([0-9]) || ${#pid} -gt 9 ]] && ! gg_number_into pid "$pid" int 1 "$SMI_MAX_PID"; then
+    NPU_PARSE_ERROR="a process row without a PID: ${line:0:60}"
+    return 1
+  fi
+  if [[ $mem != @(0|[1-9]*([0-9])) || ${#mem} -gt 8 ]] || ((mem > ${SMI_MEM_TOTAL[$id]:-SMI_MAX_MIB})); then
+    npu_value_into mem "$mem" int 0 "${SMI_MEM_TOTAL[$id]:-$SMI_MAX_MIB}"
+  fi
+  SMI_NPROCS[$id]=$((SMI_NPROCS[$id] + 1))
+  SMI_PROCS[$id]+="${pid}"$'\t'"${pname//$'\t'/ }"$'\t'"${mem}"$'\n'
+  SMI_PIDS_MEM[$pid]=$((${SMI_PIDS_MEM[$pid]:-0} + ${mem:-0}))
+  SMI_PID_UUIDS[$pid]+="${SMI_PID_UUIDS[$pid]:+ }$id"
+}
+
+# True when the last parse added at least one Ascend chip.
+npu_has_chips() {
+  local id
+  for id in "${!SMI_VENDOR[@]}"; do
+    [[ ${SMI_VENDOR[$id]} == ascend ]] && return 0
+  done
+  return 1
+}
+
+# Adds the chip of a second row (npu_device_row's chip, device and usage
+# words w; the first row's card, name, health and power) to the SMI_*
+# arrays. Memory is the HBM where the chip has it (910 series), else its DDR
+# (310P). A second pair of rows for one chip is skipped.
+npu_add_chip() {
+  local util=${w[0]} used=${w[1]} total=${w[3]} watts=$power id="NPU-$card-$chip"
+  if ((hbm && ${#w[@]} == 7)) && [[ ${w[6]} != @(0|-|NA) ]]; then
+    used=${w[4]} total=${w[6]}
+  fi
+  if [[ -n ${SMI_INDEX[$id]+set} ]]; then
+    SMI_BAD_LINES=$((${SMI_BAD_LINES:-0} + 1))
+    return 0
+  fi
+  # plain numbers in range need no call (nearly every value); the rest
+  # (placeholders, garbage) goes through npu_value_into
+  [[ $total == [1-9]*([0-9]) && ${#total} -le 8 ]] || npu_value_into total "$total" int 1 "$SMI_MAX_MIB"
+  if [[ $used != @(0|[1-9]*([0-9])) || ${#used} -gt 8 || -z $total ]] || ((used > total)); then
+    npu_value_into used "$used" int 0 "${total:-$SMI_MAX_MIB}"
+  fi
+  [[ $util == @([0-9]|[1-9][0-9]|100) ]] || npu_value_into util "$util" dec 0 100
+  [[ $watts == @(0|[1-9]?([0-9])?([0-9])).[0-9] ]] || npu_value_into watts "$watts" dec 0 "$SMI_MAX_WATTS"
+  SMI_UUIDS+=("$id")
+  # the logic device id (what ASCEND_RT_VISIBLE_DEVICES names) where the
+  # table prints one; the card number on one-chip cards
+  SMI_INDEX[$id]=${device:-$card}
+  SMI_UTIL[$id]=$util
+  SMI_MEM_USED[$id]=$used
+  SMI_MEM_TOTAL[$id]=$total
+  SMI_MEM_BASE[$id]=$((${total:-0} * NPU_RESERVED_PCT / 100))
+  SMI_POWER[$id]=$watts
+  # npu-smi info prints no power limit: the power rule stays silent
+  SMI_POWER_LIMIT[$id]=''
+  [[ $name == Ascend* ]] || name="Ascend $name"
+  SMI_NAME[$id]=${name//$'\t'/ }
+  case $health in
+    OK | '') SMI_GPU_FAULT[$id]='' ;;
+    *) SMI_GPU_FAULT[$id]="Health $health" ;;
+  esac
+  SMI_VENDOR[$id]=ascend
+  SMI_NPROCS[$id]=0
+  SMI_PROCS[$id]=''
+}
+
+# Which device tools this box is sampled with, from GPUGUARD_DEVICE:
+# nvidia, ascend, or auto (each tool that is installed; nvidia-smi alone
+# when neither is, so its "not found" is what the user reads).
+# Arguments:
+#   $1 variable for "nvidia", "ascend" or "nvidia ascend"
+device_kinds_into() {
+  local -n _dev_kinds=$1
+  case ${GPUGUARD_DEVICE:-auto} in
+    nvidia | ascend) _dev_kinds=$GPUGUARD_DEVICE ;;
+    *)
+      if npu_available && smi_available; then
+        _dev_kinds='nvidia ascend'
+      elif npu_available; then
+        _dev_kinds=ascend
+      else
+        _dev_kinds=nvidia
+      fi
+      ;;
+  esac
+}
+
+# Samples every device of this box in one cycle, into the SMI_* arrays:
+# the GPUs through smi_sample, the NPUs through npu_sample, both on a mixed
+# box. The call sites of smi_sample call this instead.
+# Returns:
+#   0 when every tool in use answered (a device missing from a sample must
+#   not read as released); SMI_APPS_OK is 1 only when every process list
+#   was read
+device_sample() {
+  local kinds
+  declare -gA SMI_VENDOR=() SMI_MEM_BASE=()
+  device_kinds_into kinds
+  case $kinds in
+    nvidia) smi_sample ;;
+    ascend)
+      smi_reset
+      npu_sample || return 1
+      SMI_APPS_OK=$NPU_APPS_OK
+      ;;
+    *)
+      smi_sample || return 1
+      local gpu_apps=$SMI_APPS_OK gpu_error=$SMI_ERROR
+      npu_sample || return 1
+      SMI_APPS_OK=$((gpu_apps && NPU_APPS_OK))
+      SMI_ERROR=${gpu_error:-$SMI_ERROR}
+      ;;
+  esac
+}

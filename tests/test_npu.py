@@ -1,0 +1,355 @@
+"""Ascend NPUs (lib/npu.sh): the npu-smi double answers as the recordings in
+tests/fixtures/npu do, the parser reads each recording, and the watchdog,
+status and metrics work on NPUs as on NVIDIA GPUs: the main idle scenarios
+run against both doubles (device_kind), and a mixed box (one GPU, one NPU)
+is watched in one cycle."""
+import json
+import subprocess
+
+import pytest
+from conftest import FAKEBIN, ROOT, app, busy_gpu, idle_gpu
+
+NPU_SMI = FAKEBIN / "npu" / "npu-smi"
+FIXTURES = ROOT / "tests" / "fixtures" / "npu"
+
+# The recordings as scenarios of the double (values copied from the files).
+B3_BUS = ["0000:C1:00.0", "0000:C2:00.0", "0000:81:00.0", "0000:82:00.0",
+          "0000:01:00.0", "0000:02:00.0", "0000:41:00.0", "0000:42:00.0"]
+SCENARIO_910B3 = {
+    "layout": "910b", "version": "25.2.0",
+    "chips": [{"card": i, "chip": 0, "name": "910B3", "bus": b, "total": 65536} for i, b in enumerate(B3_BUS)],
+    "steps": [{"chips": [{"power": p, "temp": t, "used": u} for p, t, u in
+                         [(97.9, 34, 3408), (89.5, 32, 3408), (92.3, 32, 41052), (92.4, 32, 3390),
+                          (95.6, 37, 3403), (97.2, 38, 3400), (91.0, 36, 3401), (95.4, 37, 3400)]],
+               "procs": [{"card": 2, "chip": 0, "pid": 1333928, "name": "", "mem": 37709}]}],
+}
+SCENARIO_310P3 = {
+    "layout": "310p", "version": "25.2.0",
+    "chips": [{"card": 2, "chip": 0, "device": 0, "name": "310P3", "bus": "0000:01:00.0", "total": 44280},
+              {"card": 2, "chip": 1, "device": 1, "name": "310P3", "bus": "0000:01:00.0", "total": 43693}],
+    "steps": [{"chips": [{"power": "NA", "temp": 51, "used": 1529}, {"power": "NA", "temp": 49, "used": 1411}],
+               "procs": []}],
+}
+A3_BUS = ["9D", "9F", "99", "9B", "95", "97", "91", "93", "8D", "8F", "89", "8B", "85", "87", "81", "83"]
+A3_VALUES = [(232.5, 52, 17, 53444), ("-", 51, 17, 52948), (226.9, 51, 17, 53200), ("-", 52, 17, 52940),
+             (175.3, 52, 0, 3128), ("-", 52, 0, 2888), (170.6, 51, 0, 3122), ("-", 51, 0, 2888),
+             (167.2, 51, 0, 3136), ("-", 49, 0, 2895), (174.5, 51, 0, 3130), ("-", 50, 0, 2895),
+             (243.3, 53, 17, 50719), ("-", 50, 17, 50242), (248.0, 52, 17, 50494), ("-", 52, 17, 50242)]
+A3_PROCS = [(0, 0, 3325989, 50128), (0, 0, 3330598, 132), (0, 0, 3328327, 133), (0, 0, 3333165, 132),
+            (0, 1, 3328327, 50119), (1, 0, 3330598, 50117), (1, 1, 3333165, 50119),
+            (6, 0, 3085960, 47426), (6, 0, 3085961, 122), (6, 0, 3085962, 122), (6, 0, 3085964, 122),
+            (6, 1, 3085961, 47416), (7, 0, 3085962, 47416), (7, 1, 3085964, 47416)]
+SCENARIO_A3 = {
+    "layout": "a3", "version": "25.2.3",
+    "chips": [{"card": i // 2, "chip": i % 2, "device": i, "name": "Ascend910", "bus": "0000:%s:00.0" % b,
+               "total": 65536} for i, b in enumerate(A3_BUS)],
+    "steps": [{"chips": [{"power": p, "temp": t, "aicore": a, "used": u} for p, t, a, u in A3_VALUES],
+               "procs": [{"card": c, "chip": ch, "pid": pid, "name": "", "mem": m} for c, ch, pid, m in A3_PROCS]}],
+}
+
+
+def double(scenario, tmp_path, *args):
+    path = tmp_path / "npu.json"
+    path.write_text(json.dumps(scenario))
+    return subprocess.run([str(NPU_SMI)] + list(args or ["info"]), env={"FAKE_NPU_SCENARIO": str(path)},
+                          capture_output=True, text=True, check=False)
+
+
+@pytest.mark.parametrize("scenario, recording", [
+    (SCENARIO_910B3, "info-910b3-25.2.0-one-process.txt"),
+    (SCENARIO_310P3, "info-310p3-25.2.0-two-chips.txt"),
+    (SCENARIO_A3, "info-ascend910-a3-25.2.3-busy.txt"),
+])
+def test_double_answers_byte_for_byte_like_the_recordings(tmp_path, scenario, recording):
+    r = double(scenario, tmp_path)
+    assert r.returncode == 0
+    assert r.stdout == (FIXTURES / recording).read_text()
+
+
+def parse(text):
+    """The SMI_* arrays lib/npu.sh fills from a text of `npu-smi info`."""
+    script = r'''
+set -uo pipefail
+shopt -s extglob
+source lib/common.sh; source lib/smi.sh; source lib/npu.sh
+smi_reset; declare -gA SMI_VENDOR=() SMI_MEM_BASE=()
+npu_parse_info "$(cat)"; echo "rc=$? apps=$NPU_APPS_OK"
+for id in "${SMI_UUIDS[@]}"; do
+  printf '%s|%s|%s|%s|%s|%s|%s|%s|%s\n' "$id" "${SMI_INDEX[$id]}" "${SMI_UTIL[$id]}" "${SMI_MEM_USED[$id]}" \
+    "${SMI_MEM_TOTAL[$id]}" "${SMI_POWER[$id]}" "${SMI_NAME[$id]}" "${SMI_GPU_FAULT[$id]}" "${SMI_NPROCS[$id]}"
+done
+for pid in "${!SMI_PIDS_MEM[@]}"; do echo "pid $pid ${SMI_PIDS_MEM[$pid]} ${SMI_PID_UUIDS[$pid]}"; done
+'''
+    r = subprocess.run(["bash", "-c", script], cwd=ROOT, input=text, capture_output=True, text=True, check=False)
+    lines = r.stdout.splitlines()
+    head = dict(kv.split("=") for kv in lines[0].split())
+    chips = {f[0]: f[1:] for f in (line.split("|") for line in lines[1:] if "|" in line)}
+    pids = {int(w[1]): (int(w[2]), w[3:]) for w in (line.split() for line in lines if line.startswith("pid "))}
+    return int(head["rc"]), int(head["apps"]), chips, pids
+
+
+def test_910b_recording_reads_hbm_aicore_power_and_the_nameless_process():
+    rc, apps, chips, pids = parse((FIXTURES / "info-910b3-25.2.0-one-process.txt").read_text())
+    assert rc == 0 and apps == 1 and len(chips) == 8
+    assert chips["NPU-2-0"] == ["2", "0", "41052", "65536", "92.3", "Ascend 910B3", "", "1"]
+    assert pids == {1333928: (37709, ["NPU-2-0"])}
+
+
+def test_310p_recording_reads_each_chip_of_the_card_with_unknown_power():
+    rc, apps, chips, pids = parse((FIXTURES / "info-310p3-25.2.0-two-chips.txt").read_text())
+    assert rc == 0 and apps == 1 and pids == {}
+    # DDR memory (no HBM on a 310P), "NA" power read as unknown, never 0
+    assert chips["NPU-2-0"] == ["0", "0", "1529", "44280", "", "Ascend 310P3", "", "0"]
+    assert chips["NPU-2-1"] == ["1", "0", "1411", "43693", "", "Ascend 310P3", "", "0"]
+
+
+def test_older_npu_smi_23_and_a3_dash_power_and_a_process_on_two_chips():
+    rc, apps, chips, _ = parse((FIXTURES / "info-910b2-23.0.7-no-processes.txt").read_text())
+    assert rc == 0 and apps == 1 and chips["NPU-7-0"][2:5] == ["3347", "65536", "93.8"]
+    rc, apps, chips, pids = parse((FIXTURES / "info-ascend910-a3-25.2.3-busy.txt").read_text())
+    assert rc == 0 and len(chips) == 16
+    assert chips["NPU-0-1"][:5] == ["1", "17", "52948", "65536", ""]
+    assert pids[3328327] == (133 + 50119, ["NPU-0-0", "NPU-0-1"])
+
+
+def test_a_process_name_with_blanks_or_a_bar_is_read_whole():
+    text = (FIXTURES / "info-910b3-25.2.0-one-process.txt").read_text().replace(
+        "| 1333928       |                          |", "| 1333928       | vllm | worker 0         |")
+    rc, _, chips, pids = parse(text)
+    assert rc == 0 and pids == {1333928: (37709, ["NPU-2-0"])} and chips["NPU-2-0"][-1] == "1"
+
+
+@pytest.mark.parametrize("text, why", [
+    ("NPU 0: AICore 0% HBM 3408/65536\n", "a line outside the table"),
+    ("\n".join((FIXTURES / "info-910b3-25.2.0-one-process.txt").read_text().splitlines()[:7]) + "\n", "cut"),
+    ((FIXTURES / "info-310p3-25.2.0-two-chips.txt").read_text().replace("| 0            1529 / 44280", "| 0            1529"),
+     "usage cell"),
+    ("", "no NPU chip rows"),
+])
+def test_unknown_or_cut_layouts_fail_the_parse(text, why):
+    rc, _, _, _ = parse(text)
+    assert rc == 1, why
+
+
+# ------------------------------------------------ watchdog, by device kind --
+
+class Devices:
+    """Writes one scenario for the double of the device kind under test:
+    the same idle/busy/gone steps as NVIDIA GPUs or as 910B NPUs."""
+
+    def __init__(self, box, kind):
+        self.box, self.kind = box, kind
+        self.npu_scenario = box.tmp / "npu.json"
+        if kind == "ascend":
+            box.env.update({"GPUGUARD_DEVICE": "ascend", "NPU_SMI": str(NPU_SMI),
+                            "FAKE_NPU_SCENARIO": str(self.npu_scenario),
+                            "FAKE_NPU_STATE": str(box.tmp / "npu-step"),
+                            "FAKE_NPU_LOG": str(box.tmp / "npu.log")})
+
+    # a held idle device, a busy one, a released one (910B figures from the
+    # recordings: ~95 W and 3.4 GB with nothing on it, ~230 W at work)
+    def step(self, state):
+        if self.kind == "nvidia":
+            return {"idle": {"gpus": [idle_gpu()], "apps": [app(1410)]},
+                    "busy": {"gpus": [busy_gpu()], "apps": [app(1410)]},
+                    "gone": {"gpus": [idle_gpu(mem=0)], "apps": []},
+                    "hidden": {"gpus": [idle_gpu(mem=30000)], "apps": []},
+                    "empty": {"gpus": [idle_gpu(mem=0)], "apps": []}}[state]
+        if isinstance(state, dict):
+            return state
+        chip = {"idle": {"aicore": 0, "used": 41052, "power": 92.3, "temp": 32, "health": "OK"},
+                "busy": {"aicore": 98, "used": 53444, "power": 232.5, "temp": 52, "health": "OK"},
+                "gone": {"aicore": 0, "used": 3408, "power": 97.9, "temp": 34, "health": "OK"},
+                "hidden": {"aicore": 0, "used": 29954, "power": 96.5, "temp": 36, "health": "OK"},
+                "empty": {"aicore": 0, "used": 3408, "power": 97.9, "temp": 34, "health": "OK"}}[state]
+        procs = [{"card": 0, "chip": 0, "pid": 1410, "name": "python3", "mem": 37709}] \
+            if state in ("idle", "busy") else []
+        return {"chips": [chip], "procs": procs}
+
+    def write(self, states):
+        steps = [self.step(s) for s in states]
+        if self.kind == "nvidia":
+            self.box.write_scenario(steps)
+        else:
+            self.npu_scenario.write_text(json.dumps({
+                "layout": "910b", "version": "25.2.0",
+                "chips": [{"card": 0, "chip": 0, "name": "910B3", "bus": "0000:C1:00.0", "total": 65536}],
+                "steps": steps}))
+
+
+@pytest.fixture(params=["nvidia", "ascend"])
+def devices(request, box):
+    return Devices(box, request.param)
+
+
+def idle_states(box):
+    return [(e["gpu"], e["state"]) for e in box.events() if e["event"] == "gpu_idle"]
+
+
+def test_idle_but_held_fires_once_then_resolves_when_busy(box, devices):
+    devices.write(["idle"] * 4 + ["busy"])
+    for cycle in range(5):
+        box.once(now=1000 + 60 * cycle)
+    assert idle_states(box) == [(0, "firing"), (0, "resolved")]
+    firing = box.events()[0]
+    assert firing["utilization"] == 0 and firing["processes"][0]["pid"] == 1410
+    assert firing["vendor"] == devices.kind
+    if devices.kind == "ascend":
+        assert firing["uuid"] == "NPU-0-0" and firing["gpu_name"] == "Ascend 910B3"
+        assert firing["power_limit_w"] is None
+
+
+def test_released_device_resolves(box, devices):
+    devices.write(["idle"] * 3 + ["gone"])
+    for t in range(4):
+        box.once(now=100 + t)
+    assert idle_states(box) == [(0, "firing"), (0, "resolved")]
+    assert box.events()[-1]["reason"] == "released"
+
+
+def test_hidden_processes_holding_memory_count_and_the_firmware_reserve_does_not(box, devices):
+    """A container hides the processes; an idle NPU with nothing on it still
+    shows its firmware's 3.4 GB (the recordings), which is no job."""
+    devices.write(["empty"] * 4 + ["hidden"] * 3)
+    for t in range(4):
+        box.once(now=t)
+    assert box.events() == []
+    for t in range(4, 7):
+        box.once(now=t)
+    assert idle_states(box) == [(0, "firing")]
+
+
+@pytest.mark.parametrize("fault", ["error", "garbage", "no_proc_table", "cut"])
+def test_a_failing_or_unknown_npu_smi_never_alerts_idle(box, fault):
+    devices = Devices(box, "ascend")
+    devices.write(["idle", "idle"] + [{"fault": fault}] * 6)
+    for t in range(8):
+        box.once(now=t, env={"SMI_FAIL_ALERT_CYCLES": "3"})
+    events = box.events()
+    assert [e for e in events if e["event"] == "gpu_idle"] == []
+    (degraded,) = [e for e in events if e["event"] == "monitor_degraded"]
+    assert "npu-smi" in degraded["error"]
+    if fault in ("garbage", "cut"):
+        # the unknown layout is named with the version npu-smi reports
+        assert "npu-smi version: 25.2.0" in degraded["error"]
+    if fault == "error":
+        assert "exited 255" in degraded["error"]
+
+
+def test_health_other_than_ok_is_a_device_fault(box):
+    devices = Devices(box, "ascend")
+    alarm = {"chips": [{"aicore": 0, "used": 41052, "power": 92.3, "temp": 32, "health": "Alarm"}], "procs": []}
+    devices.write([alarm] * 6)
+    for t in range(6):
+        box.once(now=t)
+    degraded = [e for e in box.events() if e["event"] == "gpu_degraded"]
+    assert degraded and degraded[0]["fault"] == "Health Alarm" and degraded[0]["vendor"] == "ascend"
+    assert [e for e in box.events() if e["event"] == "gpu_idle"] == []
+
+
+def test_dash_and_na_fields_are_unknown_never_idle(box):
+    devices = Devices(box, "ascend")
+    unknown = {"chips": [{"aicore": "NA", "used": 41052, "power": "-", "temp": 32}],
+               "procs": [{"card": 0, "chip": 0, "pid": 1410, "name": "python3", "mem": "NA"}]}
+    devices.write([unknown] * 6)
+    for t in range(6):
+        box.once(now=t)
+    assert [e for e in box.events() if e["event"] == "gpu_idle"] == []
+
+
+def test_mixed_box_one_gpu_one_npu_watched_in_one_cycle(box):
+    """auto: both tools answer; one cycle samples both, each idle device
+    fires once and says what it is."""
+    npu = Devices(box, "ascend")
+    box.env["GPUGUARD_DEVICE"] = "auto"
+    box.env["PATH"] = "%s:%s" % (NPU_SMI.parent, box.env["PATH"])
+    del box.env["NPU_SMI"]
+    npu.write(["idle"] * 3)
+    box.write_scenario([{"gpus": [idle_gpu()], "apps": [app(2410)]}] * 3)
+    for t in range(3):
+        box.once(now=t, env={"GPUGUARD_TEXTFILE_DIR": str(box.tmp)})
+    firing = {e["vendor"]: e for e in box.events() if e["event"] == "gpu_idle"}
+    assert set(firing) == {"nvidia", "ascend"}
+    assert firing["ascend"]["processes"][0]["pid"] == 1410
+    assert firing["nvidia"]["processes"][0]["pid"] == 2410
+    # one npu-smi info call per cycle, serial with nvidia-smi's
+    assert (box.tmp / "npu.log").read_text().splitlines() == ["info"] * 3
+    prom = (box.tmp / "gpuguard_idle.prom").read_text()
+    assert 'uuid="NPU-0-0",vendor="ascend"' in prom and 'vendor="nvidia"' in prom
+
+
+def test_status_lists_npus(box):
+    devices = Devices(box, "ascend")
+    devices.write(["idle"] * 3)
+    r = box.run("status", cmd="bin/gpuguard")
+    assert r.returncode == 0, r.stderr
+    row = [line for line in r.stdout.splitlines() if line.startswith("npu0")]
+    assert row and "41052/65536" in row[0]
+    r = box.run("status", "--json", cmd="bin/gpuguard")
+    (chip,) = json.loads(r.stdout)["gpus"]
+    assert chip["vendor"] == "ascend" and chip["uuid"] == "NPU-0-0" and chip["memory_used_mib"] == 41052
+
+
+def test_alert_text_says_npu_for_an_npu(box):
+    import sys
+    sys.path.insert(0, str(ROOT / "python"))
+    import gpuguard_alert
+    devices = Devices(box, "ascend")
+    devices.write(["idle"] * 3)
+    for t in range(3):
+        box.once(now=t)
+    events = [e for e in box.events() if e["event"] == "gpu_idle"]
+    for lang in ("en", "zh"):
+        title, sections = gpuguard_alert.render_digest(events, lang, env={})
+        text = " ".join([title] + [head + " " + " ".join(lines) for head, lines in sections])
+        assert "NPU 0" in text and "GPU 0" not in text
+
+
+# ------------------------------------------------------------ leak watcher --
+
+@pytest.mark.parametrize("per_step", [64, 0])
+def test_leak_watcher_catches_a_leak_on_an_npu_and_not_steady_memory(box, tmp_path, per_step):
+    """gpu-leak-watch samples through the same layer: a process whose HBM
+    grows 64 MB a minute on a 910B is a leak; a steady one is not."""
+    import test_leak
+    devices = Devices(box, "ascend")
+    job = test_leak.Job(tmp_path)
+    try:
+        pid = job.child()
+        devices.write([{"chips": [{"aicore": 90, "used": 3400 + 3000 + per_step * i, "power": 230.0, "temp": 50}],
+                        "procs": [{"card": 0, "chip": 0, "pid": pid, "name": "python3",
+                                   "mem": 3000 + per_step * i}]} for i in range(40)])
+        test_leak.watch_cycles(box, ["--pid", str(job.proc.pid)], 30)
+    finally:
+        job.stop()
+    leaks = [e for e in box.events() if e["event"] == "gpu_memory_leak"]
+    if per_step == 0:
+        assert leaks == []
+        return
+    (event,) = leaks
+    assert event["state"] == "firing" and event["pid"] == job.proc.pid
+    assert event["free_memory_mib"] < 65536
+
+
+def test_doctor_checks_npu_smi_and_names_each_chip(box, tmp_path):
+    devices = Devices(box, "ascend")
+    warn = {"chips": [{"aicore": 0, "used": 3408, "power": 97.9, "temp": 34, "health": "Warning"}], "procs": []}
+    devices.write([warn])
+    r = box.run("doctor", cmd="bin/gpuguard")
+    assert "OK    npu-smi answers" in r.stdout and "(1 NPU chips)" in r.stdout
+    assert "NPU 0 (NPU-0-0): Ascend 910B3, Health Warning" in r.stdout
+    assert "nvidia-smi" not in r.stdout
+
+
+def test_report_covers_npu_history(box, tmp_path):
+    devices = Devices(box, "ascend")
+    devices.write(["idle"] * 4)
+    for t in range(4):
+        box.once(now=1796206508 + 60 * t)
+    out = tmp_path / "r.html"
+    r = box.run("report", "--out", str(out), "--gpu", "NPU-0-0", cmd="bin/gpuguard",
+                env={"GPUGUARD_NOW": str(1796206508 + 300)})
+    assert r.returncode == 0, r.stderr
+    html = out.read_text()
+    # the chip's history: its section, with the HBM capacity npu-smi gave
+    assert "NPU-0-0  · capacity 65,536 MiB" in html
