@@ -249,6 +249,20 @@ def drop_dips(values, share=0.85):
     return out or values
 
 
+def window_start(xs, w, bh, least=0):
+    """The index where a window of w buckets (bh hours each) ending at the
+    last point starts (no lower than `least`), or None when the points do
+    not cover it: at least 6 and 60 % of its buckets, and data from its
+    first bucket on."""
+    lo = xs[-1] - (w - 0.5) * bh
+    i = len(xs)
+    while i > least and xs[i - 1] > lo:
+        i -= 1
+    if len(xs) - i < max(6, 0.6 * w) or xs[0] > lo + bh:
+        return None
+    return i
+
+
 def spread(rises, most):
     """True when the growth is spread over at least `most` rises as
     counted by the effective number (sum d)^2 / sum d^2: n alike rises
@@ -995,15 +1009,11 @@ class Series:
         """records_verdict's windows over one record series."""
         p = self.p
         bh = p["bucket_s"] / 3600.0
-        n = len(raw)
         end = xs[-1]
         best = (False, 0.0, 0.0, "flat", 0.0)
         for w in p["windows"]:
-            lo = end - (w - 0.5) * bh
-            i = n
-            while i > 1 and xs[i - 1] > lo:
-                i -= 1
-            if n - i < max(6, 0.6 * w) or xs[0] > lo + bh:
+            i = window_start(xs, w, bh, 1)
+            if i is None:
                 break
             ok, rate, z, trend = self.record_window(xs, raw, rec, i)
             if ok:
@@ -1076,14 +1086,11 @@ class Series:
         if not xs:
             return leaking, slope, z, trend, span
         end = xs[-1]
-        n = len(xs)
         for w in p["windows"]:
-            lo = end - (w - 0.5) * bh
-            i = n
-            while i > 0 and xs[i - 1] > lo:
-                i -= 1
-            if n - i < max(6, 0.6 * w) or xs[0] > lo + bh:
+            i = window_start(xs, w, bh)
+            if i is None:
                 break
+            lo = end - (w - 0.5) * bh
             j = i
             while j > 0 and xs[j - 1] > lo - w * bh:
                 j -= 1

@@ -220,21 +220,8 @@ def tail_rows(path, n=24):
 
 
 def tail_values(path, n=24):
-    """The last n memory values of a history CSV (reads only its end)."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, 2)
-            size = f.tell()
-            f.seek(max(0, size - 64 * n))
-            lines = f.read().decode("utf-8", "replace").splitlines()[1:]
-    except OSError:
-        return []
-    vals = []
-    for line in lines[-n:]:
-        p = line.split(",")
-        if len(p) >= 3 and num(p[2]) is not None:
-            vals.append("%d" % num(p[2]))
-    return vals
+    """The last n memory values of a history CSV, as text (reads only its end)."""
+    return ["%d" % v for _, v in tail_rows(path, n)]
 
 
 def leak_word(s, slope, threshold):
