@@ -61,6 +61,7 @@ idle_init() {
   IDLE_LAST_ALERT=() IDLE_ABSENT=() IDLE_NA_LOGGED=() IDLE_HISTORY=() IDLE_JOB_PID=() \
   IDLE_FAULT=() IDLE_FAULT_FIRING=()
   declare -ga IDLE_PENDING=() IDLE_PENDING_IDS=()
+  declare -gA IDLE_RULE_TEXT=()
   declare -g IDLE_PENDING_RECOVERED=0
   # filled by smi_sample (ARCHITECTURE.md, rule 1); declared so an older smi.sh reads as "no fault"
   declare -p SMI_GPU_FAULT &>/dev/null || declare -gA SMI_GPU_FAULT=()
@@ -285,10 +286,8 @@ idle_settings_for() {
     fi
   done <<<"${SMI_PROCS[$uuid]:-}"
   [[ -n $best ]] || return 0
-  # a PID that is another process in this namespace matches no rule
-  jobinfo_holds_gpu "$best" || (($? == 2)) || return 0
   local user cmd i setting
-  jobinfo_match_text_into "$best" user cmd
+  idle_rule_text_into "$best" user cmd || return 0
   for i in "${!IDLE_RULE_KIND[@]}"; do
     idle_rule_matches "$i" "$user" "$cmd" || continue
     IDLE_T_RULE=${IDLE_RULE_WHERE[i]}
@@ -303,6 +302,34 @@ idle_settings_for() {
     done
     return 0
   done
+}
+
+# Puts the user and command line a per-job rule is matched against for
+# PID into the variables named $2 and $3; returns 1 when PID is another
+# process in this namespace (it matches no rule). Kept per process (PID
+# and start time) in IDLE_RULE_TEXT: the lookup runs every cycle for each
+# held GPU, and telling whether a PID holds /dev/nvidia* costs a fork.
+idle_rule_text_into() {
+  local pid=$1 key
+  local -n rt_user=$2 rt_cmd=$3
+  local -a st
+  gg_proc_stat_into "/proc/$pid/stat" st || return 1
+  key="$pid:${st[21]:-}"
+  if [[ -z ${IDLE_RULE_TEXT[$key]+set} ]]; then
+    # a cache of processes still alive only: a few GPUs' holders
+    ((${#IDLE_RULE_TEXT[@]} < 256)) || IDLE_RULE_TEXT=()
+    if jobinfo_holds_gpu "$pid" || (($? == 2)); then
+      jobinfo_match_text_into "$pid" rt_user rt_cmd
+      IDLE_RULE_TEXT[$key]="1"$'\x1f'"$rt_user"$'\x1f'"$rt_cmd"
+    else
+      IDLE_RULE_TEXT[$key]=0
+    fi
+  fi
+  local text=${IDLE_RULE_TEXT[$key]}
+  [[ $text == 1* ]] || return 1
+  text=${text#1$'\x1f'}
+  # shellcheck disable=SC2034 # namerefs: assign the caller's variables
+  rt_user=${text%%$'\x1f'*} rt_cmd=${text#*$'\x1f'}
 }
 
 # Sets the rule values in force to the configuration's (no per-job rule).
