@@ -57,7 +57,7 @@ source "$GPUGUARD_ROOT/lib/ledger.sh"
 
 main() {
   GG_PROG=yichuidingyin
-  local once=0
+  local once=0 now
   while (($#)); do
     case $1 in
       --once) once=1 ;;
@@ -108,7 +108,8 @@ main() {
     fi
     # a failing cycle (disk full, a bug) is logged and the watch goes on:
     # in this `||` context nothing inside stops the daemon
-    idle_cycle "$(gg_now)" || gg_log error "cycle failed (exit $?); watching on"
+    gg_now_into now
+    idle_cycle "$now" || gg_log error "cycle failed (exit $?); watching on"
     gg_retention_maybe || true
     [[ -n $WATCHDOG_STOP ]] && break
     ((WATCHDOG_RELOAD)) && continue

@@ -492,10 +492,19 @@ gg_disk_schedulers() {
 
 # Prints the time in unix seconds; GPUGUARD_NOW pins it (replays, tests).
 gg_now() {
+  local gg_now_value
+  gg_now_into gg_now_value
+  printf '%s\n' "$gg_now_value"
+}
+
+# The same into the variable named $1, without the fork of $(gg_now): the
+# daemons' loops take the time every cycle.
+gg_now_into() {
+  local -n now_ref=$1
   if [[ -n ${GPUGUARD_NOW:-} ]]; then
-    printf '%s\n' "$GPUGUARD_NOW"
+    now_ref=$GPUGUARD_NOW
   else
-    printf '%(%s)T\n' -1
+    printf -v now_ref '%(%s)T' -1
   fi
 }
 

@@ -764,7 +764,7 @@ leak_job_watch_check() {
 # status: a cycle every LEAK_INTERVAL until the wrapper sends SIGTERM after
 # the job ended.
 leak_job_watch() {
-  local stop=0 sleeper=''
+  local stop=0 sleeper='' now
   trap 'stop=1' TERM
   trap '' INT QUIT HUP
   trap 'leak_job_watch_ended $?' EXIT
@@ -782,7 +782,8 @@ leak_job_watch() {
   gg_log info "watching job PID $LEAK_JOB_PID ($LEAK_INSTANCE) every ${LEAK_INTERVAL}s, threshold ${LEAK_THRESHOLD_MIB_H} MiB/h"
   smi_stream_begin "$LEAK_INTERVAL"
   while ((! stop)) && leak_job_running; do
-    leak_cycle "$(gg_now)"
+    gg_now_into now
+    leak_cycle "$now"
     gg_retention_maybe || true
     ((stop)) && break
     sleep "$LEAK_INTERVAL" {GG_LOCK_FD}>&- &
