@@ -24,9 +24,7 @@ NPU_RESERVED_PCT=8
 
 # True when the command of NPU_SMI (its first word) can be run.
 npu_available() {
-  local -a cmd
-  read -r -a cmd <<<"${NPU_SMI:-npu-smi}"
-  command -v -- "${cmd[0]}" >/dev/null 2>&1
+  smi_available "${NPU_SMI:-npu-smi}"
 }
 
 # Runs npu-smi with the given arguments through smi.sh's bounded runner.
@@ -59,18 +57,6 @@ npu_version_into() {
   _npu_ver=$NPU_VERSION
 }
 
-# Describes a failed call in one line, for logs and monitor_degraded events.
-npu_describe_failure() {
-  local rc=$1 output=$2 first
-  first=${output%%$'\n'*}
-  first=${first:0:160}
-  case $rc in
-    124 | 137) printf 'npu-smi timed out after %ss (driver wedged?)' "${SMI_TIMEOUT:-10}" ;;
-    127) printf 'npu-smi not found (%s)' "$first" ;;
-    *) printf 'npu-smi exited %s: %s' "$rc" "${first:-no output}" ;;
-  esac
-}
-
 # Samples every NPU chip with one `npu-smi info` call and adds them to the
 # SMI_* arrays (callers reset them first: smi_reset, or smi_sample on a
 # mixed box).
@@ -87,7 +73,7 @@ npu_sample() {
   NPU_APPS_OK=0
   npu_run_into output info || rc=$?
   if ((rc != 0)); then
-    SMI_ERROR=$(npu_describe_failure "$rc" "$output")
+    SMI_ERROR=$(smi_describe_failure "$rc" "$output" npu-smi)
     return 1
   fi
   if ! npu_parse_info "$output"; then

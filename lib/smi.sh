@@ -127,12 +127,17 @@ smi_end() {
     # timeout(1) leads its group: take the whole group down, then reap it
     kill -KILL -- "-$SMI_RUN_PID" 2>/dev/null || kill -KILL "$SMI_RUN_PID" 2>/dev/null || true
   fi
+  smi_reap "$SMI_RUN_PID"
+}
+
+# Waits for child PID to end. A trapped signal interrupts wait (status >
+# 128) while the child runs on: wait again then.
+smi_reap() {
   local rc
   while :; do
     rc=0
-    wait "$SMI_RUN_PID" 2>/dev/null || rc=$?
-    # a trapped signal interrupts wait (status > 128) while timeout runs on
-    ((rc > 128)) && kill -0 "$SMI_RUN_PID" 2>/dev/null && continue
+    wait "$1" 2>/dev/null || rc=$?
+    ((rc > 128)) && kill -0 "$1" 2>/dev/null && continue
     break
   done
   return 0
@@ -181,22 +186,25 @@ smi_run() {
 }
 
 # True when the command of NVIDIA_SMI (its first word: it may be
-# "ssh node7 nvidia-smi") can be run.
+# "ssh node7 nvidia-smi") can be run; $1, when given, is another device
+# tool's command line (lib/npu.sh: NPU_SMI).
 smi_available() {
   local -a cmd
-  read -r -a cmd <<<"${NVIDIA_SMI:-nvidia-smi}"
+  read -r -a cmd <<<"${1:-${NVIDIA_SMI:-nvidia-smi}}"
   command -v -- "${cmd[0]}" >/dev/null 2>&1
 }
 
 # Describes a failed call in one line, for logs and monitor_degraded events.
+# Arguments:
+#   $1 exit status, $2 output, $3 the tool's name (nvidia-smi when empty)
 smi_describe_failure() {
-  local rc=$1 output=$2 first
+  local rc=$1 output=$2 tool=${3:-nvidia-smi} first
   first=${output%%$'\n'*}
   first=${first:0:160}
   case $rc in
-    124 | 137) printf 'nvidia-smi timed out after %ss (driver wedged?)' "${SMI_TIMEOUT:-10}" ;;
-    127) printf 'nvidia-smi not found (%s)' "$first" ;;
-    *) printf 'nvidia-smi exited %s: %s' "$rc" "${first:-no output}" ;;
+    124 | 137) printf '%s timed out after %ss (driver wedged?)' "$tool" "${SMI_TIMEOUT:-10}" ;;
+    127) printf '%s not found (%s)' "$tool" "$first" ;;
+    *) printf '%s exited %s: %s' "$tool" "$rc" "${first:-no output}" ;;
   esac
 }
 
@@ -655,7 +663,7 @@ smi_stream_start() {
 
 # Kills both loops (their whole process groups) and reaps their wrappers.
 smi_stream_stop() {
-  local which pid fd rc
+  local which pid fd
   for which in SG SA; do
     local -n _ss_pid=SMI_${which}_PID _ss_fd=SMI_${which}_FD
     pid=${_ss_pid:-} fd=${_ss_fd:-}
@@ -663,13 +671,7 @@ smi_stream_stop() {
     [[ -n $fd ]] && exec {fd}<&-
     [[ -n $pid ]] || continue
     kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
-    while :; do
-      rc=0
-      wait "$pid" 2>/dev/null || rc=$?
-      # a trapped signal interrupts wait while the wrapper still runs
-      ((rc > 128)) && kill -0 "$pid" 2>/dev/null && continue
-      break
-    done
+    smi_reap "$pid"
   done
 }
 
