@@ -263,6 +263,20 @@ def window_start(xs, w, bh, least=0):
     return i
 
 
+def steady_records(incs):
+    """True when the records rise in four buckets of five or more and the
+    window's last third grows at least 0.85 of its first third: a leak in
+    small blocks, at its pace from its start. A creep that will slow down
+    (fragmentation, a cache filling with a time constant of hours) has
+    already lost a third of its rate over a two-hour window."""
+    n = len(incs)
+    if n < 6 or 5 * sum(1 for d in incs if d > 0) < 4 * n:
+        return False
+    k = n // 3
+    first, last = sum(incs[:k]), sum(incs[-k:])
+    return first > 0 and last >= 0.85 * first
+
+
 def spread(rises, most):
     """True when the growth is spread over at least `most` rises as
     counted by the effective number (sum d)^2 / sum d^2: n alike rises
@@ -868,20 +882,6 @@ class Series:
         slack = 0.1 * top
         return all(b <= a + slack for a, b in zip(after, after[1:]))
 
-    @staticmethod
-    def steady_records(xs, incs, i):
-        """True when the records rise in four buckets of five or more and the
-        window's last third grows at least 0.85 of its first third: a leak
-        in small blocks, at its pace from its start. A creep that will slow
-        down (fragmentation, a cache filling with a time constant of hours)
-        has already lost a third of its rate over a two-hour window."""
-        n = len(incs)
-        if n < 6 or 5 * sum(1 for d in incs if d > 0) < 4 * n:
-            return False
-        k = n // 3
-        first, last = sum(incs[:k]), sum(incs[-k:])
-        return first > 0 and last >= 0.85 * first
-
     def records_verdict(self, xs, raw):
         """(leaking, slope, z, trend, span_h) from the floor's records.
 
@@ -1064,7 +1064,7 @@ class Series:
             return False, rate, 0.0, "not held"
         j = max(0, i - 1 - (n - i))
         free = self.last.get("free")
-        if 2 * (i - 1 - j) < n - i and (free is None or free > 24.0 * rate) and not self.steady_records(xs, incs, i):
+        if 2 * (i - 1 - j) < n - i and (free is None or free > 24.0 * rate) and not steady_records(incs):
             # no hours before the window to tell a creep that will slow
             # down (fragmentation, a cache filling) from a leak's pace;
             # one that fills the GPU within a day is not waited for
