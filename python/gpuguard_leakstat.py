@@ -97,6 +97,9 @@ DEFAULTS = {
     "regap_up": 0.02,           # after a gap, a level this much higher is a restart (moved)
     "held_buckets": 6,          # the lows of the last hour are still to come (records_verdict)
     "noisy_z": 4.0,             # z of the level slope; tested every bucket (see noisy_verdict)
+    "record_h": 3.0,            # a leak's records: at least one (effective) per this many hours
+    "records_z": 1.645,         # ... and the floors under them trend (one-sided alpha 0.05)
+    "fast_rise_share": 0.25,    # fast tier: effective rises in at least this share of the minutes
 }
 MAX_FINES = 120
 
@@ -732,7 +735,11 @@ class Series:
         bh = p["bucket_s"] / 3600.0
         vals = [float(v) for _, v in seg]
         xs = [b * bh for b, _ in seg]
-        prior = [min(vals[j], vals[j + 1]) for j in range(len(vals) - 1) if xs[j + 1] < since_h]
+        # (a level the pool was held at for an evaluation or a checkpoint
+        # copy, then given back, was never the job's: excursions())
+        away = self.excursions(vals)
+        prior = [min(vals[j], vals[j + 1]) for j in range(len(vals) - 1)
+                 if xs[j + 1] < since_h and not (away[j] or away[j + 1])]
         if not prior:
             return True
         return median(vals[-3:]) - max(prior) >= p["min_growth"]
@@ -994,15 +1001,24 @@ class Series:
         while lead < min(n - 3, span) and raw[lead] >= median(raw[lead + 1:lead + 7]) + p["step_mib"]:
             away[lead] = True
             lead += 1
+        # a climb back after empty_cache() (a dip, then the old level) is
+        # recovery, not a jump: a jump is measured from the level held
+        # before it (the highest floor so far outside excursions)
+        held = raw[lead] if n else 0.0
         for a in range(1, n):
-            jump = raw[a] - raw[a - 1]
-            if jump < p["step_mib"]:
+            base = max(raw[a - 1], held)
+            jump = raw[a] - base
+            if away[a] or jump < p["step_mib"]:
+                if not away[a] and raw[a] > held:
+                    held = raw[a]
                 continue
             for b in range(a + 1, min(n, a + span + 1)):
-                if raw[b] <= raw[a - 1] + 0.5 * jump:
+                if raw[b] <= base + 0.5 * jump:
                     for k in range(a, b):
                         away[k] = True
                     break
+            else:
+                held = raw[a]
         return away
 
     def record_windows(self, xs, raw, rec):
@@ -1048,12 +1064,14 @@ class Series:
             return False, rate, 0.0, "steps"
         if rate < p["threshold"]:
             return False, rate, 0.0, "slow"
-        # a leak's growth is spread over many records (one every 40 minutes
-        # at the least); a few new batch shapes carry theirs in a handful
-        # of unlike rises. The effective number of records, (sum d)^2 /
-        # sum d^2, counts alike rises fully and small ones beside big ones
-        # hardly.
-        if not spread(small, max(p["min_rises"], (n - i) / 4.0)):
+        # a leak's growth is spread over many records (one every record_h
+        # hours at the least: under a spread of activation sizes the pool
+        # grows only when the leak and a large batch together pass the
+        # last record, every hour or two); a few new batch shapes carry
+        # theirs in a handful of unlike rises. The effective number of
+        # records, (sum d)^2 / sum d^2, counts alike rises fully and small
+        # ones beside big ones hardly.
+        if not spread(small, max(p["min_rises"], span / p["record_h"])):
             return False, rate, 0.0, "steps"
         half = xs[i - 1] + span / 2.0
         late = sum(d for k, d in zip(range(i, n), incs) if 0 < d < big and xs[k] > half)
@@ -1073,6 +1091,10 @@ class Series:
             return False, rate, 0.0, "decelerating/saturating"
         _, ry = reduce_points(xs[i - 1:], raw[i - 1:])
         z = mann_kendall_z(ry)
+        if z < p["records_z"]:
+            # records without a trend in the floors under them: a level
+            # that wanders (MoE routing) reaching a new high now and then
+            return False, rate, z, "wandering"
         prev = 0.0
         if i - 1 - j >= 6:
             prev = (rec[i - 1] - rec[j]) / (xs[i - 1] - xs[j]) if xs[i - 1] > xs[j] else 0.0
@@ -1338,7 +1360,9 @@ class Series:
             growth = wy[-1] - wy[0]
             d = [bb - aa for aa, bb in zip(wy, wy[1:])]
             if growth < p["min_growth"] or max(d) > p["max_jump_share"] * growth \
-                    or sum(1 for x in d if x > 0) < 0.6 * len(d):
+                    or not spread([x for x in d if x > 0], p["fast_rise_share"] * len(d)):
+                # (a leak under a spread of batch sizes grows the pool only
+                # when a large batch comes: in a third of the minutes, say)
                 continue
             if share < 1.0:
                 # smooth and linear: rising in most fine floors, no jump over
