@@ -229,6 +229,8 @@ mx_kind() {
   local charged=- waited=-
   [[ $w0 != - && $w1 != - ]] && charged=$(((w1 - w0) / 1048576))
   [[ $wait0 != - && $wait1 != - ]] && waited=$(((wait1 - wait0) / 1000))
+  # the whole line: cost.vrate, cost.usage, cost.indebt show what iocost did
+  echo "   job io.stat: $(grep "^$DISK " "$JOB/io.stat" 2>/dev/null)"
   echo "   $id / $kind: p50/p99 write+fsync, p50/p99 read, n: $io | job MiB/s alone $alone, beside $beside | beside: wrote $moved MiB, io.stat charged $charged MiB, iocost wait $waited ms"
   printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$id" "$hyp" "$label" "$kind" "${io// /$'\t'}" \
     "$beside" "$alone" "$moved" "$charged" "$waited" >>"$OUT_TSV"
