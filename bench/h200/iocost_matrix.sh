@@ -20,7 +20,8 @@
 #     speed as a fraction of the plain job alone
 #   A  today's --setup-disk: kernel model, QoS 5/5 ms p95, vrate 1-10000 %
 #   B  H1: kernel model, vrate ceiling 100 %
-#   C  H1: a linear model from the disk's measured speed, ceiling 100 %
+#   C  H1: a linear model from the disk's measured speed (lowprio-run's
+#      O_DIRECT bandwidths, the kernel's IOPS figures), ceiling 100 %
 #   D  H1: measured model, ceiling 150 %
 #   E  H2: as C, but the job rewrites one checkpoint file made outside it
 #   F  H3: measured model, ceiling 100, QoS read 2 / write 3 ms at p90, min 10
@@ -28,13 +29,15 @@
 #   H  H4: as C plus memory.high 512M on the job
 #   I  as C with the job at io.weight 1 (the offline tier)
 #   J  F plus memory.high 512M
+#   K  as C, with 4 KiB IOPS measured too (16 threads of O_DIRECT I/O)
 # The disk's io.cost.qos and io.cost.model are put back at the end (trap,
 # also on failure). Rows left when TIME_BUDGET_S has passed are skipped.
 # Writes under OUTDIR: iocost_matrix.md (the table), iocost_matrix.tsv (raw
-# rows), iocost_matrix.log (everything). A real run takes about 6.5
-# minutes: the setup ~15 s, idle 8 s, 10 rows of two job kinds at ~33 s
+# rows), iocost_matrix.log (everything). A real run takes about 6.5-7
+# minutes: the setup ~15 s, idle 8 s, 11 rows of two job kinds at ~33 s
 # (alone 3 s, beside 10 s, flushes), row E ~17 s; no row starts after
-# TIME_BUDGET_S, so it ends by ~7.5 minutes. Environment: IO_S (8), WARM_S (2),
+# TIME_BUDGET_S, so it ends by ~7.5 minutes (the last rows are skipped
+# first: they are in order of importance). Environment: IO_S (8), WARM_S (2),
 # ALONE_S (3), CKPT_MIB (1000), WEIGHT (10), IOPS_S (4), TIME_BUDGET_S
 # (390: no row starts later), ROWS (row ids to run, e.g. "C E"), DRY_RUN=1 (no root: a fake
 # cgroup tree, small sizes, the plumbing and the table only).
@@ -58,6 +61,7 @@ H|H4|measured model, QoS 5/5 ms p95, vrate 1-100 %, w$w, memory.high 512M|user|$
 I|-|measured model, QoS 5/5 ms p95, vrate 1-100 %, w1|user|$q5 min=1.00 max=100.00|1|-|new direct8
 G|H3|measured model, QoS 1/2 ms p95, vrate 25-100 %, w$w|user|rpct=95.00 rlat=1000 wpct=95.00 wlat=2000 min=25.00 max=100.00|$w|-|new direct8
 D|H1|measured model, QoS 5/5 ms p95, vrate 1-150 %, w$w|user|$q5 min=1.00 max=150.00|$w|-|new direct8
+K|H1|measured model and 4 KiB IOPS, QoS 5/5 ms p95, vrate 1-100 %, w$w|iops|$q5 min=1.00 max=100.00|$w|-|new direct8
 J|H3+H4|measured model, QoS 2/3 ms p90, vrate 10-100 %, w$w, memory.high 512M|user|rpct=90.00 rlat=2000 wpct=90.00 wlat=3000 min=10.00 max=100.00|$w|536870912|new direct8
 ROWS
 }
@@ -102,7 +106,7 @@ main() {
     mx_row "$id" "$hyp" "$label" "$model" "$qos" "$weight" "$memhigh" "$kinds"
   done < <(mx_rows)
   python3 "$MX" table "$OUT_TSV" | tee "$out/iocost_matrix.md"
-  echo "== measured model: $USER_MODEL"
+  echo "== measured model: $USER_MODEL; with measured IOPS: $IOPS_MODEL"
   echo "== total $((SECONDS - MX_START)) s"
 }
 
@@ -149,30 +153,35 @@ cg_line() {
 }
 
 # The disk's speed: lowprio-run's own measurement (O_DIRECT write and read
-# bandwidth, cached in the state folder) and 4 KiB IOPS; USER_MODEL is the
-# io.cost.model line written from them.
+# bandwidth, cached in the state folder) and 4 KiB IOPS (16 threads).
+# USER_MODEL, the io.cost.model line of the "measured" rows, is what
+# `lowprio-run --setup-disk` writes: the measured bandwidths with the
+# kernel's own IOPS figures; IOPS_MODEL (row K) takes the measured IOPS too.
 mx_measure() {
-  local w=0 r=0 rr=0 rs=0 wr=0 ws=0
+  local w=0 r=0 rr=0 rs=0 wr=0 ws=0 auto kv
   "$ROOT_DIR/bin/lowprio-run" --measure-disk "$WORK"
   if [[ -r $GPUGUARD_STATE_DIR/disk-bandwidth ]]; then
     # "MAJ:MIN NAME SECTORS WRITE_B/S READ_B/S TIME" (lib/disk.sh's cache)
     read -r _ _ _ w r _ <"$GPUGUARD_STATE_DIR/disk-bandwidth"
   fi
   read -r rr rs wr ws < <(python3 "$MX" iops "$IOPS_S" "$WORK" 16)
-  # what the measurement could not give keeps the kernel's own figure
-  local -A k=()
-  local kv
-  for kv in ${MODEL_BEFORE#* }; do
-    [[ $kv == *=* ]] && k[${kv%%=*}]=${kv#*=}
+  # the kernel's automatic model for this disk (its IOPS figures)
+  mx_write "$CG/io.cost.model" "$DISK ctrl=auto"
+  cg_line auto "$CG/io.cost.model"
+  local -A k=([rbps]=488636629 [rseqiops]=8932 [rrandiops]=8518 [wbps]=427891549 [wseqiops]=28755 [wrandiops]=21940)
+  for kv in ${auto#* }; do
+    [[ $kv =~ ^[a-z]+=[0-9]+$ ]] && k[${kv%%=*}]=${kv#*=}
   done
-  ((w > 0)) || w=${k[wbps]:-427891549}
-  ((r > 0)) || r=${k[rbps]:-488636629}
-  ((rr > 0)) || rr=${k[rrandiops]:-8518}
-  ((rs > 0)) || rs=${k[rseqiops]:-8932}
-  ((wr > 0)) || wr=${k[wrandiops]:-21940}
-  ((ws > 0)) || ws=${k[wseqiops]:-28755}
-  USER_MODEL="ctrl=user model=linear rbps=$r rseqiops=$rs rrandiops=$rr wbps=$w wseqiops=$ws wrandiops=$wr"
+  ((w > 0)) || w=${k[wbps]}
+  ((r > 0)) || r=${k[rbps]}
+  USER_MODEL="ctrl=user model=linear rbps=$r rseqiops=${k[rseqiops]} rrandiops=${k[rrandiops]} wbps=$w wseqiops=${k[wseqiops]} wrandiops=${k[wrandiops]}"
+  ((rr > 0)) || rr=${k[rrandiops]}
+  ((rs > 0)) || rs=${k[rseqiops]}
+  ((wr > 0)) || wr=${k[wrandiops]}
+  ((ws > 0)) || ws=${k[wseqiops]}
+  IOPS_MODEL="ctrl=user model=linear rbps=$r rseqiops=$rs rrandiops=$rr wbps=$w wseqiops=$ws wrandiops=$wr"
   echo "== measured: writes $((w / 1048576)) MiB/s, reads $((r / 1048576)) MiB/s; 4 KiB IOPS read rand/seq $rr/$rs, write rand/seq $wr/$ws"
+  echo "== the kernel's model: ${auto:-none}"
 }
 
 # The baseline row: the probe alone.
@@ -197,6 +206,7 @@ mx_row() {
     -) mx_write "$CG/io.cost.qos" "$DISK enable=0" ;;
     auto) mx_write "$CG/io.cost.model" "$DISK ctrl=auto" ;;
     user) mx_write "$CG/io.cost.model" "$DISK $USER_MODEL" ;;
+    iops) mx_write "$CG/io.cost.model" "$DISK $IOPS_MODEL" ;;
   esac
   [[ $model != - ]] && mx_write "$CG/io.cost.qos" "$DISK enable=1 ctrl=user $qos"
   [[ $weight != - ]] && mx_write "$JOB/io.weight" "default $weight"
