@@ -1180,3 +1180,32 @@ def test_doctor_says_per_disk_whether_iocost_is_in_force(tmp_path):
     r = subprocess.run(["bash", "-c", check], cwd=ROOT, env=dict(os.environ, LOWPRIO_CGROUP_ROOT=str(root)),
                        capture_output=True, text=True, timeout=30)
     assert "INFO  iocost not available: the io controller is not on cgroup v2 here" in r.stdout
+
+
+@pytest.mark.slow
+def test_iocost_matrix_dry_run_measures_every_phase_and_puts_the_disk_back(tmp_path):
+    """bench/h200/iocost_matrix.sh's dry run (no root: a fake cgroup root,
+    small jobs): the service beside each job kind, the job alone, the
+    measured cost model written for the measured rows, one table, and the
+    io.cost files as they were at the end."""
+    require(disk_of(tmp_path) is not None and os.path.isdir("/var/tmp") and disk_of("/var/tmp") is not None,
+            "/var/tmp on a block device (the bench's work folder)")
+    out = tmp_path / "out"
+    r = subprocess.run(["bash", str(ROOT / "bench/h200/iocost_matrix.sh"), str(out)], cwd=ROOT, text=True,
+                       capture_output=True, timeout=300,
+                       env=dict(os.environ, DRY_RUN="1", ROWS="C"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    table = (out / "iocost_matrix.md").read_text().splitlines()
+    rows = {line.split(" | ")[0].strip("| "): line for line in table if line.startswith("| ")}
+    assert set(rows) >= {"idle", "plain", "C"} and "A" not in rows
+    assert "measured model, QoS 5/5 ms p95, vrate 1-100 %" in rows["C"]
+    assert rows["plain"].count("(100 %)") == 2          # plain alone is the base of both job kinds
+    log = (out / "iocost_matrix.log").read_text()
+    (w,) = re.findall(r"measured: writes (\d+) MiB/s", log)
+    model = re.search(r"io\.cost\.model: (\S+) ctrl=user model=linear rbps=\d+ rseqiops=8932 rrandiops=8518 "
+                      r"wbps=(\d+) ", log)
+    assert model and int(model.group(2)) >> 20 == int(w)
+    assert re.search(r"== at the end: io\.cost\.qos: \S+ enable=0 ctrl=auto; io\.cost\.model: \S+ ctrl=auto$", log,
+                     re.MULTILINE)
+    (work,) = re.findall(r"^== kernel [^;]*; (/var/tmp/gg-iocost-matrix\.\w+) on ", log, re.MULTILINE)
+    assert not os.path.exists(work)                   # its work folder (and the fake root in it) removed
