@@ -906,37 +906,27 @@ cg_iocost_enabled() {
   [[ " $qos " == *" enable=1 "* ]]
 }
 
-# The QoS lowprio-run sets: a disk counts as saturated when more than 5 %
-# of its reads or writes take longer than the target (beyond what their
-# size costs in the model); iocost then slows every cgroup in proportion
-# to its weight, the job at a low weight first. min/max are the kernel's
-# own bounds: while the targets hold, the rate may rise far above the
-# model's, so a job alone keeps the disk's full speed. The targets are
-# 5 ms on SSDs and virtual disks (measured on the H200 host's virtio disk:
-# a service's fsync p99 at 3.3x idle beside a checkpoint writer), 50/100 ms
-# on spinning disks, where one seek takes ~10 ms.
-cg_iocost_qos_for() {
-  if [[ ${2:-} == rotational ]]; then
-    printf 'enable=1 ctrl=user rpct=95.00 rlat=50000 wpct=95.00 wlat=100000 min=1.00 max=10000.00'
-  else
-    printf 'enable=1 ctrl=user rpct=95.00 rlat=5000 wpct=95.00 wlat=5000 min=1.00 max=10000.00'
-  fi
-}
-
-# Turns iocost on for a disk: the kernel's automatic cost model (ctrl=auto
-# in io.cost.model) and the QoS $2. Keeps the lines that were there in
-# CG_IOCOST_WAS_QOS and CG_IOCOST_WAS_MODEL first. Returns 1 with
-# CG_LAST_ERROR set when the kernel refuses.
+# Turns iocost on for a disk with the QoS $2 (the io.cost.qos fields after
+# the MAJ:MIN). The cost model: the kernel's automatic one, or, with $3
+# ("rbps=N wbps=N", any of io.cost.model's linear figures), a linear model
+# set by hand with those figures and the kernel's own for the rest. Keeps
+# the lines that were there in CG_IOCOST_WAS_QOS and CG_IOCOST_WAS_MODEL
+# first. Returns 1 with CG_LAST_ERROR set when the kernel refuses.
 # shellcheck disable=SC2034 # CG_IOCOST_WAS_* are read by disk_setup
 cg_iocost_enable() {
-  local majmin=$1 qos=$2 now
+  local majmin=$1 qos=$2 figures=${3:-} now auto
   CG_IOCOST_WAS_QOS='' CG_IOCOST_WAS_MODEL=''
   cg_iocost_root || return 1
   local root=$CG_IOCOST_ROOT
   cg_iocost_line_into "$root/io.cost.qos" "$majmin" CG_IOCOST_WAS_QOS
   cg_iocost_line_into "$root/io.cost.model" "$majmin" CG_IOCOST_WAS_MODEL
   if [[ -f $root/io.cost.model ]]; then
+    # automatic first: the kernel then shows its own figures for this disk
     cg_write "$root/io.cost.model" "$majmin ctrl=auto" || return 1
+    if [[ -n $figures ]]; then
+      cg_iocost_line_into "$root/io.cost.model" "$majmin" auto
+      cg_write "$root/io.cost.model" "$majmin $(cg_iocost_model_merge "$auto" "$figures")" || return 1
+    fi
   fi
   cg_write "$root/io.cost.qos" "$majmin $qos" || return 1
   cg_iocost_line_into "$root/io.cost.qos" "$majmin" now
@@ -944,6 +934,46 @@ cg_iocost_enable() {
     CG_LAST_ERROR="the kernel did not keep enable=1 (io.cost.qos reads '${now:-nothing}' for $majmin)"
     return 1
   fi
+}
+
+# Prints a linear io.cost.model line (without the MAJ:MIN) set by hand:
+# the figures of $2 where it gives them, else the kernel's automatic ones
+# of $1 (a figure neither gives is left out: the kernel keeps its own).
+cg_iocost_model_merge() {
+  local auto=$1 figures=$2 key kv out='ctrl=user model=linear'
+  local -A value=()
+  for kv in $auto $figures; do
+    [[ $kv =~ ^[rw](bps|seqiops|randiops)=[0-9]+$ ]] && value[${kv%%=*}]=${kv#*=}
+  done
+  for key in rbps rseqiops rrandiops wbps wseqiops wrandiops; do
+    [[ -n ${value[$key]:-} ]] && out+=" $key=${value[$key]}"
+  done
+  printf '%s' "$out"
+}
+
+# Prints, for doctor and --explain, the cost model iocost uses on a disk:
+# the kernel's automatic one or one set by hand, with the write and read
+# speeds it assumes where the kernel shows them.
+cg_iocost_model_text() {
+  local line kv w='' r='' text
+  cg_iocost_root || return 1
+  cg_iocost_line_into "$CG_IOCOST_ROOT/io.cost.model" "$1" line
+  for kv in $line; do
+    case $kv in
+      wbps=*) w=${kv#*=} ;;
+      rbps=*) r=${kv#*=} ;;
+    esac
+  done
+  if [[ " $line " == *" ctrl=user "* ]]; then
+    text="cost model set by hand"
+  else
+    text="the kernel's automatic cost model"
+  fi
+  local -a speeds=()
+  [[ $w =~ ^[0-9]+$ ]] && speeds+=("writes $((w / 1048576)) MiB/s")
+  [[ $r =~ ^[0-9]+$ ]] && speeds+=("reads $((r / 1048576)) MiB/s")
+  ((${#speeds[@]})) && text+=": ${speeds[0]}${speeds[1]:+, ${speeds[1]}}"
+  printf '%s' "$text"
 }
 
 # Puts a disk's io.cost.qos and io.cost.model back as saved by

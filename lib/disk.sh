@@ -259,13 +259,76 @@ disk_saved_store() {
   gg_write_atomic "$file" "$text"
 }
 
-# Turns iocost on for each disk named (all disks when none), saving what
-# was there the first time. One line per disk; a disk that fails does not
-# stop the others. Returns 1 when any failed.
+# The iocost settings --setup-disk writes, one row per kind of disk and
+# cost model; the first row of a kind is its default. Change them here from
+# bench/h200/iocost_matrix.sh's figures (bench/RESULTS.md). Columns:
+#   model    measured: a linear cost model from the disk's measured O_DIRECT
+#            write and read speed (this file's cache; the kernel's own
+#            figures for small I/O); kernel: the kernel's automatic model,
+#            which assumes ~400 MiB/s for any SSD or virtual disk
+#   p, lat   the disk counts as saturated when more than (100 - p) % of its
+#            reads (writes) take longer than lat microseconds beyond what
+#            their size costs; iocost then slows every cgroup in proportion
+#            to its io.weight, the job's low one first
+#   min,max  how far iocost may slow every cgroup down or let it speed up,
+#            in % of the model's speed: a job alone writes at most max %
+#            of what the model says the disk does. With max 10000 on the
+#            H200 host's write-back-cached virtio disk iocost never slowed
+#            the job (bench/RESULTS.md section 8): the ceiling goes with a
+#            model that knows the disk's real speed.
+# SSDs and virtual disks get 5 ms targets (one fsync there takes ~2 ms
+# idle); spinning disks 50/100 ms (one seek takes ~10 ms).
+# Prints "MODEL QOS" for disk kind $1 (ssd, rotational) and cost model $2
+# (measured, kernel; empty: the kind's default): QOS is io.cost.qos's
+# fields after the MAJ:MIN.
+disk_iocost_settings() {
+  local want_kind=$1 want_model=${2:-} kind model rpct rlat wpct wlat min max
+  while read -r kind model rpct rlat wpct wlat min max; do
+    [[ $kind == "$want_kind" && (-z $want_model || $model == "$want_model") ]] || continue
+    printf '%s enable=1 ctrl=user rpct=%s.00 rlat=%s wpct=%s.00 wlat=%s min=%s.00 max=%s.00' \
+      "$model" "$rpct" "$rlat" "$wpct" "$wlat" "$min" "$max"
+    return 0
+  done <<'TABLE'
+ssd         measured  95  5000   95  5000    1  100
+ssd         kernel    95  5000   95  5000    1  10000
+rotational  measured  95  50000  95  100000  1  100
+rotational  kernel    95  50000  95  100000  1  10000
+TABLE
+  return 1
+}
+
+# For the measured cost model: puts the io.cost.model figures of a disk's
+# measured speed ("wbps=N rbps=N") into the variable named $2 and a text
+# saying so into the one named $3. Measures now when nothing is cached
+# (--measure-disk measures again). Returns 1 with DISK_ERROR set when the
+# disk cannot be measured.
+disk_model_figures_into() {
+  local majmin=$1 bw w r
+  local -n figures_ref=$2 figures_text=$3
+  if ! disk_cached_into "$majmin" bw; then
+    disk_measure_into "$majmin" bw || return 1
+  fi
+  read -r w r _ <<<"$bw"
+  figures_ref="wbps=$w" figures_text="from the measured speed, writes $(disk_rate_text "$w")"
+  if ((r > 0)); then
+    figures_ref+=" rbps=$r"
+    figures_text+=", reads $(disk_rate_text "$r")"
+  fi
+  # shellcheck disable=SC2034 # nameref: assigns the caller's variable
+  figures_text+=" (O_DIRECT; the kernel's figures for small I/O)"
+}
+
+# Turns iocost on for each disk named (all disks when none) with the cost
+# model $1 (measured, kernel; empty: the default of disk_iocost_settings),
+# saving what was there the first time. A disk that cannot be measured gets
+# the kernel's model, and says so. One line per disk; a disk that fails
+# does not stop the others. Returns 1 when any failed.
 disk_setup() {
+  local want_model=$1
+  shift
   local -a disks=("$@")
   local -A saved=()
-  local majmin qos qos_was model_was failed=0 kind
+  local majmin settings model qos figures text qos_was model_was failed=0 kind
   ((${#disks[@]})) || disk_all_into disks
   if ! gg_state_dir_init 2>/dev/null; then
     gg_log error "cannot keep what the disks had before: the state folder $GPUGUARD_STATE_DIR is not usable; nothing changed"
@@ -273,10 +336,22 @@ disk_setup() {
   fi
   disk_saved_into saved
   for majmin in "${disks[@]}"; do
+    # no measurement for a disk iocost cannot have
+    if ! cg_iocost_root; then
+      gg_log error "disk $(disk_name "$majmin") ($majmin): iocost not turned on: $CG_LAST_ERROR"
+      failed=1
+      continue
+    fi
     kind=ssd
     disk_rotational "$majmin" && kind=rotational
-    qos=$(cg_iocost_qos_for "$majmin" "$kind")
-    if ! cg_iocost_enable "$majmin" "$qos"; then
+    settings=$(disk_iocost_settings "$kind" "$want_model")
+    model=${settings%% *} figures='' text="the kernel's automatic one"
+    if [[ $model == measured ]] && ! disk_model_figures_into "$majmin" figures text; then
+      settings=$(disk_iocost_settings "$kind" kernel)
+      text="the kernel's automatic one: the disk could not be measured ($DISK_ERROR)"
+    fi
+    qos=${settings#* }
+    if ! cg_iocost_enable "$majmin" "$qos" "$figures"; then
       gg_log error "disk $(disk_name "$majmin") ($majmin): iocost not turned on: $CG_LAST_ERROR"
       failed=1
       continue
@@ -292,7 +367,7 @@ disk_setup() {
         continue
       }
     fi
-    gg_log info "disk $(disk_name "$majmin") ($majmin): iocost on ($qos, cost model: the kernel's automatic one); before: ${qos_was:-never set up}; lowprio-run --setup-disk --undo puts it back"
+    gg_log info "disk $(disk_name "$majmin") ($majmin): iocost on ($qos; cost model: $text); before: ${qos_was:-never set up}; lowprio-run --setup-disk --undo puts it back"
   done
   return "$failed"
 }

@@ -148,9 +148,10 @@ doctor_host() {
   fi
 }
 
-# Per disk: whether iocost is in force, which lets lowprio-run's default
-# tier bound a job's disk use without slowing it on an idle disk; else
-# lowprio-run falls back to io.max (a hard cap).
+# Per disk: whether iocost is in force, with which cost model (a job alone
+# writes at most the model's speed times the QoS max), which lets
+# lowprio-run's default tier bound a job's disk use without slowing it on
+# an idle disk; else lowprio-run falls back to io.max (a hard cap).
 doctor_disk_iocost() {
   local disk _sched majmin qos
   if ! cg_iocost_root; then
@@ -162,7 +163,7 @@ doctor_disk_iocost() {
     majmin=$(<"/sys/block/$disk/dev")
     cg_iocost_line_into "$CG_IOCOST_ROOT/io.cost.qos" "$majmin" qos
     if [[ " $qos " == *" enable=1 "* ]]; then
-      doctor_line OK "disk $disk ($majmin): iocost in force (${qos#enable=1 }): lowprio-run jobs get a low io.weight and keep the disk's full speed while nobody else needs it"
+      doctor_line OK "disk $disk ($majmin): iocost in force (${qos#enable=1 }; $(cg_iocost_model_text "$majmin")): lowprio-run jobs get a low io.weight and keep the disk's speed while nobody else needs it"
     else
       doctor_line INFO "disk $disk ($majmin): iocost off: lowprio-run caps jobs there with io.max (not work-conserving); sudo lowprio-run --setup-disk $majmin turns iocost on (--undo puts it back)"
     fi

@@ -14,10 +14,11 @@ lowprio_init() {
   declare -ga LP_NOTES=()
   # the disks: --io-max per disk (MAJ:MIN -> "rbps=N wbps=N"), the tier's
   # disk policy, and, once planned, the disks the job may write with why
-  # and what bounds it there; --setup-disk/--measure-disk and their disks
+  # and what bounds it there; --setup-disk/--measure-disk and their disks,
+  # --setup-disk's cost model
   declare -gA LP_IO_MAX_USER=() LP_DISK_WHY=() LP_DISK_MECH=() LP_DISK_EFFECT=()
   declare -ga LP_DISKS=() LP_ACTION_DISKS=() LP_DISK_NONE=()
-  declare -g LP_DISK_WEIGHT='' LP_DISK_WPCT='' LP_DISK_RPCT='' LP_ACTION='' LP_UNDO=0
+  declare -g LP_DISK_WEIGHT='' LP_DISK_WPCT='' LP_DISK_RPCT='' LP_ACTION='' LP_UNDO=0 LP_COST_MODEL=''
   if [[ -z ${GPUGUARD_STATE_DIR:-} ]]; then
     # the rule of lib/config.sh, which lowprio-run does not load
     if ((EUID == 0)); then
@@ -173,7 +174,7 @@ lowprio_parse_tier() {
 # first argument that is not an option, or all after --, is the command
 # (LP_ARGS). A bad value is a usage error.
 lowprio_parse_options() {
-  local v
+  local v opt
   while (($#)); do
     case $1 in
       --tier) shift ;;
@@ -210,10 +211,21 @@ lowprio_parse_options() {
         lowprio_io_max_add "${2:-}" || return
         shift
         ;;
-      --setup-disk | --measure-disk | --undo)
-        [[ $1 == --undo ]] && LP_UNDO=1 || LP_ACTION=${1#--}
+      --setup-disk | --measure-disk | --undo | --cost-model)
+        opt=$1
+        case $1 in
+          --undo) LP_UNDO=1 ;;
+          --cost-model)
+            [[ ${2:-} == measured || ${2:-} == kernel ]] ||
+              gg_usage_error "--cost-model takes measured or kernel (got '${2:-}')" || return
+            LP_COST_MODEL=$2
+            shift
+            ;;
+          *) LP_ACTION=${1#--} ;;
+        esac
+        # the disks named after any of them
         while [[ -n ${2:-} && ${2:-} != -* ]]; do
-          disk_resolve_into "$2" v || gg_usage_error "$1: $DISK_ERROR" || return
+          disk_resolve_into "$2" v || gg_usage_error "$opt: $DISK_ERROR" || return
           LP_ACTION_DISKS+=("$v")
           shift
         done
@@ -264,6 +276,9 @@ lowprio_parse_check() {
   fi
   if ((LP_UNDO)) && [[ $LP_ACTION != setup-disk ]]; then
     gg_usage_error "--undo goes with --setup-disk (lowprio-run --setup-disk --undo [DEV])" || return
+  fi
+  if [[ -n $LP_COST_MODEL ]] && { [[ $LP_ACTION != setup-disk ]] || ((LP_UNDO)); }; then
+    gg_usage_error "--cost-model goes with --setup-disk (lowprio-run --setup-disk --cost-model measured|kernel [DEV])" || return
   fi
   if [[ $LP_ACTION == setup-disk ]] && ((EUID != 0)); then
     gg_usage_error "--setup-disk changes a host-wide disk setting (iocost): root only (sudo lowprio-run --setup-disk)" || return
@@ -841,7 +856,7 @@ lowprio_disk_plan() {
       LP_DISK_EFFECT[$majmin]="the job may saturate the disk; services beside it wait"
     elif [[ -n $LP_DISK_WEIGHT && $LP_MECHANISM != cgroup-v1 ]] && cg_iocost_enabled "$majmin"; then
       LP_SET[io_weight]=$LP_DISK_WEIGHT
-      LP_DISK_MECH[$majmin]="iocost, io.weight $LP_DISK_WEIGHT"
+      LP_DISK_MECH[$majmin]="iocost, io.weight $LP_DISK_WEIGHT; $(cg_iocost_model_text "$majmin")"
       LP_DISK_EFFECT[$majmin]="work-conserving: full speed while nobody else uses the disk; while another cgroup needs it and the disk misses its latency targets, the job gets about $LP_DISK_WEIGHT/$((LP_DISK_WEIGHT + 100)) of it"
     else
       lowprio_disk_fallback "$majmin" lines
@@ -954,7 +969,7 @@ lowprio_disk_action() {
       if ((LP_UNDO)); then
         disk_undo "${LP_ACTION_DISKS[@]}"
       else
-        disk_setup "${LP_ACTION_DISKS[@]}"
+        disk_setup "$LP_COST_MODEL" "${LP_ACTION_DISKS[@]}"
       fi
       ;;
     measure-disk)

@@ -905,10 +905,11 @@ def test_default_tier_caps_the_disk_from_its_measured_bandwidth_where_iocost_is_
 
 
 def test_setup_disk_turns_iocost_on_and_undo_puts_back_exactly_what_was_there(tmp_path):
-    """--setup-disk (root) enables iocost with latency targets and the
-    kernel's own cost model; the job then gets a low io.weight and no cap
-    (work-conserving); --undo restores the settings the disk had, number
-    for number, even after a second --setup-disk."""
+    """--setup-disk (root) enables iocost with latency targets, a vrate
+    ceiling of 100 % and a cost model written from the disk's measured
+    speed; the job then gets a low io.weight and no cap (work-conserving);
+    --explain names the model; --undo restores the QoS and the model the
+    disk had, number for number, even after a second --setup-disk."""
     disk = disk_of(tmp_path)
     require(disk is not None, "the test's folder on a block device")
     require(os.geteuid() == 0, "--setup-disk is root only")
@@ -920,20 +921,23 @@ def test_setup_disk_turns_iocost_on_and_undo_puts_back_exactly_what_was_there(tm
     iocost_root(root, qos_before, model_before)
     r = run(["--setup-disk", majmin], env=env)
     assert r.returncode == 0, r.stderr
-    qos = (root / "io.cost.qos").read_text()
-    assert qos.startswith("%s enable=1 ctrl=user rpct=95.00 rlat=" % majmin)
-    assert (root / "io.cost.model").read_text() == "%s ctrl=auto\n" % majmin
-    assert "iocost on" in r.stderr and "before: enable=0 ctrl=user" in r.stderr
+    assert (root / "io.cost.qos").read_text() == \
+        "%s enable=1 ctrl=user rpct=95.00 rlat=5000 wpct=95.00 wlat=5000 min=1.00 max=100.00\n" % majmin
+    w, rd = cached_bandwidth(tmp_path, majmin)           # measured now: nothing was cached
+    assert (root / "io.cost.model").read_text() == "%s ctrl=user model=linear rbps=%d wbps=%d\n" % (majmin, rd, w)
+    assert "iocost on" in r.stderr and "cost model: from the measured speed, writes " in r.stderr
+    assert "before: enable=0 ctrl=user" in r.stderr
     assert run(["--setup-disk", majmin], env=env).returncode == 0   # again: the first "before" is kept
     r = run(["--", "true"], env=env, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     (leaf,) = root.glob("gpuguard-lowprio-*")
     assert (leaf / "io.weight").read_text() == "default 10\n"
     assert not (leaf / "io.max").exists()                  # no cap: the job keeps an idle disk's speed
-    assert "disk: %s %s: iocost, io.weight 10" % (name, majmin) in r.stderr
-    assert "measured disk" not in r.stderr
+    assert "disk: %s %s: iocost, io.weight 10; cost model set by hand: writes %d MiB/s, reads %d MiB/s" % (
+        name, majmin, w >> 20, rd >> 20) in r.stderr
     r = run(["--tier", "offline", "--explain"], env=env, cwd=tmp_path)
-    assert "iocost, io.weight 1\n  expected effect: work-conserving: full speed while nobody else uses the disk" in r.stdout
+    assert "iocost, io.weight 1; cost model set by hand: writes %d MiB/s" % (w >> 20) in r.stdout
+    assert "  expected effect: work-conserving: full speed while nobody else uses the disk" in r.stdout
     r = run(["--setup-disk", "--undo", "259:999"], env=env)   # a disk named: that one only (here: none)
     assert r.returncode == 2 and (root / "io.cost.qos").read_text().startswith("%s enable=1" % majmin)
     r = run(["--setup-disk", "--undo", majmin], env=env)
@@ -943,6 +947,44 @@ def test_setup_disk_turns_iocost_on_and_undo_puts_back_exactly_what_was_there(tm
     assert not (tmp_path / "state" / "iocost-saved").exists()
     r = run(["--", "true"], env=env, cwd=tmp_path)
     assert "io.max fallback" in r.stderr and "iocost is not set up on this disk (as root: lowprio-run --setup-disk)" in r.stderr
+
+
+def test_setup_disk_with_the_kernels_cost_model_and_where_the_disk_cannot_be_measured(tmp_path):
+    """--cost-model kernel keeps the kernel's automatic model (and its own
+    vrate ceiling row); a disk that cannot be measured gets the kernel's
+    model too, and the line says why; the model is put back by --undo."""
+    disk = disk_of(tmp_path)
+    require(disk is not None and os.geteuid() == 0, "root, and the test's folder on a block device")
+    majmin = disk[0]
+    root = fake_v2_root(tmp_path)
+    env = fake_v2_env(tmp_path, root)
+    model_before = "%s ctrl=user model=linear rbps=1000 rseqiops=2 rrandiops=3 wbps=4 wseqiops=5 wrandiops=6" % majmin
+    iocost_root(root, "", model_before)
+    r = run(["--setup-disk", "--cost-model", "kernel", majmin], env=env)
+    assert r.returncode == 0, r.stderr
+    assert (root / "io.cost.model").read_text() == "%s ctrl=auto\n" % majmin
+    assert (root / "io.cost.qos").read_text().endswith(" min=1.00 max=10000.00\n")
+    assert "cost model: the kernel's automatic one)" in r.stderr
+    assert not (tmp_path / "state" / "disk-bandwidth").exists()     # nothing measured for it
+    assert run(["--setup-disk", "--undo"], env=env).returncode == 0
+    assert (root / "io.cost.model").read_text() == model_before + "\n"
+    # a measurement that cannot be made (too little room for it)
+    r = run(["--setup-disk", majmin], env=dict(env, LOWPRIO_MEASURE_MIB="1000000000"))
+    assert r.returncode == 0, r.stderr
+    assert (root / "io.cost.model").read_text() == "%s ctrl=auto\n" % majmin
+    assert "cost model: the kernel's automatic one: the disk could not be measured (less than " in r.stderr
+
+
+def test_the_cost_model_set_by_hand_keeps_the_kernels_figures_for_small_io():
+    """The measured model replaces the bandwidths only: a 4 KiB I/O keeps
+    the cost the kernel gives it (its IOPS figures, as the kernel shows them
+    for an SSD in automatic mode)."""
+    auto = "ctrl=auto model=linear rbps=488636629 rseqiops=8932 rrandiops=8518 wbps=427891549 wseqiops=28755 " \
+           "wrandiops=21940"
+    r = subprocess.run(["bash", "-c", 'source lib/common.sh; source lib/cgroup.sh; cg_iocost_model_merge "$0" "$1"',
+                        auto, "wbps=1258291200 rbps=1050673152"], cwd=ROOT, capture_output=True, text=True, timeout=30)
+    assert r.stdout == ("ctrl=user model=linear rbps=1050673152 rseqiops=8932 rrandiops=8518 wbps=1258291200 "
+                        "wseqiops=28755 wrandiops=21940")
 
 
 def test_a_disk_never_set_up_gets_the_kernels_defaults_back(tmp_path):
@@ -990,6 +1032,9 @@ def test_no_io_controller_the_job_runs_and_is_told(tmp_path):
     (["--io-max", "wpbs=200M"], "--io-max: no rbps= or wbps= in 'wpbs=200M'"),
     (["--setup-disk", "/dev/shm"], "--setup-disk: /dev/shm is on tmpfs"),
     (["--measure-disk", "259:999"], "--measure-disk: no block device 259:999"),
+    (["--setup-disk", "--cost-model", "fast"], "--cost-model takes measured or kernel (got 'fast')"),
+    (["--cost-model", "kernel"], "--cost-model goes with --setup-disk"),
+    (["--setup-disk", "--undo", "--cost-model", "kernel"], "--cost-model goes with --setup-disk"),
 ])
 def test_bad_disk_input_is_one_line_exit_2_and_the_job_never_starts(tmp_path, args, message):
     require(disk_of(tmp_path) is not None and os.path.isdir("/dev/shm") and disk_of("/dev/shm") is None,
@@ -1074,14 +1119,21 @@ def test_real_mechanism_choice_on_a_loop_device(tmp_path, loop_disk):
         return
     try:
         assert r.returncode == 0, r.stderr
+        # the kernel keeps the measured bandwidths and its own IOPS figures
+        w, rd = cached_bandwidth(tmp_path, majmin)
+        (model,) = [x for x in open("/sys/fs/cgroup/io.cost.model").read().splitlines() if x.startswith(majmin + " ")]
+        assert " ctrl=user " in model and " wbps=%d " % w in model and " rbps=%d " % rd in model, model
+        assert " wrandiops=" in model
         r = run(["--", "sh", "-c", JOB_IO_FILES], env=REAL_ENV, cwd=mnt)
         assert r.returncode == 0, r.stderr
-        assert "default 10" in r.stdout and "iocost, io.weight 10" in r.stderr
+        assert "default 10" in r.stdout and "iocost, io.weight 10; cost model set by hand" in r.stderr
     finally:
         undo = run(["--setup-disk", "--undo", majmin])
     assert undo.returncode == 0, undo.stderr
     line = [x for x in open("/sys/fs/cgroup/io.cost.qos").read().splitlines() if x.startswith(majmin + " ")]
     assert not line or " enable=0 " in line[0]
+    line = [x for x in open("/sys/fs/cgroup/io.cost.model").read().splitlines() if x.startswith(majmin + " ")]
+    assert not line or " ctrl=auto " in line[0]
 
 
 def test_install_setup_disk_is_for_root_on_this_host_only(tmp_path):
@@ -1109,6 +1161,16 @@ def test_doctor_says_per_disk_whether_iocost_is_in_force(tmp_path):
     r = subprocess.run(["bash", "-c", check], cwd=ROOT, env=dict(os.environ, LOWPRIO_CGROUP_ROOT=str(root)),
                        capture_output=True, text=True, timeout=30)
     assert "OK    disk %s (%s): iocost in force (ctrl=user rpct=95.00" % (name, majmin) in r.stdout
+    assert "max=10000.00; the kernel's automatic cost model)" in r.stdout
+    (root / "io.cost.model").write_text("%s ctrl=auto model=linear rbps=488636629 rseqiops=8932 rrandiops=8518 "
+                                        "wbps=427891549 wseqiops=28755 wrandiops=21940\n" % majmin)
+    r = subprocess.run(["bash", "-c", check], cwd=ROOT, env=dict(os.environ, LOWPRIO_CGROUP_ROOT=str(root)),
+                       capture_output=True, text=True, timeout=30)
+    assert "the kernel's automatic cost model: writes 408 MiB/s, reads 466 MiB/s)" in r.stdout
+    (root / "io.cost.model").write_text("%s ctrl=user model=linear rbps=1050673152 wbps=1258291200\n" % majmin)
+    r = subprocess.run(["bash", "-c", check], cwd=ROOT, env=dict(os.environ, LOWPRIO_CGROUP_ROOT=str(root)),
+                       capture_output=True, text=True, timeout=30)
+    assert "cost model set by hand: writes 1200 MiB/s, reads 1002 MiB/s)" in r.stdout
     (root / "io.cost.qos").write_text("%s enable=0 ctrl=auto\n" % majmin)
     r = subprocess.run(["bash", "-c", check], cwd=ROOT, env=dict(os.environ, LOWPRIO_CGROUP_ROOT=str(root)),
                        capture_output=True, text=True, timeout=30)
@@ -1118,3 +1180,32 @@ def test_doctor_says_per_disk_whether_iocost_is_in_force(tmp_path):
     r = subprocess.run(["bash", "-c", check], cwd=ROOT, env=dict(os.environ, LOWPRIO_CGROUP_ROOT=str(root)),
                        capture_output=True, text=True, timeout=30)
     assert "INFO  iocost not available: the io controller is not on cgroup v2 here" in r.stdout
+
+
+@pytest.mark.slow
+def test_iocost_matrix_dry_run_measures_every_phase_and_puts_the_disk_back(tmp_path):
+    """bench/h200/iocost_matrix.sh's dry run (no root: a fake cgroup root,
+    small jobs): the service beside each job kind, the job alone, the
+    measured cost model written for the measured rows, one table, and the
+    io.cost files as they were at the end."""
+    require(disk_of(tmp_path) is not None and os.path.isdir("/var/tmp") and disk_of("/var/tmp") is not None,
+            "/var/tmp on a block device (the bench's work folder)")
+    out = tmp_path / "out"
+    r = subprocess.run(["bash", str(ROOT / "bench/h200/iocost_matrix.sh"), str(out)], cwd=ROOT, text=True,
+                       capture_output=True, timeout=300,
+                       env=dict(os.environ, DRY_RUN="1", ROWS="C"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    table = (out / "iocost_matrix.md").read_text().splitlines()
+    rows = {line.split(" | ")[0].strip("| "): line for line in table if line.startswith("| ")}
+    assert set(rows) >= {"idle", "plain", "C"} and "A" not in rows
+    assert "measured model, QoS 5/5 ms p95, vrate 1-100 %" in rows["C"]
+    assert rows["plain"].count("(100 %)") == 2          # plain alone is the base of both job kinds
+    log = (out / "iocost_matrix.log").read_text()
+    (w,) = re.findall(r"measured: writes (\d+) MiB/s", log)
+    model = re.search(r"io\.cost\.model: (\S+) ctrl=user model=linear rbps=\d+ rseqiops=8932 rrandiops=8518 "
+                      r"wbps=(\d+) ", log)
+    assert model and int(model.group(2)) >> 20 == int(w)
+    assert re.search(r"== at the end: io\.cost\.qos: \S+ enable=0 ctrl=auto; io\.cost\.model: \S+ ctrl=auto$", log,
+                     re.MULTILINE)
+    (work,) = re.findall(r"^== kernel [^;]*; (/var/tmp/gg-iocost-matrix\.\w+) on ", log, re.MULTILINE)
+    assert not os.path.exists(work)                   # its work folder (and the fake root in it) removed
