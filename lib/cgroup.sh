@@ -976,6 +976,29 @@ cg_iocost_model_text() {
   printf '%s' "$text"
 }
 
+# Puts into the variable named $2 the fastest a cgroup alone may write on
+# the disk under iocost, in bytes/s: the cost model's write speed times the
+# QoS ceiling (max, % of the model). Empty when the kernel does not show
+# them (a model in automatic mode on an older kernel).
+cg_iocost_ceiling_into() {
+  local majmin=$1 qos model kv w='' max=''
+  local -n ceiling_ref=$2
+  ceiling_ref=''
+  cg_iocost_root || return 1
+  cg_iocost_line_into "$CG_IOCOST_ROOT/io.cost.qos" "$majmin" qos
+  cg_iocost_line_into "$CG_IOCOST_ROOT/io.cost.model" "$majmin" model
+  for kv in $qos $model; do
+    case $kv in
+      max=*) max=${kv#*=} ;;
+      wbps=*) w=${kv#*=} ;;
+    esac
+  done
+  max=${max%%.*}
+  [[ $w =~ ^[0-9]+$ && $max =~ ^[0-9]+$ ]] || return 0
+  # shellcheck disable=SC2034 # nameref: assigns the caller's variable
+  ceiling_ref=$((w * max / 100))
+}
+
 # Puts a disk's io.cost.qos and io.cost.model back as saved by
 # cg_iocost_enable: a line in automatic mode is restored as automatic (the
 # kernel recomputes its numbers), one set by hand number for number; a disk

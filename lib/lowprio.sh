@@ -831,7 +831,7 @@ lowprio_disk_blocker() {
 # nothing, and why. Fills LP_DISKS, LP_DISK_MECH, LP_DISK_EFFECT and
 # LP_SET's io_max and io_weight.
 lowprio_disk_plan() {
-  local home=$PWD majmin blocker
+  local home=$PWD majmin blocker ceiling alone
   local -a lines=()
   declare -ga LP_DISK_NONE=()
   if [[ -n $LP_ATTACH ]]; then
@@ -857,7 +857,11 @@ lowprio_disk_plan() {
     elif [[ -n $LP_DISK_WEIGHT && $LP_MECHANISM != cgroup-v1 ]] && cg_iocost_enabled "$majmin"; then
       LP_SET[io_weight]=$LP_DISK_WEIGHT
       LP_DISK_MECH[$majmin]="iocost, io.weight $LP_DISK_WEIGHT; $(cg_iocost_model_text "$majmin")"
-      LP_DISK_EFFECT[$majmin]="work-conserving: full speed while nobody else uses the disk; while another cgroup needs it and the disk misses its latency targets, the job gets about $LP_DISK_WEIGHT/$((LP_DISK_WEIGHT + 100)) of it"
+      alone="full speed"
+      cg_iocost_ceiling_into "$majmin" ceiling
+      # the ceiling (QoS max) bounds a job alone too: say by how much
+      [[ -n $ceiling ]] && alone="up to $(disk_rate_text "$ceiling") (the cost model's write speed times the QoS ceiling)"
+      LP_DISK_EFFECT[$majmin]="work-conserving: $alone while nobody else uses the disk; while another cgroup needs it and the disk misses its latency targets, the job gets about $LP_DISK_WEIGHT/$((LP_DISK_WEIGHT + 100)) of it"
     else
       lowprio_disk_fallback "$majmin" lines
     fi

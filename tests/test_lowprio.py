@@ -862,6 +862,15 @@ def cached_bandwidth(tmp_path, majmin):
     return None
 
 
+def rate_text(n):
+    """Bytes/s as lowprio-run writes them (lib/disk.sh's disk_rate_text)."""
+    if n >= 10 << 30:
+        return "%d GiB/s" % (n >> 30)
+    if n >= 1 << 30:
+        return "%d.%d GiB/s" % (n >> 30, (n % (1 << 30)) * 10 >> 30)
+    return "%d MiB/s" % (n >> 20)
+
+
 def iocost_root(root, qos_line, model_line):
     """A fake v2 root that offers iocost (io.cost.* live at the root only)."""
     (root / "io.cost.qos").write_text(qos_line + "\n")
@@ -937,7 +946,9 @@ def test_setup_disk_turns_iocost_on_and_undo_puts_back_exactly_what_was_there(tm
         name, majmin, w >> 20, rd >> 20) in r.stderr
     r = run(["--tier", "offline", "--explain"], env=env, cwd=tmp_path)
     assert "iocost, io.weight 1; cost model set by hand: writes %d MiB/s" % (w >> 20) in r.stdout
-    assert "  expected effect: work-conserving: full speed while nobody else uses the disk" in r.stdout
+    # the ceiling bounds a job alone: 100 % of the measured write speed
+    assert "  expected effect: work-conserving: up to %s (the cost model's write speed times the QoS ceiling) " \
+        "while nobody else uses the disk" % rate_text(w) in r.stdout
     r = run(["--setup-disk", "--undo", "259:999"], env=env)   # a disk named: that one only (here: none)
     assert r.returncode == 2 and (root / "io.cost.qos").read_text().startswith("%s enable=1" % majmin)
     r = run(["--setup-disk", "--undo", majmin], env=env)
@@ -966,6 +977,8 @@ def test_setup_disk_with_the_kernels_cost_model_and_where_the_disk_cannot_be_mea
     assert (root / "io.cost.qos").read_text().endswith(" min=1.00 max=10000.00\n")
     assert "cost model: the kernel's automatic one)" in r.stderr
     assert not (tmp_path / "state" / "disk-bandwidth").exists()     # nothing measured for it
+    r = run(["--explain"], env=env, cwd=tmp_path)
+    assert "the kernel's automatic cost model\n  expected effect: work-conserving: full speed while nobody" in r.stdout
     assert run(["--setup-disk", "--undo"], env=env).returncode == 0
     assert (root / "io.cost.model").read_text() == model_before + "\n"
     # a measurement that cannot be made (too little room for it)

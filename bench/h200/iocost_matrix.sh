@@ -260,13 +260,14 @@ mx_shared_ckpt() {
   dd if=/dev/zero of="$WORK/ckpt-shared" bs=1M count="$CKPT_MIB" conv=fsync status=none
 }
 
-# "WBYTES WAIT_USEC" of the job's cgroup on the disk (io.stat), or "- -".
+# "WBYTES WAIT_USEC" of the job's cgroup on the disk (io.stat: no line for
+# the disk is nothing charged yet), or "- -" with no io.stat at all.
 mx_job_stat() {
   local dev rest kv wb=- wait=-
   if [[ -r $JOB/io.stat ]]; then
+    wb=0 wait=0
     while read -r dev rest; do
       [[ $dev == "$DISK" ]] || continue
-      wb=0 wait=0
       for kv in $rest; do
         case $kv in
           wbytes=*) wb=${kv#*=} ;;
