@@ -40,8 +40,8 @@ when the projected ceiling is above the GPU's capacity.
 Fast tier. With the GPU's free memory known, the fine floors decide: when
 the growth projects OOM within 6 h and has been observed for at least as
 long as the time left (a third of it when the growth is strictly linear:
-last half's rate >= 0.9 of the first half's), rising in most minutes, with
-no single jump carrying more than 40 %, it fires. Warm-ups decelerate and
+last half's rate >= 0.9 of the first half's), its rises spread over an
+effective quarter of the minutes, with no single jump carrying more than 40 %, it fires. Warm-ups decelerate and
 fail this; a leak of GB/h alerts minutes to an hour after it starts.
 
 Noisy tier. When the series is noisy (the median successive difference of
