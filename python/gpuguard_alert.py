@@ -23,6 +23,10 @@ ALERTMANAGER_URL, OUTBOX_MAX, REPEAT_INTERVAL, GPU_HOUR_PRICE (e.g. "30",
 "¥30", "2.5 USD": the idle cost line). Logging: GPUGUARD_LOG,
 GPUGUARD_LOG_LEVEL, GPUGUARD_SYSLOG, as the bash side.
 
+The texts and bodies come from python/gpuguard_render.py; this module
+signs and sends them and keeps the outbox. It is the only one that speaks
+HTTP.
+
 Delivery is at-least-once with a bound: a send is recorded (an empty marker
 file beside the outbox file) right after the receiver accepts it, so a kill
 between the two sends that digest once more; a receiver that takes the
@@ -38,7 +42,6 @@ import hashlib
 import hmac
 import http.client
 import json
-import math
 import os
 import random
 import re
@@ -48,15 +51,10 @@ import threading
 import time
 import urllib.parse
 
-import gpuguard_ledger
-import gpuguard_messages_en
-import gpuguard_messages_zh
+import gpuguard_render
 from gpuguard_files import write_atomic
+from gpuguard_secrets import scrub, split_urls, strip_prefix
 
-TABLES = {"en": gpuguard_messages_en.MESSAGES, "zh": gpuguard_messages_zh.MESSAGES}
-# The same tables for Ascend NPUs (an event with "vendor": "ascend"): they
-# say NPU and npu-smi where the others say GPU and nvidia-smi.
-NPU_TABLES = {"en": gpuguard_messages_en.NPU_MESSAGES, "zh": gpuguard_messages_zh.NPU_MESSAGES}
 PROVIDER_HOSTS = {
     "oapi.dingtalk.com": "dingtalk",
     "open.feishu.cn": "feishu",
@@ -65,16 +63,9 @@ PROVIDER_HOSTS = {
     "hooks.slack.com": "slack",
 }
 PROVIDERS = ("dingtalk", "feishu", "wecom", "slack", "generic")
-# The language a target gets unless NOTIFY_LANG or its own prefix says
-# otherwise: the Chinese platforms get Chinese, whatever LANG the daemon has.
-PROVIDER_LANG = {"dingtalk": "zh", "feishu": "zh", "wecom": "zh", "slack": "en",
-                 "generic": "en", "alertmanager": "en"}
 # Messages per minute each provider accepts from one robot / webhook.
 PROVIDER_RATE = {"dingtalk": 20, "wecom": 20, "feishu": 100, "slack": 60,
                  "generic": 600, "alertmanager": 600}
-# Body size limits, in UTF-8 bytes, with a margin for the JSON envelope.
-PROVIDER_TEXT_BYTES = {"dingtalk": 18000, "wecom": 3900, "feishu": 18000,
-                       "slack": 35000, "generic": 1 << 20}
 # Business error codes: retry later (rate limited) versus permanent.
 RETRY_CODES = {"dingtalk": {130101}, "wecom": {45009}, "feishu": {11232}}
 PERMANENT_RETRY_AFTER = 600.0
@@ -88,9 +79,6 @@ DOWN_BACKOFF = 30.0
 MAYBE_TIMEOUT_FACTOR = 3
 # The longest one flush waits for its targets (s).
 FLUSH_DEADLINE = 240.0
-# Groups shown in one digest; the rest are counted in a last line.
-DIGEST_MAX_GROUPS = 40
-SECRET_QUERY_KEYS = ("access_token", "key", "token", "sign", "secret")
 LOG_RANK = {"debug": 0, "info": 1, "warn": 2, "error": 3}
 # The environment in force: os.environ when run as a command; flush() and
 # test_alert() take another one (tests), which logging and scrubbing follow.
@@ -106,7 +94,7 @@ def log(level, msg):
     minimum = LOG_RANK.get(ENV.get("GPUGUARD_LOG_LEVEL") or "info", 1)
     if LOG_RANK.get(level, 1) < minimum:
         return
-    text = scrub(msg).replace("\n", " ")
+    text = scrub(msg, ENV).replace("\n", " ")
     line = f"{time.strftime('%Y-%m-%d %H:%M:%S')} {level.upper():<5} alert: {text}\n"
     path = ENV.get("GPUGUARD_LOG")
     with LOG_LOCK:
@@ -136,46 +124,6 @@ def log(level, msg):
                 pass
 
 
-def secrets():
-    """Every secret string known from the environment, longest first."""
-    found = set()
-    for s in re.split(r"[\s,;]+", ENV.get("NOTIFY_SECRET", "")):
-        if len(s) >= 4:
-            found.add(s)
-    for url in split_urls(ENV.get("NOTIFY_URL", "")) + \
-            split_urls(ENV.get("ALERTMANAGER_URL", "")):
-        try:
-            parts = urllib.parse.urlsplit(strip_prefix(url)[1])
-        except ValueError:
-            # a malformed target: mask every long piece of its user, path
-            # and query (all of it when it has no scheme://host to show)
-            m = re.match(r"[^:/?#]*://([^/?#]*)(.*)", url, re.DOTALL)
-            rest = (m.group(1).rpartition("@")[0] + "/" + m.group(2)) if m else url
-            found.update(p for p in re.split(r"[/?&=#@:;\[\]]+", rest) if len(p) >= 4)
-            if not m and len(url) >= 4:
-                found.add(url)
-            continue
-        for key, value in urllib.parse.parse_qsl(parts.query):
-            if key.lower() in SECRET_QUERY_KEYS and len(value) >= 4:
-                found.add(value)
-        for seg in parts.path.split("/"):
-            if len(seg) >= 16:
-                found.add(seg)
-        if parts.password:
-            found.add(parts.password)
-    return sorted(found, key=len, reverse=True)
-
-
-def scrub(text):
-    """Masks every known secret, and any token-looking query value."""
-    text = str(text)
-    for s in secrets():
-        text = text.replace(s, "***")
-        text = text.replace(urllib.parse.quote(s, safe=""), "***")
-    return re.sub(r"((?:{})=)[^&\s\"']+".format("|".join(SECRET_QUERY_KEYS)),
-                  r"\1***", text)
-
-
 def mask_url(url):
     """A URL fit for a log line: scheme, host and a masked path."""
     parts = urllib.parse.urlsplit(url)
@@ -185,7 +133,7 @@ def mask_url(url):
 def one_line(exc):
     """An exception as one short line (never a traceback)."""
     text = str(exc) or exc.__class__.__name__
-    return scrub(text.replace("\n", " "))[:200]
+    return scrub(text.replace("\n", " "), ENV)[:200]
 
 
 # ------------------------------------------------------------------ files --
@@ -290,11 +238,6 @@ class FlushLock:
 
 # ---------------------------------------------------------------- targets --
 
-def split_urls(value):
-    # ASCII separators only, as lib/config.sh splits: a full-width space
-    # stays in its URL and makes that one target malformed
-    return [u for u in re.split(r"[ \t\n\r\f\v,;]+", value or "") if u]
-
 
 URL_MAX = 2048
 _AUTHORITY = re.compile(r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)(?::([0-9]{1,5}))?")
@@ -329,21 +272,13 @@ def target_name(key, index, url):
     return f"{key} #{index} ({m.group(1)}://{host}/***)"
 
 
-def strip_prefix(raw):
-    """("provider:lang" prefix or "", URL) of one NOTIFY_URL entry."""
-    head = raw.split("://", 1)[0]
-    if "+" in head:
-        prefix, url = raw.split("+", 1)
-        return prefix, url
-    return "", raw
-
 
 class Target:
     def __init__(self, url, provider, secret, lang=None):
         self.url = url
         self.provider = provider
         self.secret = secret
-        self.lang = lang or PROVIDER_LANG.get(provider, "en")
+        self.lang = lang or gpuguard_render.PROVIDER_LANG.get(provider, "en")
         self.id = hashlib.sha256(url.encode()).hexdigest()[:12]
 
     def label(self):
@@ -359,14 +294,14 @@ def targets_from_env(env=None, bad=None):
     urls = split_urls(env.get("NOTIFY_URL", ""))
     sec = [s for s in re.split(r"[\s,;]+", env.get("NOTIFY_SECRET", "")) if s]
     default_type = env.get("NOTIFY_TYPE", "") or None
-    global_lang = env.get("NOTIFY_LANG", "") if env.get("NOTIFY_LANG", "") in TABLES else None
+    global_lang = env.get("NOTIFY_LANG", "") if env.get("NOTIFY_LANG", "") in gpuguard_render.TABLES else None
     out = []
 
     def parse(raw, allowed):
         prefix, url = strip_prefix(raw)
         provider = lang = None
         for part in [p for p in prefix.split(":") if p]:
-            if part in TABLES:
+            if part in gpuguard_render.TABLES:
                 lang = part
             elif part in allowed:
                 provider = part
@@ -416,808 +351,23 @@ def feishu_sign(secret, ts_s):
     return base64.b64encode(digest).decode("ascii")
 
 
-# --------------------------------------------------------------- messages --
-
-def language(env=None):
-    """The language for every target when NOTIFY_LANG says one, else None
-    (each target then speaks its provider's default). LANG is not read: a
-    daemon under LANG=C still writes Chinese to a DingTalk group."""
-    env = os.environ if env is None else env
-    lang = env.get("NOTIFY_LANG", "")
-    return lang if lang in TABLES else None
-
-
-def msg(lang, key, **fields):
-    if lang.endswith("-npu"):
-        return NPU_TABLES[lang[:-4]][key].format(**fields)
-    return TABLES[lang][key].format(**fields)
-
-
-def duration(seconds, lang):
-    try:
-        seconds = max(0, int(float(seconds or 0)))
-    except (TypeError, ValueError):
-        return msg(lang, "unknown")
-    h, rest = divmod(seconds, 3600)
-    m, s = divmod(rest, 60)
-    if h:
-        return msg(lang, "dur_hm", h=h, m=m)
-    if m:
-        return msg(lang, "dur_m", m=m)
-    return msg(lang, "dur_s", s=s)
-
-
-def defuse(text):
-    """Makes untrusted text (process names, command lines) unable to mention
-    anyone on any platform: @all, <at ...>, <@id>, <!channel>, @everyone."""
-    text = str(text)
-    text = text.replace("@", "\uff20")          # fullwidth at sign
-    text = text.replace("<", "\u2039").replace(">", "\u203a")
-    return text
-
-
-SECRET_ARG = re.compile(
-    r"(?i)(--?(?:[\w-]*(?:token|secret|password|passwd|api[-_]?key|apikey|credential)s?)[= ])(\S+)")
-SECRET_ASSIGN = re.compile(r"(?i)\b([\w.-]*(?:token|secret|password|passwd|api[-_]?key|apikey)s?=)([^\s&]+)")
-URL_CREDS = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s:@]+:[^/\s@]+@")
-
-
-def mask_cmdline(cmd, limit=160):
-    """The command line as it may be shown: secrets masked (the job info
-    should be masked already; this holds for events that are not), cut."""
-    cmd = str(cmd)
-    cmd = SECRET_ARG.sub(r"\1***", cmd)
-    cmd = SECRET_ASSIGN.sub(r"\1***", cmd)
-    cmd = URL_CREDS.sub(r"\1***@", cmd)
-    cmd = scrub(cmd)
-    if len(cmd) > limit:
-        cmd = cmd[:limit - 1] + "…"
-    return defuse(cmd)
-
-
-def gib(mib, lang):
-    try:
-        return msg(lang, "gib", v=float(mib) / 1024)
-    except (TypeError, ValueError):
-        return msg(lang, "unknown")
-
-
-def as_int(value):
-    try:
-        return int(float(value))
-    except (TypeError, ValueError):
-        return None
-
-
-def ranges(numbers):
-    """"0-3,5,7" for [0, 1, 2, 3, 5, 7]; "?" for unknown indices."""
-    converted = [as_int(x) for x in numbers]
-    known = sorted({n for n in converted if n is not None})
-    out = []
-    for n in known:
-        if out and out[-1][1] == n - 1:
-            out[-1][1] = n
-        else:
-            out.append([n, n])
-    text = ",".join(str(a) if a == b else f"{a}-{b}" for a, b in out)
-    if None in converted:
-        text = (text + ",?") if text else "?"
-    return text
-
-
-def span(values, unit=""):
-    """"6%" or "0-6%" over a group's values; None when none is known."""
-    nums = [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
-    if not nums:
-        return None
-    lo, hi = min(nums), max(nums)
-    fmt = (lambda x: str(int(x))) if all(n == int(n) for n in nums) else (lambda x: f"{x:.0f}")
-    return (fmt(lo) if lo == hi else f"{fmt(lo)}-{fmt(hi)}") + unit
-
-
-def jobs_of(event):
-    """The holding jobs of an event (ARCHITECTURE.md, rule 5: a "job" object or a list of them)."""
-    j = event.get("jobs")
-    if j is None:
-        j = event.get("job")
-    if isinstance(j, dict):
-        j = [j]
-    return [x for x in j if isinstance(x, dict)] if isinstance(j, list) else []
-
-
-def procs_of(event):
-    p = event.get("processes")
-    return [x for x in p if isinstance(x, dict)] if isinstance(p, list) else []
-
-
-def proc_name(p):
-    return os.path.basename(str(p.get("name") or "?")) or "?"
-
-
-RANK_ARG = re.compile(r"\s--local[-_]rank[= ]\d+")
-
-
-def job_key(event):
-    """What "the same job" means when grouping GPUs into one digest line:
-    the Slurm job, else the container, else user + command + folder (the
-    ranks of one torchrun), else the process names."""
-    jobs = jobs_of(event)
-    if jobs:
-        j = jobs[0]
-        for key in ("slurm_job", "container"):
-            if j.get(key):
-                return (key, str(j[key]))
-        # ranks launched by the older torch.distributed.launch differ only
-        # in --local_rank=N: still one job
-        cmd = RANK_ARG.sub("", str(j.get("cmdline")))
-        return ("job", str(j.get("user")), cmd, str(j.get("cwd")))
-    procs = procs_of(event)
-    if procs:
-        return ("procs",) + tuple(sorted({proc_name(p) for p in procs}))
-    return ("none",)
-
-
-def job_label(events, lang):
-    """A short name for the job holding a group's GPUs."""
-    jobs = [j for e in events for j in jobs_of(e)]
-    if jobs:
-        j = jobs[0]
-        if j.get("slurm_job"):
-            return msg(lang, "job_slurm", id=defuse(j["slurm_job"]))
-        if j.get("container"):
-            return msg(lang, "job_container", id=defuse(j["container"]))
-        if j.get("cmdline"):
-            return msg(lang, "job_cmd", cmd=mask_cmdline(j["cmdline"], 60))
-        if j.get("pid") is not None:
-            return msg(lang, "job_pid", pid=defuse(j["pid"]))
-    procs = [p for e in events for p in procs_of(e)]
-    if procs:
-        names = sorted({defuse(proc_name(p))[:48] for p in procs})
-        pids = ranges([p.get("pid") for p in procs])
-        return "{} ({})".format(", ".join(names[:3]), msg(lang, "job_pids", pids=pids))
-    return msg(lang, "job_unknown")
-
-
-def when(ts):
-    try:
-        return time.strftime("%Y-%m-%d %H:%M", time.localtime(float(ts)))
-    except (TypeError, ValueError, OverflowError, OSError):
-        return None
-
-
-def job_lines(events, lang):
-    """Who and what: user, PIDs, start and elapsed, command, folder."""
-    jobs = [j for e in events for j in jobs_of(e)]
-    procs = [p for e in events for p in procs_of(e)]
-    first = jobs[0] if jobs else {}
-    parts = []
-    users = sorted({str(j["user"]) for j in jobs if j.get("user")})
-    if users:
-        parts.append(msg(lang, "job_user", user=defuse(", ".join(users))))
-    pids = []
-    for j in jobs:
-        pids += [p for p in (j.get("pids") or []) if as_int(p) is not None] if isinstance(j.get("pids"), list) else []
-        if as_int(j.get("pid")) is not None:
-            pids.append(j.get("pid"))
-    if pids:
-        parts.append(msg(lang, "job_pids", pids=ranges(pids)))
-    ranks = sorted({as_int(j.get("rank")) for j in jobs if as_int(j.get("rank")) is not None})
-    if ranks:
-        parts.append(msg(lang, "job_rank", rank=ranges(ranks)))
-    start = when(first.get("start_ts")) if first.get("start_ts") is not None else None
-    if start:
-        elapsed = first.get("elapsed_s")
-        parts.append(msg(lang, "job_started", start=start,
-                         elapsed=duration(elapsed, lang) if elapsed is not None else msg(lang, "unknown")))
-    lines = [" · ".join(parts)] if parts else []
-    more = []
-    if first.get("cmdline"):
-        more.append(msg(lang, "job_cmdline", cmd=mask_cmdline(first["cmdline"])))
-    if first.get("cwd"):
-        more.append(msg(lang, "job_cwd", cwd=defuse(mask_cmdline(first["cwd"], 100))))
-    if more:
-        lines.append(" · ".join(more))
-    # the processes nvidia-smi listed, with name and memory, unless a job
-    # read from /proc names what runs (a job with only a PID, "visible":
-    # false in a container or after the process went, tells less than them)
-    if procs and not any(j.get("cmdline") for j in jobs):
-        items = ["{} {} ({} MiB)".format(p.get("pid"), defuse(proc_name(p))[:48], p.get("used_memory_mib"))
-                 for p in procs[:10]]
-        if len(procs) > 10:
-            items.append(msg(lang, "more", n=len(procs) - 10))
-        lines.append(msg(lang, "procs", procs=", ".join(items)))
-    return lines
-
-
-def parse_price(value):
-    """(number, currency) from "30", "¥30", "2.5 USD"; None when unset/bad."""
-    text = str(value or "").strip()
-    m = re.match(r"^([^\d.\s]*)\s*(\d+(?:\.\d+)?)\s*([^\d\s]*)$", text)
-    if not text or not m:
-        return None
-    price = float(m.group(2))
-    if price <= 0 or price > 1e6:
-        return None
-    return price, (m.group(1) or m.group(3) or "")
-
-
-def money(amount, currency, lang):
-    currency = currency or msg(lang, "currency")
-    number = f"{amount:.0f}" if amount >= 100 else f"{amount:.2f}"
-    if not currency:
-        return number
-    return (f"{currency} {number}") if not currency.isalpha() else (f"{number} {currency}")
-
-
-def idle_group_lines(events, lang, env, digest):
-    """The lines for GPUs of one job going idle (firing/reminder)."""
-    gpus = ranges([e.get("gpu") for e in events])
-    idle_s = max((as_int(e.get("idle_seconds")) or 0) for e in events)
-    lines = [msg(lang, "idle_head", gpus=gpus, model=gpu_model(events), idle=duration(idle_s, lang),
-                 job=job_label(events, lang))]
-    reasons = {str(e.get("reason")) for e in events}
-    if reasons & {"spin", "spinning", "stuck"}:
-        lines.append(msg(lang, "idle_spin"))
-    elif "power" in reasons:
-        lines.append(msg(lang, "idle_power"))
-    lines += job_lines(events, lang)
-    unknown = msg(lang, "unknown")
-    memory = memory_held(events, lang)
-    threshold = span([e.get("threshold") for e in events]) or unknown
-    lines.append(msg(lang, "idle_values", util=span([e.get("utilization") for e in events], "%") or unknown,
-                     threshold=threshold, power=span([e.get("power_draw_w") for e in events], " W") or unknown,
-                     memory=memory))
-    lines += uuid_lines(events, lang)
-    lines += cost_lines(events, lang, env)
-    lines.append(msg(lang, "idle_hint", pid=first_pid(events)))
-    return lines
-
-
-def cost_lines(events, lang, env):
-    """What the idle (or stuck) time of a group has cost so far, when a
-    GPU-hour price is set; the event's currency (GPU_PRICE_CURRENCY) is
-    used when the price itself names none."""
-    price = parse_price(next((e.get("gpu_hour_price") for e in events if e.get("gpu_hour_price")), None)
-                        or env.get("GPU_HOUR_PRICE"))
-    if not price:
-        return []
-    currency = price[1] or next((defuse(e["currency"])[:8] for e in events
-                                 if isinstance(e.get("currency"), str) and e["currency"]), "")
-    gpu_hours = sum((as_int(e.get("idle_seconds")) or 0) for e in events) / 3600.0
-    return [msg(lang, "idle_cost", cost=money(gpu_hours * price[0], currency, lang),
-                gpu_hours=f"{gpu_hours:.1f}", price=money(price[0], currency, lang))]
-
-
-def first_pid(events):
-    """A PID of the group's job for the hints ("PID" when none is known)."""
-    pids = [p.get("pid") for e in events for p in procs_of(e)] + \
-        [j.get("pid") for e in events for j in jobs_of(e)]
-    return next((p for p in pids if as_int(p) is not None), "PID")
-
-
-def gpu_model(events):
-    names = sorted({str(e["gpu_name"]) for e in events if e.get("gpu_name")})
-    return " ({})".format(defuse(", ".join(names))) if names else ""
-
-
-def uuid_lines(events, lang):
-    uuids = [str(e["uuid"]) for e in events if e.get("uuid")]
-    if not uuids:
-        return []
-    shown = uuids if len(uuids) <= 2 else [u[:12] + "…" for u in uuids]
-    return [msg(lang, "idle_uuids", uuids=defuse(", ".join(shown)))]
-
-
-def memory_held(events, lang):
-    used = [e.get("memory_used_mib") for e in events]
-    if all(isinstance(u, (int, float)) for u in used) and len(set(used)) == 1 and len(used) > 1:
-        return msg(lang, "mem_each", n=len(used), each=gib(used[0], lang))
-    if any(isinstance(u, (int, float)) for u in used):
-        return gib(sum(u for u in used if isinstance(u, (int, float))), lang)
-    return msg(lang, "unknown")
-
-
-def number(value):
-    """A finite number from an event field, else None."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return value if math.isfinite(value) else None
-
-
-def stuck_group_lines(events, lang, env):
-    """The lines for GPUs of one job stuck spinning (firing/reminder):
-    busy at the idle floor's power, for how long, who, the cost, a hint."""
-    unknown = msg(lang, "unknown")
-    pcts = []
-    for e in events:
-        power, limit = number(e.get("power_draw_w")), number(e.get("power_limit_w"))
-        if power is not None and limit:
-            pcts.append(round(power * 100.0 / limit))
-    cycles = span([e.get("spin_cycles") for e in events]) or span([e.get("idle_cycles") for e in events])
-    lines = [msg(lang, "stuck_head", gpus=ranges([e.get("gpu") for e in events]), model=gpu_model(events),
-                 util=span([e.get("utilization") for e in events], " %") or unknown,
-                 power=span([e.get("power_draw_w") for e in events], " W") or unknown,
-                 pct=span(pcts, " %") or unknown,
-                 limit=span([e.get("power_limit_w") for e in events], " W") or unknown,
-                 cycles=cycles or unknown),
-             msg(lang, "stuck_held", job=job_label(events, lang),
-                 idle=duration(max((as_int(e.get("idle_seconds")) or 0) for e in events), lang))]
-    lines += job_lines(events, lang)
-    lines.append(msg(lang, "stuck_values", memory=memory_held(events, lang),
-                     threshold=span([e.get("idle_power_pct") for e in events]) or unknown))
-    lines += uuid_lines(events, lang)
-    lines += cost_lines(events, lang, env)
-    lines.append(msg(lang, "stuck_hint", pid=first_pid(events)))
-    return lines
-
-
-def stuck_resolved_lines(events, lang):
-    reason = str(events[0].get("reason") or "")
-    key = {"busy": "stuck_busy", "released": "stuck_released"}.get(reason, "stuck_resolved_other")
-    return [msg(lang, key, gpus=ranges([e.get("gpu") for e in events]),
-                idle=duration(max((as_int(e.get("idle_seconds")) or 0) for e in events), lang),
-                job=job_label(events, lang), reason=defuse(reason),
-                power=span([e.get("power_draw_w") for e in events], " W") or msg(lang, "unknown"))]
-
-
-def degraded_lines(events, lang):
-    """A GPU whose line nvidia-smi prints as a device fault: which GPU
-    (index, model, UUID), which fault, what to check."""
-    gpus = ranges([e.get("gpu") for e in events])
-    cycles = span([e.get("faulted_cycles") for e in events]) or msg(lang, "unknown")
-    if state_class(events[0]) == "resolved":
-        key = "degraded_gone" if events[0].get("reason") == "gone" else "degraded_resolved"
-        return [msg(lang, key, gpus=gpus, model=gpu_model(events), cycles=cycles)] + uuid_lines(events, lang)
-    index = next((str(as_int(e.get("gpu"))) for e in events if as_int(e.get("gpu")) is not None), "N")
-    lines = [msg(lang, "degraded_head", gpus=gpus, model=gpu_model(events), fault=fault_text(events, lang),
-                 cycles=cycles)]
-    lines += uuid_lines(events, lang)
-    lines.append(msg(lang, "degraded_hint", index=index if len(events) == 1 else gpus))
-    return lines
-
-
-def fault_text(events, lang):
-    faults = sorted({str(e["fault"]) for e in events if e.get("fault")})
-    return defuse(", ".join(faults))[:120] if faults else msg(lang, "unknown")
-
-
-def idle_resolved_lines(events, lang):
-    gpus = ranges([e.get("gpu") for e in events])
-    idle = duration(max((as_int(e.get("idle_seconds")) or 0) for e in events), lang)
-    job = job_label(events, lang)
-    reason = str(events[0].get("reason") or "")
-    util = span([e.get("utilization") for e in events], "%") or msg(lang, "unknown")
-    key = {"busy": "idle_busy", "released": "idle_released", "gone": "idle_gone"}.get(reason, "idle_resolved_other")
-    return [msg(lang, key, gpus=gpus, idle=idle, job=job, util=util, reason=defuse(reason))]
-
-
-def state_class(event):
-    s = event.get("state", "firing")
-    return "firing" if s in ("firing", "reminder") else s
-
-
-def group_events(events):
-    """Groups a flush's events for one digest: per host, kind, state and job
-    (idle: the GPUs of one job together), in order of first appearance."""
-    groups = {}
-    for e in events:
-        kind = e.get("event")
-        if kind in ("gpu_idle", "gpu_stuck"):
-            extra = job_key(e) + ((str(e.get("reason")),) if state_class(e) == "resolved" else ())
-        elif kind == "gpu_degraded":
-            # faulted GPUs together, per fault (one line: "GPU 2,5: GPU requires reset")
-            extra = (str(e.get("fault")) if state_class(e) == "firing" else str(e.get("reason")),)
-        elif kind == "gpu_memory_leak":
-            extra = (str(e.get("pid")),)
-        elif kind == "monitor_degraded":
-            extra = ()
-        else:
-            extra = (id(e),)
-        key = (str(e.get("host", "?")), kind, state_class(e), e.get("vendor", "nvidia")) + extra
-        groups.setdefault(key, []).append(e)
-    # a later event about the same GPU/PID replaces an earlier one of the
-    # same group (a reminder after a firing in one flush)
-    out = []
-    for evs in groups.values():
-        seen = {}
-        for e in evs:
-            seen[(e.get("uuid"), e.get("gpu"), e.get("pid"))] = e
-        out.append(list(seen.values()))
-    # critical first (a faulted GPU, a leak hours from OOM), trend notes last
-    firing = sorted((g for g in out if state_class(g[0]) == "firing"),
-                    key=lambda g: -SEVERITY_RANK.get(severity(g[0]), 1))
-    return firing + [g for g in out if state_class(g[0]) != "firing"]
-
-
-SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
-
-
-def severity(event):
-    """critical, warning or info: the event's own (the leak detector's
-    severity by projected time to OOM; gpu_degraded), else the kind's."""
-    value = event.get("severity")
-    if value in SEVERITY_RANK:
-        return value
-    return SEVERITY.get(event.get("event"), "warning")
-
-
-def is_page(event):
-    """A firing event that pages (an @mention): a trend note does not."""
-    return state_class(event) in ("firing", "test") and severity(event) != "info"
-
-
-def group_render(group, lang, env, digest=False):
-    """(what, lines) for one group: the short subject and its lines."""
-    e = group[0]
-    kind = e.get("event")
-    state = state_class(e)
-    if kind == "gpu_idle":
-        gpus = ranges([x.get("gpu") for x in group])
-        if state == "resolved":
-            return msg(lang, "what_idle_resolved", gpus=gpus), idle_resolved_lines(group, lang)
-        return msg(lang, "what_idle", gpus=gpus), idle_group_lines(group, lang, env, digest)
-    if kind == "gpu_stuck":
-        gpus = ranges([x.get("gpu") for x in group])
-        if state == "resolved":
-            return msg(lang, "what_stuck_resolved", gpus=gpus), stuck_resolved_lines(group, lang)
-        return msg(lang, "what_stuck", gpus=gpus), stuck_group_lines(group, lang, env)
-    if kind == "gpu_degraded":
-        gpus = ranges([x.get("gpu") for x in group])
-        if state == "resolved":
-            return msg(lang, "what_degraded_resolved", gpus=gpus), degraded_lines(group, lang)
-        return msg(lang, "what_degraded", gpus=gpus, fault=fault_text(group, lang)), degraded_lines(group, lang)
-    if kind == "gpu_memory_leak":
-        return leak_render(e, lang)
-    if kind == "monitor_degraded":
-        if state == "resolved":
-            return msg(lang, "what_monitor_resolved"), [msg(lang, "monitor_resolved", failures=e.get("failures"))]
-        return msg(lang, "what_monitor"), [
-            msg(lang, "monitor_failed", failures=e.get("failures"), error=defuse(e.get("error", ""))),
-            msg(lang, "monitor_hint")]
-    if kind == "test":
-        return msg(lang, "what_test"), [msg(lang, "test_body")]
-    if kind == "ledger_digest":
-        return ledger_render(e, lang, digest)
-    return msg(lang, "what_other", kind=defuse(kind)), [defuse(json.dumps(e, ensure_ascii=False))[:500]]
-
-
-def ledger_render(e, lang, digest=False):
-    """(what, lines) of the daily ledger digest (a ledger_digest event
-    from lib/ledger.sh): python/gpuguard_ledger.py renders it, the same
-    text as `gpuguard ledger`. Beside alerts in one post, its first line
-    (the section's head) names the day."""
-    what, lines = gpuguard_ledger.render_lines(e, lang)
-    if digest:
-        lines = [msg(lang, "ledger_in_digest", what=what, head=lines[0])] + lines[1:]
-    return what, lines
-
-
-TRENDS = {"steady": "trend_steady", "accelerating": "trend_accelerating", "steps": "trend_steps",
-          "steady (phase-aware)": "trend_phase", "decelerating": "trend_decelerating"}
-
-
-def oom_clock(event, seconds):
-    """The wall-clock time of a projected OOM: "14:05", with the date when
-    it is not today."""
-    base = number(event.get("ts"))
-    base = time.time() if base is None else base
-    try:
-        at = time.localtime(base + seconds)
-        same_day = time.localtime(base)[:3] == at[:3]
-        return time.strftime("%H:%M" if same_day else "%Y-%m-%d %H:%M", at)
-    except (OverflowError, OSError, ValueError):
-        return None
-
-
-def leak_render(e, lang):
-    """(what, lines) for one gpu_memory_leak event: the rate, since when,
-    the projected OOM as a duration and a clock time, the detector's
-    verdict and confidence, the leaking rank of a tree, who. The
-    detector's fields are optional: older events have only the slope,
-    window and projection."""
-    unknown = msg(lang, "unknown")
-    pid = defuse(e.get("pid"))
-    name = defuse(os.path.basename(str(e.get("name") or "")))
-    if any(j.get("cmdline") or j.get("slurm_job") or j.get("container") for j in jobs_of(e)):
-        # the watcher's record of the series: named as an idle alert's job
-        name = job_label([e], lang)
-    slope = number(e.get("slope_mib_per_hour"))
-    slope_text = f"{slope:+.0f}" if slope is not None else unknown
-    if state_class(e) == "resolved":
-        return msg(lang, "what_leak_resolved", pid=pid), [
-            msg(lang, "leak_resolved", used=gib(e.get("used_memory_mib"), lang), slope=slope_text)]
-    # the detector's projection is free / slope rounded to 0.1 h: recomputed
-    # when both are known, so a fast leak reads "in 1 min 21 s", not "in 0 s"
-    oom = number(e.get("projected_oom_hours"))
-    free = number(e.get("free_memory_mib"))
-    if free is not None and free >= 0 and slope is not None and slope > 0:
-        oom = free / slope
-    oom_s = round(oom * 3600) if oom is not None and oom >= 0 else None
-    oom_text = duration(oom_s, lang) if oom_s is not None else unknown
-    lines = [msg(lang, "leak_values", slope=slope_text, window=duration(e.get("window_seconds"), lang),
-                 used=gib(e.get("used_memory_mib"), lang), free=gib(e.get("free_memory_mib"), lang))]
-    since = number(e.get("since_ts"))
-    if since is not None and when(since):
-        ts = number(e.get("ts"))
-        lines.append(msg(lang, "leak_since", since=when(since),
-                         ago=duration((ts if ts is not None else time.time()) - since, lang)))
-    trend_note = severity(e) == "info"
-    if trend_note:
-        lines.append(msg(lang, "leak_trend_note", oom=oom_text))
-    else:
-        clock = oom_clock(e, oom_s) if oom_s is not None else None
-        lines.append(msg(lang, "leak_oom_at", oom=oom_text, clock=clock) if clock
-                     else msg(lang, "leak_oom", oom=oom_text))
-    trend = e.get("trend")
-    confidence = number(e.get("confidence"))
-    if trend or confidence is not None:
-        trend_text = msg(lang, TRENDS[trend]) if trend in TRENDS else (defuse(trend)[:40] if trend else unknown)
-        lines.append(msg(lang, "leak_verdict", trend=trend_text,
-                         confidence=f"{confidence * 100:.0f} %" if confidence is not None else unknown))
-    leaking = e.get("leaking_pid")
-    if as_int(leaking) is not None and str(leaking) != str(e.get("pid")):
-        rank = e.get("rank")
-        if rank is not None and str(rank) != "":
-            lines.append(msg(lang, "leak_rank", rank=defuse(rank)[:16], pid=as_int(leaking), root=pid))
-        else:
-            lines.append(msg(lang, "leak_member", pid=as_int(leaking), root=pid))
-    lines += job_lines([e], lang)
-    if e.get("loss_plateau") is not None:
-        lines.append(msg(lang, "leak_plateau" if e["loss_plateau"] else "leak_falling"))
-    lines.append(msg(lang, "leak_hint"))
-    return msg(lang, "what_leak_trend" if trend_note else "what_leak", pid=pid, name=name), lines
-
-
-def render_digest(events, lang, env=None):
-    """(title, sections) of one message for all of a flush's events; each
-    section is (head, detail lines), one per group (job/GPUs)."""
-    env = ENV if env is None else env
-    groups = group_events(events)
-    hosts = sorted({str(e.get("host", "?")) for e in events})
-    host = defuse(", ".join(hosts))
-    sections = []
-    for g in groups[:DIGEST_MAX_GROUPS]:
-        # an NPU group reads in the NPU wording of its language
-        glang = lang + "-npu" if g[0].get("vendor") == "ascend" else lang
-        what, lines = group_render(g, glang, env, digest=len(groups) > 1)
-        sections.append((g, what, lines))
-    states = [state_class(g[0]) for g in groups]
-    lead = "firing" if "firing" in states else ("test" if "test" in states else "resolved")
-    tag = msg(lang, "tag_" + lead) if lead in ("firing", "resolved", "test") else lead
-    if all(e.get("state") == "reminder" for g in groups for e in g):
-        tag = msg(lang, "tag_reminder")
-    firing = [e for g in groups for e in g if state_class(e) == "firing"]
-    if all(e.get("event") == "ledger_digest" for e in events):
-        tag = msg(lang, "tag_ledger")
-    elif any(severity(e) == "critical" for e in firing):
-        tag = msg(lang, "tag_critical")
-    elif firing and all(severity(e) == "info" for e in firing):
-        # only trend notes: not an alert
-        tag = msg(lang, "tag_note")
-    if len(groups) == 1:
-        title = msg(lang, "title_one", tag=tag, host=host, what=sections[0][1])
-        lines = sections[0][2]
-        return title, ([(lines[0], lines[1:])] if lines else [])
-    summary = []
-    if states.count("firing"):
-        summary.append(msg(lang, "summary_firing", n=states.count("firing")))
-    if states.count("resolved"):
-        summary.append(msg(lang, "summary_resolved", n=states.count("resolved")))
-    title = msg(lang, "title_digest", tag=tag, host=host, n=len(groups), summary=", ".join(summary) or len(groups))
-    out = []
-    # sections say their state when they differ (firing and resolved, or
-    # a critical alert beside a plain one or a trend note)
-    mixed = len({section_tag(g, lang) for g, _, _ in sections}) > 1
-    for g, what, lines in sections:
-        head = lines[0] if lines else what
-        if mixed:
-            head = f"[{section_tag(g, lang)}] {head}"
-        out.append((head, lines[1:]))
-    if len(groups) > DIGEST_MAX_GROUPS:
-        out.append((msg(lang, "digest_more", n=len(groups) - DIGEST_MAX_GROUPS), []))
-    return title, out
-
-
-def section_tag(group, lang):
-    """The tag of one section of a mixed digest: a firing critical event
-    says CRITICAL, a trend note NOTE."""
-    state = state_class(group[0])
-    if state == "firing" and severity(group[0]) in ("critical", "info"):
-        return msg(lang, "tag_critical" if severity(group[0]) == "critical" else "tag_note")
-    return msg(lang, "tag_" + state) if state in ("firing", "resolved", "test") else defuse(state)
-
-
-def render(event, lang):
-    """(title, lines) of the message for one event."""
-    title, sections = render_digest([event], lang)
-    lines = []
-    for head, details in sections:
-        lines.append(head)
-        lines += details
-    return title, lines
-
-
-def truncate_bytes(text, limit, lang="en"):
-    raw = text.encode("utf-8")
-    if len(raw) <= limit:
-        return text
-    tail = "\n" + msg(lang, "truncated")
-    cut = raw[:max(0, limit - len(tail.encode("utf-8")))].decode("utf-8", "ignore")
-    return cut + tail
-
-
-def mentions(env=None):
-    env = ENV if env is None else env
-    return [m for m in re.split(r"[\s,;]+", env.get("NOTIFY_MENTION", "")) if m]
-
-
-# ----------------------------------------------------------------- bodies --
-
-def plain_text(title, sections):
-    out = [title]
-    for head, details in sections:
-        out.append(head)
-        out += ["  " + d for d in details]
-    return "\n".join(out)
-
-
-def chat_text(provider, title, sections, who):
-    """The message text as each platform formats it."""
-    if provider == "dingtalk":
-        text = f"### {title}\n\n" + "\n\n".join(
-            f"**{h}**\n" + "".join(f"\n- {d}" for d in ds) for h, ds in sections)
-        if who:
-            text += "\n\n" + " ".join(f"@{m}" for m in who)
-        return text
-    if provider == "wecom":
-        text = f"**{title}**\n" + "\n".join(
-            f"**{h}**" + "".join(f"\n> {d}" for d in ds) for h, ds in sections)
-        if who:
-            text += "\n" + " ".join(f"<@{m}>" for m in who)
-        return text
-    if provider == "slack":
-        text = f"*{title}*\n" + "\n".join(
-            f"*{h}*" + "".join(f"\n• {d}" for d in ds) for h, ds in sections)
-        text = text.replace("&", "&amp;").replace("\u2039", "&lt;").replace("\u203a", "&gt;")
-        if who:
-            text += "\n" + " ".join(f"<@{m}>" for m in who)
-        return text
-    text = plain_text(title, sections)
-    if provider == "feishu" and who:
-        text += "\n" + "".join(f'<at user_id="{m}"></at>' for m in who)
-    return text
-
-
-def digest_key(events):
-    """A stable id for one digest: receivers that honour Idempotency-Key
-    drop a resend after a timeout or a kill."""
-    h = hashlib.sha256()
-    for e in events:
-        h.update(json.dumps(e, sort_keys=True, ensure_ascii=False).encode("utf-8", "replace"))
-    return h.hexdigest()[:32]
-
-
-def chat_body(target, events, lang=None, now=None, env=None):
-    """(url, JSON body) of one digest for a chat or generic target."""
+def chat_request(target, events, lang=None, now=None, env=None):
+    """(url, JSON body) of one digest for a chat or generic target: the
+    body gpuguard_render.chat_body writes, signed as the platform wants
+    when the target has a secret (DingTalk in the URL, Feishu in the body)."""
     env = ENV if env is None else env
     lang = lang or target.lang
     now = time.time() if now is None else now
-    title, sections = render_digest(events, lang, env)
-    who = mentions(env) if any(is_page(e) for e in events) else []
-    limit = PROVIDER_TEXT_BYTES[target.provider]
     url = target.url
-    text = truncate_bytes(chat_text(target.provider, title, sections, who), limit, lang)
-    if target.provider == "dingtalk":
-        body = {"msgtype": "markdown",
-                "markdown": {"title": truncate_bytes(title, 200, lang), "text": text},
-                "at": {"atMobiles": [m for m in who if m.isdigit()],
-                       "atUserIds": [m for m in who if not m.isdigit()], "isAtAll": False}}
-        if target.secret:
-            ts = str(int(now * 1000))
-            sep = "&" if "?" in url else "?"
-            url = f"{url}{sep}timestamp={ts}&sign={dingtalk_sign(target.secret, ts)}"
-        return url, body
-    if target.provider == "feishu":
-        body = {"msg_type": "text", "content": {"text": text}}
-        if target.secret:
-            ts = str(int(now))
-            body = dict({"timestamp": ts, "sign": feishu_sign(target.secret, ts)}, **body)
-        return url, body
-    if target.provider == "wecom":
-        return url, {"msgtype": "markdown", "markdown": {"content": text}}
-    if target.provider == "slack":
-        return url, {"text": text}
-    # generic: the events themselves (machine consumers), with the message
-    return url, {"title": title, "message": text, "lang": lang, "id": digest_key(events),
-                 "events": events}
-
-
-def iso(ts):
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
-
-
-# The alert names and labels of etc/prometheus/gpuguard.rules.yml, so that a
-# silence or an inhibition written for one holds for the other: instance is
-# the host name (the rules strip the scrape port), job is "gpuguard".
-ALERTNAMES = {"gpu_idle": "GpuIdleHeld", "gpu_stuck": "GpuStuckSpinning", "gpu_degraded": "GpuDegraded",
-              "gpu_memory_leak": "GpuMemoryLeakDetected",
-              "monitor_degraded": "GpuguardMonitorDown", "test": "GpuguardTest"}
-# A leak event from the detector (it carries a severity by projected time
-# to OOM) is the rules' GpuMemoryLeak (warning/critical) or, beyond the
-# warning horizon, GpuMemoryLeakTrend (info: a trend note); an older event
-# without one keeps GpuMemoryLeakDetected.
-LEAK_ALERTNAMES = {"critical": "GpuMemoryLeak", "warning": "GpuMemoryLeak", "info": "GpuMemoryLeakTrend"}
-SEVERITY = {"monitor_degraded": "critical", "gpu_degraded": "critical"}
-# vendor: as the metrics' label (nvidia, or ascend for an NPU), so that a
-# rule's alert and gpuguard's own one carry the same labels
-LABEL_KEYS = {"gpu_idle": ("gpu", "uuid", "vendor"), "gpu_stuck": ("gpu", "uuid", "vendor"),
-              "gpu_degraded": ("gpu", "uuid", "vendor"), "gpu_memory_leak": ("pid", "name")}
-
-
-def alertmanager_labels(event):
-    kind = event.get("event")
-    name = ALERTNAMES.get(kind, "Gpuguard")
-    if kind == "gpu_memory_leak" and event.get("severity") in LEAK_ALERTNAMES:
-        name = LEAK_ALERTNAMES[event["severity"]]
-    labels = {"alertname": name, "instance": str(event.get("host", "")),
-              "job": "gpuguard", "severity": severity(event)}
-    for key in LABEL_KEYS.get(kind, ("gpu", "uuid", "pid")):
-        value = event.get(key, "nvidia" if key == "vendor" else None)
-        if key == "name" and value is not None:
-            value = os.path.basename(str(value))
-        if value is not None and value != "":
-            labels[key] = str(value)
-    return labels
-
-
-# The (alertname, severity) a leak may have fired under: a resolved leak
-# event without a severity (the detector does not repeat it on resolving)
-# resolves each, since Alertmanager knows an alert by all of its labels;
-# one that never fired is kept as resolved and notifies no one.
-LEAK_RESOLVE_AS = (("GpuMemoryLeak", "critical"), ("GpuMemoryLeak", "warning"),
-                   ("GpuMemoryLeakTrend", "info"), ("GpuMemoryLeakDetected", "warning"))
-
-
-def alertmanager_alerts(event, lang="en", now=None):
-    """The Alertmanager alerts for one event: one, or for a resolved leak
-    of unknown severity one per name and severity it may have fired as."""
-    if event.get("event") == "ledger_digest":
-        return []               # a daily report, not an alert
-    alert = alertmanager_alert(event, lang, now)
-    if event.get("event") != "gpu_memory_leak" or state_class(event) != "resolved" or \
-            event.get("severity") in SEVERITY_RANK:
-        return [alert]
-    out = []
-    for name, sev in LEAK_RESOLVE_AS:
-        labels = dict(alert["labels"], alertname=name, severity=sev)
-        out.append(dict(alert, labels=labels))
-    return out
-
-
-def alertmanager_alert(event, lang="en", now=None):
-    now = time.time() if now is None else now
-    title, lines = render(event, lang)
-    annotations = {"summary": title, "description": "\n".join(lines)}
-    for key in ("utilization", "power_draw_w", "power_limit_w", "spin_cycles", "idle_seconds", "fault",
-                "slope_mib_per_hour", "since_ts", "projected_oom_hours", "confidence", "trend", "leaking_pid",
-                "rank", "used_memory_mib", "error", "reason"):
-        if event.get(key) is not None:
-            annotations[key] = str(event[key])
-    ts = as_int(event.get("ts")) or now
-    idle_s = as_int(event.get("idle_seconds")) or 0
-    since = as_int(event.get("since")) or (ts - idle_s if event.get("event") in ("gpu_idle", "gpu_stuck") else ts)
-    alert = {"labels": alertmanager_labels(event), "annotations": annotations, "startsAt": iso(since)}
-    if event.get("state") in ("resolved", "test"):
-        alert["endsAt"] = iso(max(now, since))
-    else:
-        # Alertmanager resolves an alert not re-sent within resolve_timeout;
-        # the watchdog re-sends at REPEAT_INTERVAL, so keep it open that long.
-        repeat = as_int(ENV.get("REPEAT_INTERVAL") or 3600) or 86400
-        alert["endsAt"] = iso(now + 2 * repeat + 300)
-    host = str(event.get("host") or "")
-    if re.match(r"^[A-Za-z0-9.-]+$", host):
-        alert["generatorURL"] = f"http://{host}/gpuguard"
-    return alert
+    body = gpuguard_render.chat_body(target.provider, events, lang, env)
+    if target.provider == "dingtalk" and target.secret:
+        ts = str(int(now * 1000))
+        sep = "&" if "?" in url else "?"
+        url = f"{url}{sep}timestamp={ts}&sign={dingtalk_sign(target.secret, ts)}"
+    elif target.provider == "feishu" and target.secret:
+        ts = str(int(now))
+        body = dict({"timestamp": ts, "sign": feishu_sign(target.secret, ts)}, **body)
+    return url, body
 
 
 # -------------------------------------------------------------- transport --
@@ -1399,7 +549,7 @@ class State:
 
     def save(self):
         for t in self.data.values():
-            t["reported"] = scrub(t.get("reported", ""))
+            t["reported"] = scrub(t.get("reported", ""), ENV)
         try:
             write_atomic(self.path, json.dumps(self.data, sort_keys=True), durable=True)
         except OSError as e:
@@ -1537,9 +687,9 @@ def deliver_target(target, tstate, items, env, now):
         events = [e for _, e in batch]
         if target.provider == "alertmanager":
             url = target.url + "/api/v2/alerts"
-            body = [a for e in events for a in alertmanager_alerts(e, target.lang, now=time.time())]
+            body = [a for e in events for a in gpuguard_render.alertmanager_alerts(e, target.lang, time.time(), env)]
         else:
-            url, body = chat_body(target, events, target.lang, now, env)
+            url, body = chat_request(target, events, target.lang, now, env)
         names = list_names(os.path.dirname(batch[0][0]))
         maybe_before = any(target.id in markers(p, "maybe", names) for p, _ in batch)
 
@@ -1548,7 +698,7 @@ def deliver_target(target, tstate, items, env, now):
                 mark(p, "maybe", target.id)
 
         outcome = send(target, url, body, env, maybe_before=maybe_before, on_maybe=on_maybe,
-                       key=digest_key(events))
+                       key=gpuguard_render.digest_key(events))
         if outcome.kind in (Outcome.SENT, Outcome.MAYBE):
             for p, _ in batch:
                 mark(p, "done", target.id)
@@ -1564,7 +714,7 @@ def deliver_target(target, tstate, items, env, now):
         wait = outcome.retry_after or 0
         if outcome.kind == Outcome.PERMANENT:
             wait = max(wait, PERMANENT_RETRY_AFTER)
-            detail = scrub(outcome.detail)
+            detail = scrub(outcome.detail, env)
             if tstate.get("reported") != detail:
                 log("error", f"{target.label()} rejected the alert: {detail}; {len(pending)} events stay queued, "
                     f"retried every {PERMANENT_RETRY_AFTER:.0f} s until the target is fixed")
@@ -1687,7 +837,7 @@ def test_alert(env=None):
     bad = []
     targets = targets_from_env(env, bad)
     for name, problem in bad:
-        print(scrub(f"{'FAIL':<8} {name}: malformed, {problem}"))
+        print(scrub(f"{'FAIL':<8} {name}: malformed, {problem}", env))
     if not targets:
         if not bad:
             print("no target configured: set NOTIFY_URL or ALERTMANAGER_URL")
@@ -1697,13 +847,13 @@ def test_alert(env=None):
     for target in targets:
         try:
             if target.provider == "alertmanager":
-                url, body = target.url + "/api/v2/alerts", [alertmanager_alert(event, target.lang)]
+                url, body = target.url + "/api/v2/alerts", [gpuguard_render.alertmanager_alert(event, target.lang, env=env)]
             else:
-                url, body = chat_body(target, [event], target.lang, env=env)
+                url, body = chat_request(target, [event], target.lang, env=env)
             outcome = send(target, url, body, env)
         except Exception as e:  # noqa: BLE001 (one line per target, never a traceback)
             outcome = Outcome(Outcome.PERMANENT, one_line(e))
-        print(scrub(f"{outcome.kind:<8} {target.label()}: {outcome.detail}"))
+        print(scrub(f"{outcome.kind:<8} {target.label()}: {outcome.detail}", env))
         failed += outcome.kind != Outcome.SENT
     return 2 if bad else 1 if failed else 0
 
@@ -1773,7 +923,7 @@ def check_targets(env=None):
     bad = []
     targets = targets_from_env(env, bad)
     for name, problem in bad:
-        print(scrub(f"FAIL\t{name}\tmalformed: {problem}; the other targets still get alerts"))
+        print(scrub(f"FAIL\t{name}\tmalformed: {problem}; the other targets still get alerts", env))
     failed = 0
     for target in targets:
         try:
@@ -1781,7 +931,7 @@ def check_targets(env=None):
         except Exception as e:  # noqa: BLE001 (one line per target, never a traceback)
             level, detail = "FAIL", one_line(e)
         failed += level == "FAIL"
-        print(scrub(f"{level}\t{target.label()}\t{detail}"))
+        print(scrub(f"{level}\t{target.label()}\t{detail}", env))
     # a malformed target is a configuration error: exit status 2
     return 2 if bad else 1 if failed else 0
 
@@ -1816,16 +966,16 @@ def preview(source, env=None):
         configured.setdefault(t.provider, t)
     for provider in PROVIDERS + ("alertmanager",):
         target = configured.get(provider) or Target("http://preview.invalid/", provider, "",
-                                                    language(env))
+                                                    gpuguard_render.language(env))
         print("===== {} ({}){} =====".format(provider, target.lang, "" if provider in configured else " [not configured]"))
         if provider == "alertmanager":
             # one POST of alerts: labels, times and summary a line each
-            for a in (a for e in events for a in alertmanager_alerts(e, target.lang)):
+            for a in (a for e in events for a in gpuguard_render.alertmanager_alerts(e, target.lang, env=env)):
                 print(json.dumps({"labels": a["labels"], "startsAt": a["startsAt"], "endsAt": a["endsAt"],
                                   "summary": a["annotations"]["summary"]}, ensure_ascii=False))
             print()
             continue
-        _, body = chat_body(target, events, target.lang, env=env)
+        _, body = chat_request(target, events, target.lang, env=env)
         text = {"dingtalk": lambda b: b["markdown"]["text"], "feishu": lambda b: b["content"]["text"],
                 "wecom": lambda b: b["markdown"]["content"], "slack": lambda b: b["text"],
                 "generic": lambda b: b["message"]}[provider](body)
@@ -1848,8 +998,8 @@ def main(argv):
             return preview(argv[2] if len(argv) > 2 else "")
         if cmd == "render":
             events = recorded_events("-", os.environ)
-            title, sections = render_digest(events, language() or "en")
-            print(plain_text(title, sections))
+            title, sections = gpuguard_render.render_digest(events, gpuguard_render.language() or "en", os.environ)
+            print(gpuguard_render.plain_text(title, sections))
             return 0
     except (ValueError, OSError) as e:
         print(f"gpuguard_alert: {one_line(e)}", file=sys.stderr)

@@ -10,6 +10,7 @@ import time
 import urllib.parse
 
 import gpuguard_alert as alert
+import gpuguard_render as render
 import pytest
 import webhook_sink
 from conftest import ROOT, app, idle_gpu, user_environ
@@ -182,8 +183,7 @@ def test_mentions_in_process_names_are_defused():
     evil = dict(IDLE_EVENT, processes=[{"pid": 1, "name": '@all <at user_id="all"></at> <!channel> <@U1> @everyone',
                                         "used_memory_mib": 1}])
     for provider in ("dingtalk", "feishu", "wecom", "slack"):
-        target = alert.Target("http://127.0.0.1:1/x", provider, "")
-        _, body = alert.chat_body(target, [evil], "en")
+        body = render.chat_body(provider, [evil], "en", env={})
         text = json.dumps(body, ensure_ascii=False)
         for bad in ("@all", "<at", "<!channel>", "<@U1>", "@everyone"):
             assert bad not in text, (provider, bad)
@@ -381,13 +381,13 @@ def test_test_alert_reports_each_target(tmp_path):
 
 
 def test_render_languages():
-    title, lines = alert.render(IDLE_EVENT, "zh")
+    title, lines = render.render(IDLE_EVENT, "zh")
     assert "占用但空闲" in title and any("利用率 6%（阈值 10%）" in ln for ln in lines)
-    title, lines = alert.render(IDLE_EVENT, "en")
+    title, lines = render.render(IDLE_EVENT, "en")
     assert title == "[gpuguard ALERT] node7: GPU 0 idle but occupied"
     # LANG does not choose: the target does, or NOTIFY_LANG for all
-    assert alert.language({"LANG": "zh_CN.UTF-8"}) is None
-    assert alert.language({"LANG": "en_US.UTF-8", "NOTIFY_LANG": "zh"}) == "zh"
+    assert render.language({"LANG": "zh_CN.UTF-8"}) is None
+    assert render.language({"LANG": "en_US.UTF-8", "NOTIFY_LANG": "zh"}) == "zh"
 
 
 def test_a_dead_receiver_is_tried_less_and_less_often(outbox_env, down_port):

@@ -282,6 +282,8 @@ SECOND_PLACES = [
     (alert_violations, "python/gpuguard_leak.py", 'import urllib.request'),
     (alert_violations, "python/gpuguard_report.py", 'from http.client import HTTPSConnection'),
     (alert_violations, "python/gpuguard_leak.py", 'import gpuguard_alert'),
+    (alert_violations, "python/gpuguard_render.py", 'import http.client'),
+    (alert_violations, "python/gpuguard_render.py", 'from gpuguard_alert import chat_request'),
     (cgroup_violations, "lib/lowprio.sh", '  echo "$pid" >"/sys/fs/cgroup/gpuguard/cgroup.procs"'),
     (cgroup_violations, "lib/lowprio.sh", '  printf 50 >"$dir/cpu.weight"'),
     (cgroup_violations, "lib/lowprio.sh", '  mkdir -p /sys/fs/cgroup/gpuguard/job1'),
