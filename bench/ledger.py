@@ -82,7 +82,7 @@ def examples(work):
     for provider in ("dingtalk", "feishu", "wecom", "slack"):
         lang = gpuguard_render.PROVIDER_LANG[provider]
         title, sections = gpuguard_render.render_digest([event], lang, env)
-        out.append((provider, gpuguard_render.chat_text(provider, title, sections, [])))
+        out.append((provider, gpuguard_render._chat_text(provider, title, sections, [])))
     return out
 
 

@@ -55,54 +55,54 @@ import gpuguard_render
 from gpuguard_files import write_atomic
 from gpuguard_secrets import scrub, split_urls, strip_prefix
 
-PROVIDER_HOSTS = {
+_PROVIDER_HOSTS = {
     "oapi.dingtalk.com": "dingtalk",
     "open.feishu.cn": "feishu",
     "open.larksuite.com": "feishu",
     "qyapi.weixin.qq.com": "wecom",
     "hooks.slack.com": "slack",
 }
-PROVIDERS = ("dingtalk", "feishu", "wecom", "slack", "generic")
+_PROVIDERS = ("dingtalk", "feishu", "wecom", "slack", "generic")
 # Messages per minute each provider accepts from one robot / webhook.
-PROVIDER_RATE = {"dingtalk": 20, "wecom": 20, "feishu": 100, "slack": 60,
+_PROVIDER_RATE = {"dingtalk": 20, "wecom": 20, "feishu": 100, "slack": 60,
                  "generic": 600, "alertmanager": 600}
 # Business error codes: retry later (rate limited) versus permanent.
-RETRY_CODES = {"dingtalk": {130101}, "wecom": {45009}, "feishu": {11232}}
-PERMANENT_RETRY_AFTER = 600.0
-MAX_RETRY_AFTER = 300.0
+_RETRY_CODES = {"dingtalk": {130101}, "wecom": {45009}, "feishu": {11232}}
+_PERMANENT_RETRY_AFTER = 600.0
+_MAX_RETRY_AFTER = 300.0
 # After a cycle's retries are spent on a target that is down, later cycles
-# wait 30 s, 60 s, 120 s ... (at most MAX_RETRY_AFTER) before trying it again,
+# wait 30 s, 60 s, 120 s ... (at most _MAX_RETRY_AFTER) before trying it again,
 # so a dead receiver does not eat every watchdog cycle.
-DOWN_BACKOFF = 30.0
+_DOWN_BACKOFF = 30.0
 # A receiver that got the request but did not answer in time is tried once
 # more with this many times the timeout (issue 13: <= 2 deliveries).
-MAYBE_TIMEOUT_FACTOR = 3
+_MAYBE_TIMEOUT_FACTOR = 3
 # The longest one flush waits for its targets (s).
-FLUSH_DEADLINE = 240.0
-LOG_RANK = {"debug": 0, "info": 1, "warn": 2, "error": 3}
+_FLUSH_DEADLINE = 240.0
+_LOG_RANK = {"debug": 0, "info": 1, "warn": 2, "error": 3}
 # The environment in force: os.environ when run as a command; flush() and
 # test_alert() take another one (tests), which logging and scrubbing follow.
-ENV = os.environ
-LOG_LOCK = threading.Lock()
+_ENV = os.environ
+_LOG_LOCK = threading.Lock()
 
 
 # ---------------------------------------------------------------- logging --
 
-def log(level, msg):
+def _log(level, msg):
     """One log line in the format the bash side writes, filtered by
     GPUGUARD_LOG_LEVEL and copied to syslog when GPUGUARD_SYSLOG=1."""
-    minimum = LOG_RANK.get(ENV.get("GPUGUARD_LOG_LEVEL") or "info", 1)
-    if LOG_RANK.get(level, 1) < minimum:
+    minimum = _LOG_RANK.get(_ENV.get("GPUGUARD_LOG_LEVEL") or "info", 1)
+    if _LOG_RANK.get(level, 1) < minimum:
         return
-    text = scrub(msg, ENV).replace("\n", " ")
+    text = scrub(msg, _ENV).replace("\n", " ")
     line = f"{time.strftime('%Y-%m-%d %H:%M:%S')} {level.upper():<5} alert: {text}\n"
-    path = ENV.get("GPUGUARD_LOG")
-    with LOG_LOCK:
+    path = _ENV.get("GPUGUARD_LOG")
+    with _LOG_LOCK:
         written = False
         if path:
             try:
                 # never through a link planted at the log's path (as gg_append)
-                fd = open_nofollow(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                fd = _open_nofollow(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
                 with os.fdopen(fd, "a", encoding="utf-8", errors="replace") as f:
                     f.write(line)
                 written = True
@@ -113,7 +113,7 @@ def log(level, msg):
                 sys.stderr.write(line)
             except (OSError, ValueError):
                 pass
-        if ENV.get("GPUGUARD_SYSLOG") == "1":
+        if _ENV.get("GPUGUARD_SYSLOG") == "1":
             try:
                 import syslog
                 prio = {"debug": syslog.LOG_DEBUG, "info": syslog.LOG_INFO,
@@ -124,36 +124,36 @@ def log(level, msg):
                 pass
 
 
-def mask_url(url):
+def _mask_url(url):
     """A URL fit for a log line: scheme, host and a masked path."""
     parts = urllib.parse.urlsplit(url)
     return "{}://{}/***".format(parts.scheme, parts.hostname or "?")
 
 
-def one_line(exc):
+def _one_line(exc):
     """An exception as one short line (never a traceback)."""
     text = str(exc) or exc.__class__.__name__
-    return scrub(text.replace("\n", " "), ENV)[:200]
+    return scrub(text.replace("\n", " "), _ENV)[:200]
 
 
 # ------------------------------------------------------------------ files --
 
-def open_nofollow(path, flags, mode=0o600):
+def _open_nofollow(path, flags, mode=0o600):
     return os.open(path, flags | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), mode)
 
 
-def read_bytes(path, limit=1 << 20):
+def _read_bytes(path, limit=1 << 20):
     """Reads a file without following a symlink planted at its path."""
-    fd = open_nofollow(path, os.O_RDONLY)
+    fd = _open_nofollow(path, os.O_RDONLY)
     with os.fdopen(fd, "rb") as f:
         return f.read(limit)
 
 
-def touch_marker(path):
+def _touch_marker(path):
     """Creates an empty marker file: no data block, so it works on a full
     disk; O_EXCL|O_NOFOLLOW: never through a planted link."""
     try:
-        fd = open_nofollow(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        fd = _open_nofollow(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
     except FileExistsError:
         return
     try:
@@ -163,34 +163,34 @@ def touch_marker(path):
     os.close(fd)
 
 
-def write_failed(state_dir, what, e):
+def _write_failed(state_dir, what, e):
     """Logs a failed write once for a whole outage, shared with the bash
     writers (gg_write_failed): the first to create the empty disk-full
     marker in the state folder says it; the others stay quiet."""
     marker = os.path.join(state_dir, "disk-full")
     try:
-        fd = open_nofollow(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        fd = _open_nofollow(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
         os.close(fd)
     except FileExistsError:
         return
     except OSError:
         pass
-    log("error", f"cannot write {what} ({e.strerror or e}; disk full?): previous files are kept, new events "
+    _log("error", f"cannot write {what} ({e.strerror or e}; disk full?): previous files are kept, new events "
         "wait, retried every cycle; one line for the whole outage")
 
 
-def write_ok(state_dir):
-    """Ends an outage that write_failed (or a bash writer) started."""
+def _write_ok(state_dir):
+    """Ends an outage that _write_failed (or a bash writer) started."""
     marker = os.path.join(state_dir, "disk-full")
     try:
         if not os.path.islink(marker):
             os.unlink(marker)
-            log("info", f"writing to {state_dir} works again")
+            _log("info", f"writing to {state_dir} works again")
     except OSError:
         pass
 
 
-def state_dir_problem(folder):
+def _state_dir_problem(folder):
     """Why the state folder must not be used, or ''."""
     try:
         st = os.stat(folder)
@@ -203,7 +203,7 @@ def state_dir_problem(folder):
     return ""
 
 
-class FlushLock:
+class _FlushLock:
     """One flush at a time per state folder (daemon, cron and a manual run
     may overlap): a non-blocking flock on state/flush.lock."""
 
@@ -214,7 +214,7 @@ class FlushLock:
 
     def acquire(self):
         try:
-            self.fd = open_nofollow(self.path, os.O_RDWR | os.O_CREAT)
+            self.fd = _open_nofollow(self.path, os.O_RDWR | os.O_CREAT)
         except OSError as e:
             if e.errno == errno.ELOOP:
                 # O_NOFOLLOW: a link planted there is refused, never followed
@@ -239,16 +239,16 @@ class FlushLock:
 # ---------------------------------------------------------------- targets --
 
 
-URL_MAX = 2048
+_URL_MAX = 2048
 _AUTHORITY = re.compile(r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)(?::([0-9]{1,5}))?")
 
 
-def url_problem(url):
+def _url_problem(url):
     """Why one target URL (its prefix removed) cannot be used, or "". The
     same rule as config_url_problem in lib/config.sh, which warns when the
     configuration is read (tests/test_config_cli.py runs both on one list)."""
-    if len(url) > URL_MAX:
-        return f"longer than {URL_MAX} characters"
+    if len(url) > _URL_MAX:
+        return f"longer than {_URL_MAX} characters"
     if re.search(r"[^!-~]", url):
         return "has a space, control or non-ASCII character (a domain goes in its xn-- form)"
     m = re.match(r"https?://([^/?#]*)", url)
@@ -262,7 +262,7 @@ def url_problem(url):
     return ""
 
 
-def target_name(key, index, url):
+def _target_name(key, index, url):
     """A malformed target as a log line may show it: the key, its place in
     the list and scheme://host without user, path or query (tokens)."""
     m = re.match(r"([a-z]{1,10})://([^/?#]*)", url)
@@ -273,7 +273,7 @@ def target_name(key, index, url):
 
 
 
-class Target:
+class _Target:
     def __init__(self, url, provider, secret, lang=None):
         self.url = url
         self.provider = provider
@@ -282,10 +282,10 @@ class Target:
         self.id = hashlib.sha256(url.encode()).hexdigest()[:12]
 
     def label(self):
-        return f"{self.provider} {mask_url(self.url)}"
+        return f"{self.provider} {_mask_url(self.url)}"
 
 
-def targets_from_env(env=None, bad=None):
+def _targets_from_env(env=None, bad=None):
     """The targets of NOTIFY_URL and ALERTMANAGER_URL. A malformed one is
     left out, so it never blocks the others; (name, problem) goes to the
     list `bad` when one is given."""
@@ -294,47 +294,47 @@ def targets_from_env(env=None, bad=None):
     urls = split_urls(env.get("NOTIFY_URL", ""))
     sec = [s for s in re.split(r"[\s,;]+", env.get("NOTIFY_SECRET", "")) if s]
     default_type = env.get("NOTIFY_TYPE", "") or None
-    global_lang = env.get("NOTIFY_LANG", "") if env.get("NOTIFY_LANG", "") in gpuguard_render.TABLES else None
+    global_lang = env.get("NOTIFY_LANG", "") if env.get("NOTIFY_LANG", "") in gpuguard_render.LANGUAGES else None
     out = []
 
     def parse(raw, allowed):
         prefix, url = strip_prefix(raw)
         provider = lang = None
         for part in [p for p in prefix.split(":") if p]:
-            if part in gpuguard_render.TABLES:
+            if part in gpuguard_render.LANGUAGES:
                 lang = part
             elif part in allowed:
                 provider = part
             else:
                 raise ValueError(f"unknown provider or language '{part[:20]}' in its prefix")
-        problem = url_problem(url)
+        problem = _url_problem(url)
         if problem:
             raise ValueError(problem)
         return url, provider, lang
 
     for i, raw in enumerate(urls):
         try:
-            url, provider, lang = parse(raw, PROVIDERS)
+            url, provider, lang = parse(raw, _PROVIDERS)
             host = (urllib.parse.urlsplit(url).hostname or "").lower()
         except ValueError as e:
-            bad.append((target_name("NOTIFY_URL", i + 1, strip_prefix(raw)[1]), one_line(e)))
+            bad.append((_target_name("NOTIFY_URL", i + 1, strip_prefix(raw)[1]), _one_line(e)))
             continue
-        provider = provider or PROVIDER_HOSTS.get(host) or default_type or "generic"
+        provider = provider or _PROVIDER_HOSTS.get(host) or default_type or "generic"
         secret = sec[i] if len(sec) == len(urls) else (sec[0] if len(sec) == 1 else "")
-        out.append(Target(url, provider, secret, lang or global_lang))
+        out.append(_Target(url, provider, secret, lang or global_lang))
     for i, raw in enumerate(split_urls(env.get("ALERTMANAGER_URL", ""))):
         try:
             url, _, lang = parse(raw, ())
         except ValueError as e:
-            bad.append((target_name("ALERTMANAGER_URL", i + 1, strip_prefix(raw)[1]), one_line(e)))
+            bad.append((_target_name("ALERTMANAGER_URL", i + 1, strip_prefix(raw)[1]), _one_line(e)))
             continue
-        out.append(Target(url.rstrip("/"), "alertmanager", "", lang))
+        out.append(_Target(url.rstrip("/"), "alertmanager", "", lang))
     return out
 
 
 # ---------------------------------------------------------------- signing --
 
-def dingtalk_sign(secret, ts_ms):
+def _dingtalk_sign(secret, ts_ms):
     """DingTalk 加签: HMAC-SHA256 keyed by the secret over "ts\\nsecret",
     base64, URL-encoded once."""
     digest = hmac.new(secret.encode("utf-8"),
@@ -343,7 +343,7 @@ def dingtalk_sign(secret, ts_ms):
     return urllib.parse.quote_plus(base64.b64encode(digest))
 
 
-def feishu_sign(secret, ts_s):
+def _feishu_sign(secret, ts_s):
     """Feishu: HMAC-SHA256 keyed by "ts\\nsecret" over the empty message,
     base64, not URL-encoded (it goes in the JSON body)."""
     digest = hmac.new((f"{ts_s}\n{secret}").encode(), b"",
@@ -351,11 +351,11 @@ def feishu_sign(secret, ts_s):
     return base64.b64encode(digest).decode("ascii")
 
 
-def chat_request(target, events, lang=None, now=None, env=None):
+def _chat_request(target, events, lang=None, now=None, env=None):
     """(url, JSON body) of one digest for a chat or generic target: the
     body gpuguard_render.chat_body writes, signed as the platform wants
     when the target has a secret (DingTalk in the URL, Feishu in the body)."""
-    env = ENV if env is None else env
+    env = _ENV if env is None else env
     lang = lang or target.lang
     now = time.time() if now is None else now
     url = target.url
@@ -363,16 +363,16 @@ def chat_request(target, events, lang=None, now=None, env=None):
     if target.provider == "dingtalk" and target.secret:
         ts = str(int(now * 1000))
         sep = "&" if "?" in url else "?"
-        url = f"{url}{sep}timestamp={ts}&sign={dingtalk_sign(target.secret, ts)}"
+        url = f"{url}{sep}timestamp={ts}&sign={_dingtalk_sign(target.secret, ts)}"
     elif target.provider == "feishu" and target.secret:
         ts = str(int(now))
-        body = dict({"timestamp": ts, "sign": feishu_sign(target.secret, ts)}, **body)
+        body = dict({"timestamp": ts, "sign": _feishu_sign(target.secret, ts)}, **body)
     return url, body
 
 
 # -------------------------------------------------------------- transport --
 
-class Outcome:
+class _Outcome:
     SENT, RETRY, PERMANENT, MAYBE = "sent", "retry", "permanent", "maybe"
 
     def __init__(self, kind, detail, retry_after=None):
@@ -381,16 +381,16 @@ class Outcome:
         self.retry_after = retry_after
 
 
-class NotSent(Exception):
+class _NotSent(Exception):
     """The request never reached the receiver (DNS, refused, TLS...), or the
     receiver dropped it without a byte of answer (reset, closed)."""
 
 
-class MaybeSent(Exception):
+class _MaybeSent(Exception):
     """The request was sent but no answer came: it may have been delivered."""
 
 
-def retry_after_seconds(value):
+def _retry_after_seconds(value):
     if not value:
         return None
     try:
@@ -404,48 +404,48 @@ def retry_after_seconds(value):
         return None
 
 
-def classify(provider, status, body, headers):
+def _classify(provider, status, body, headers):
     """Reads a response the way each platform means it: HTTP 200 with an
     errcode is not a delivery."""
     text = body.decode("utf-8", "replace") if isinstance(body, bytes) else str(body)
     if status == 429 or status >= 500:
-        ra = retry_after_seconds(headers.get("Retry-After")) if headers else None
-        return Outcome(Outcome.RETRY, f"HTTP {status} {text[:120]}", ra)
+        ra = _retry_after_seconds(headers.get("Retry-After")) if headers else None
+        return _Outcome(_Outcome.RETRY, f"HTTP {status} {text[:120]}", ra)
     if not 200 <= status < 300:
-        return Outcome(Outcome.PERMANENT, f"HTTP {status} {text[:200]}")
+        return _Outcome(_Outcome.PERMANENT, f"HTTP {status} {text[:200]}")
     if provider in ("dingtalk", "wecom", "feishu"):
         try:
             data = json.loads(text)
         except ValueError:
-            return Outcome(Outcome.RETRY, f"unreadable reply {text[:120]!r}")
+            return _Outcome(_Outcome.RETRY, f"unreadable reply {text[:120]!r}")
         if not isinstance(data, dict):
-            return Outcome(Outcome.RETRY, f"unreadable reply {text[:120]!r}")
+            return _Outcome(_Outcome.RETRY, f"unreadable reply {text[:120]!r}")
         code = data.get("errcode", data.get("code", data.get("StatusCode")))
         msg_text = data.get("errmsg", data.get("msg", data.get("StatusMessage", "")))
         if code == 0:
-            return Outcome(Outcome.SENT, "ok")
-        if code in RETRY_CODES.get(provider, set()):
-            return Outcome(Outcome.RETRY, f"rate limited: {code} {msg_text}", 60.0)
-        return Outcome(Outcome.PERMANENT, f"error {code}: {msg_text}")
+            return _Outcome(_Outcome.SENT, "ok")
+        if code in _RETRY_CODES.get(provider, set()):
+            return _Outcome(_Outcome.RETRY, f"rate limited: {code} {msg_text}", 60.0)
+        return _Outcome(_Outcome.PERMANENT, f"error {code}: {msg_text}")
     if provider == "slack":
         if text.strip() == "ok":
-            return Outcome(Outcome.SENT, "ok")
-        return Outcome(Outcome.PERMANENT, f"reply {text[:120]!r}")
-    return Outcome(Outcome.SENT, f"HTTP {status}")
+            return _Outcome(_Outcome.SENT, "ok")
+        return _Outcome(_Outcome.PERMANENT, f"reply {text[:120]!r}")
+    return _Outcome(_Outcome.SENT, f"HTTP {status}")
 
 
-def post_json(url, body, timeout, key=None):
+def _post_json(url, body, timeout, key=None):
     """POSTs JSON; (status, body, headers). Raises NotSent when the request
     never left, MaybeSent when it left and no answer came in time."""
     data = json.dumps(body, ensure_ascii=False).encode("utf-8", "replace")
     parts = urllib.parse.urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise NotSent("not an http(s) URL")
+        raise _NotSent("not an http(s) URL")
     cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
     try:
         conn = cls(parts.hostname, parts.port, timeout=timeout)
     except (ValueError, OSError) as e:
-        raise NotSent(one_line(e))
+        raise _NotSent(_one_line(e))
     path = (parts.path or "/") + ("?" + parts.query if parts.query else "")
     headers = {"Content-Type": "application/json; charset=utf-8", "User-Agent": "gpuguard",
                "Content-Length": str(len(data))}
@@ -455,11 +455,11 @@ def post_json(url, body, timeout, key=None):
         try:
             conn.connect()
         except (OSError, http.client.HTTPException, ValueError) as e:
-            raise NotSent(getattr(e, "strerror", None) or one_line(e))
+            raise _NotSent(getattr(e, "strerror", None) or _one_line(e))
         try:
             conn.request("POST", path, body=data, headers=headers)
         except (OSError, http.client.HTTPException) as e:
-            raise NotSent("sending: %s" % (getattr(e, "strerror", None) or one_line(e)))
+            raise _NotSent("sending: %s" % (getattr(e, "strerror", None) or _one_line(e)))
         try:
             resp = conn.getresponse()
             return resp.status, resp.read(65536), dict(resp.headers)
@@ -468,16 +468,16 @@ def post_json(url, body, timeout, key=None):
             # is one): the receiver dropped the request, most likely before
             # processing it; retried like a refused connection. Counting it
             # as maybe-delivered lost events to a receiver that reset twice.
-            raise NotSent("no answer: %s" % (getattr(e, "strerror", None) or one_line(e)))
+            raise _NotSent("no answer: %s" % (getattr(e, "strerror", None) or _one_line(e)))
         except (OSError, http.client.HTTPException) as e:
             # a timeout after the whole request went out: it may have been
             # processed (a slow receiver), so it counts toward the 2 copies
-            raise MaybeSent(f"no answer within {timeout:g} s ({one_line(e)})")
+            raise _MaybeSent(f"no answer within {timeout:g} s ({_one_line(e)})")
     finally:
         conn.close()
 
 
-def send(target, url, body, env=None, sleep=time.sleep, maybe_before=False, on_maybe=None, key=None):
+def _send(target, url, body, env=None, sleep=time.sleep, maybe_before=False, on_maybe=None, key=None):
     """POSTs with retries and backoff on network errors, 5xx and 429.
     A Retry-After longer than a short wait ends the attempt: the event stays
     queued and that target is not tried again before then. A request that
@@ -493,21 +493,21 @@ def send(target, url, body, env=None, sleep=time.sleep, maybe_before=False, on_m
     while attempt < tries:
         attempt += 1
         try:
-            status, reply, headers = post_json(url, body, timeout, key)
-            outcome = classify(target.provider, status, reply, headers)
-        except NotSent as e:
-            outcome = Outcome(Outcome.RETRY, f"network: {e}")
-        except MaybeSent as e:
+            status, reply, headers = _post_json(url, body, timeout, key)
+            outcome = _classify(target.provider, status, reply, headers)
+        except _NotSent as e:
+            outcome = _Outcome(_Outcome.RETRY, f"network: {e}")
+        except _MaybeSent as e:
             if maybe_before:
-                return Outcome(Outcome.MAYBE, f"{e} twice; counted as delivered to stay under 2 copies")
+                return _Outcome(_Outcome.MAYBE, f"{e} twice; counted as delivered to stay under 2 copies")
             maybe_before = True
             if on_maybe:
                 on_maybe()
-            timeout *= MAYBE_TIMEOUT_FACTOR
-            outcome = Outcome(Outcome.RETRY, str(e))
+            timeout *= _MAYBE_TIMEOUT_FACTOR
+            outcome = _Outcome(_Outcome.RETRY, str(e))
             tries = max(tries, attempt + 1)      # the one retry, at once
             continue
-        if outcome.kind != Outcome.RETRY:
+        if outcome.kind != _Outcome.RETRY:
             return outcome
         wait = outcome.retry_after
         if wait is not None and wait > 10:
@@ -520,7 +520,7 @@ def send(target, url, body, env=None, sleep=time.sleep, maybe_before=False, on_m
 
 # ----------------------------------------------------------------- outbox --
 
-class State:
+class _State:
     """Per-target delivery state: recent send times (rate limit), a
     not-before time, and whether a permanent error was reported. Targets
     are known by a hash of their URL and a masked label, never the URL."""
@@ -529,16 +529,16 @@ class State:
         self.path = path
         self.data = {}
         try:
-            data = json.loads(read_bytes(path).decode("utf-8", "replace"))
+            data = json.loads(_read_bytes(path).decode("utf-8", "replace"))
             if isinstance(data, dict):
                 self.data = {k: v for k, v in data.items() if isinstance(v, dict)}
         except FileNotFoundError:
             pass
         except OSError as e:
             if e.errno == errno.ELOOP:
-                log("error", f"{path} is a symlink: not read (it is replaced on save)")
+                _log("error", f"{path} is a symlink: not read (it is replaced on save)")
         except ValueError:
-            log("warn", f"{path} unreadable: delivery state starts afresh")
+            _log("warn", f"{path} unreadable: delivery state starts afresh")
 
     def target(self, target):
         t = self.data.setdefault(target.id, {})
@@ -549,24 +549,24 @@ class State:
 
     def save(self):
         for t in self.data.values():
-            t["reported"] = scrub(t.get("reported", ""), ENV)
+            t["reported"] = scrub(t.get("reported", ""), _ENV)
         try:
             write_atomic(self.path, json.dumps(self.data, sort_keys=True), durable=True)
         except OSError as e:
-            write_failed(os.path.dirname(self.path), self.path, e)
+            _write_failed(os.path.dirname(self.path), self.path, e)
             return False
-        write_ok(os.path.dirname(self.path))
+        _write_ok(os.path.dirname(self.path))
         return True
 
 
-def rate_budget(target, tstate, now, env=None):
+def _rate_budget(target, tstate, now, env=None):
     env = os.environ if env is None else env
-    per_min = int(env.get("NOTIFY_RATE_PER_MIN") or 0) or PROVIDER_RATE[target.provider]
+    per_min = int(env.get("NOTIFY_RATE_PER_MIN") or 0) or _PROVIDER_RATE[target.provider]
     tstate["sent"] = [t for t in tstate["sent"] if isinstance(t, (int, float)) and now - t < 60]
     return per_min - len(tstate["sent"])
 
 
-def outbox_items(outbox):
+def _outbox_items(outbox):
     try:
         names = sorted(n for n in os.listdir(outbox) if n.endswith(".json") and not n.startswith("."))
     except OSError:
@@ -574,10 +574,10 @@ def outbox_items(outbox):
     return [os.path.join(outbox, n) for n in names]
 
 
-LEADING_ZEROS = re.compile(r'([:\[,]\s*-?)0+(\d)')
+_LEADING_ZEROS = re.compile(r'([:\[,]\s*-?)0+(\d)')
 
 
-def parse_event(raw):
+def _parse_event(raw):
     """One event from the bytes of an outbox file or an events.jsonl line:
     names that are not UTF-8 (GBK, raw bytes) become U+FFFD; a number
     written with leading zeros (07) is read as 7 rather than the event
@@ -586,50 +586,50 @@ def parse_event(raw):
     try:
         event = json.loads(text)
     except ValueError:
-        event = json.loads(LEADING_ZEROS.sub(r"\1\2", text))
+        event = json.loads(_LEADING_ZEROS.sub(r"\1\2", text))
     if not isinstance(event, dict):
         raise ValueError("not a JSON object")  # noqa: TRY004 (callers set bad files aside on ValueError)
     return event
 
 
-def markers(path, kind, names=None):
+def _markers(path, kind, names=None):
     """Target ids with a marker of this kind (done, maybe) for an item;
     names: the outbox listing already read (one listing per pass, not one
     per item, for a full outbox)."""
     folder, base = os.path.split(path)
     prefix = base + "." + kind + "-"
-    names = list_names(folder) if names is None else names
+    names = _list_names(folder) if names is None else names
     found = {n[len(prefix):] for n in names if n.startswith(prefix)}
     if kind == "done" and base[:-5] + ".sent" in names:
         # files written by older versions: one target id a line
         try:
-            found |= set(read_bytes(path[:-5] + ".sent").decode("ascii", "replace").split())
+            found |= set(_read_bytes(path[:-5] + ".sent").decode("ascii", "replace").split())
         except OSError:
             pass
     return found
 
 
-def read_item(path, names=None):
+def _read_item(path, names=None):
     """(event, set of target ids already delivered)."""
-    event = parse_event(read_bytes(path))
-    return event, markers(path, "done", names)
+    event = _parse_event(_read_bytes(path))
+    return event, _markers(path, "done", names)
 
 
-def mark(path, kind, tid):
+def _mark(path, kind, tid):
     try:
-        touch_marker(f"{path}.{kind}-{tid}")
+        _touch_marker(f"{path}.{kind}-{tid}")
         return True
     except OSError as e:
         # an empty marker needs no data block; failing, it is one line an outage
-        write_failed(os.path.dirname(os.path.dirname(path)), f"the {kind} marker of {os.path.basename(path)} "
+        _write_failed(os.path.dirname(os.path.dirname(path)), f"the {kind} marker of {os.path.basename(path)} "
                      "(it may be sent again)", e)
         return False
 
 
-def remove_item(path, names=None):
+def _remove_item(path, names=None):
     """The item first (it is then never sent again), then its markers."""
     folder, base = os.path.split(path)
-    names = list_names(folder) if names is None else names
+    names = _list_names(folder) if names is None else names
     for p in [path, path[:-5] + ".sent"] + [os.path.join(folder, n) for n in names
                                             if n.startswith(base + ".")]:
         try:
@@ -638,16 +638,16 @@ def remove_item(path, names=None):
             pass
 
 
-def list_names(folder):
+def _list_names(folder):
     try:
         return os.listdir(folder)
     except OSError:
         return []
 
 
-def remove_orphan_markers(outbox):
+def _remove_orphan_markers(outbox):
     """Markers whose item is gone (a kill between the two removals)."""
-    names = set(list_names(outbox))
+    names = set(_list_names(outbox))
     for n in names:
         m = re.match(r"^(.*\.json)\.(done|maybe)-[0-9a-f]+$", n)
         if m and m.group(1) not in names:
@@ -657,31 +657,31 @@ def remove_orphan_markers(outbox):
                 pass
 
 
-def enforce_bound(outbox, limit):
-    items = outbox_items(outbox)
+def _enforce_bound(outbox, limit):
+    items = _outbox_items(outbox)
     excess = len(items) - limit
     if excess <= 0:
         return
     dropped = items[:excess]
     first = os.path.basename(dropped[0])
     last = os.path.basename(dropped[-1])
-    names = list_names(outbox)
+    names = _list_names(outbox)
     for path in dropped:
-        remove_item(path, names)
-    log("error", f"outbox over OUTBOX_MAX={limit}: dropped the {excess} oldest undelivered events ({first} .. {last})")
+        _remove_item(path, names)
+    _log("error", f"outbox over OUTBOX_MAX={limit}: dropped the {excess} oldest undelivered events ({first} .. {last})")
 
 
-def deliver_target(target, tstate, items, env, now):
+def _deliver_target(target, tstate, items, env, now):
     """Sends one target everything it has not had yet, as digests, and
     records each delivery. Returns nothing; errors are one log line."""
     if now < tstate.get("not_before", 0):
         return
     pending = [(p, e) for p, e, done in items if target.id not in done]
     while pending:
-        budget = rate_budget(target, tstate, now, env)
+        budget = _rate_budget(target, tstate, now, env)
         if budget <= 0:
-            per_min = int(env.get("NOTIFY_RATE_PER_MIN") or 0) or PROVIDER_RATE[target.provider]
-            log("warn", f"{target.label()}: rate limit reached ({per_min} a minute); {len(pending)} events wait")
+            per_min = int(env.get("NOTIFY_RATE_PER_MIN") or 0) or _PROVIDER_RATE[target.provider]
+            _log("warn", f"{target.label()}: rate limit reached ({per_min} a minute); {len(pending)} events wait")
             return
         batch = pending[:200]
         events = [e for _, e in batch]
@@ -689,58 +689,58 @@ def deliver_target(target, tstate, items, env, now):
             url = target.url + "/api/v2/alerts"
             body = [a for e in events for a in gpuguard_render.alertmanager_alerts(e, target.lang, time.time(), env)]
         else:
-            url, body = chat_request(target, events, target.lang, now, env)
-        names = list_names(os.path.dirname(batch[0][0]))
-        maybe_before = any(target.id in markers(p, "maybe", names) for p, _ in batch)
+            url, body = _chat_request(target, events, target.lang, now, env)
+        names = _list_names(os.path.dirname(batch[0][0]))
+        maybe_before = any(target.id in _markers(p, "maybe", names) for p, _ in batch)
 
         def on_maybe(batch=batch):
             for p, _ in batch:
-                mark(p, "maybe", target.id)
+                _mark(p, "maybe", target.id)
 
-        outcome = send(target, url, body, env, maybe_before=maybe_before, on_maybe=on_maybe,
+        outcome = _send(target, url, body, env, maybe_before=maybe_before, on_maybe=on_maybe,
                        key=gpuguard_render.digest_key(events))
-        if outcome.kind in (Outcome.SENT, Outcome.MAYBE):
+        if outcome.kind in (_Outcome.SENT, _Outcome.MAYBE):
             for p, _ in batch:
-                mark(p, "done", target.id)
+                _mark(p, "done", target.id)
             tstate["sent"].append(now)
             tstate["failures"] = 0
-            if outcome.kind == Outcome.MAYBE:
-                log("warn", f"{target.label()}: {outcome.detail}")
+            if outcome.kind == _Outcome.MAYBE:
+                _log("warn", f"{target.label()}: {outcome.detail}")
             elif tstate.get("reported"):
-                log("info", f"{target.label()}: delivering again")
+                _log("info", f"{target.label()}: delivering again")
             tstate["reported"] = ""
             pending = pending[len(batch):]
             continue
         wait = outcome.retry_after or 0
-        if outcome.kind == Outcome.PERMANENT:
-            wait = max(wait, PERMANENT_RETRY_AFTER)
+        if outcome.kind == _Outcome.PERMANENT:
+            wait = max(wait, _PERMANENT_RETRY_AFTER)
             detail = scrub(outcome.detail, env)
             if tstate.get("reported") != detail:
-                log("error", f"{target.label()} rejected the alert: {detail}; {len(pending)} events stay queued, "
-                    f"retried every {PERMANENT_RETRY_AFTER:.0f} s until the target is fixed")
+                _log("error", f"{target.label()} rejected the alert: {detail}; {len(pending)} events stay queued, "
+                    f"retried every {_PERMANENT_RETRY_AFTER:.0f} s until the target is fixed")
                 tstate["reported"] = detail
         else:
             tstate["failures"] = tstate.get("failures", 0) + 1
             # the exponent is capped: a float overflows past 2**1023, and
-            # the pause is capped at MAX_RETRY_AFTER long before that
-            wait = max(wait, DOWN_BACKOFF * 2 ** min(tstate["failures"] - 1, 16))
-            log("warn", f"{target.label()}: {outcome.detail}; {len(pending)} events stay queued "
-                f"(next try in {min(wait, MAX_RETRY_AFTER):.0f} s)")
-        tstate["not_before"] = now + min(wait, MAX_RETRY_AFTER if outcome.kind == Outcome.RETRY
-                                         else PERMANENT_RETRY_AFTER)
+            # the pause is capped at _MAX_RETRY_AFTER long before that
+            wait = max(wait, _DOWN_BACKOFF * 2 ** min(tstate["failures"] - 1, 16))
+            _log("warn", f"{target.label()}: {outcome.detail}; {len(pending)} events stay queued "
+                f"(next try in {min(wait, _MAX_RETRY_AFTER):.0f} s)")
+        tstate["not_before"] = now + min(wait, _MAX_RETRY_AFTER if outcome.kind == _Outcome.RETRY
+                                         else _PERMANENT_RETRY_AFTER)
         return
 
 
-def load_items(outbox):
+def _load_items(outbox):
     items = []
-    names = list_names(outbox)
-    for path in outbox_items(outbox):
+    names = _list_names(outbox)
+    for path in _outbox_items(outbox):
         try:
-            items.append((path, *read_item(path, names)))
+            items.append((path, *_read_item(path, names)))
         except FileNotFoundError:
             continue
         except (OSError, ValueError) as e:
-            log("error", f"unreadable outbox file {os.path.basename(path)} moved aside ({one_line(e)})")
+            _log("error", f"unreadable outbox file {os.path.basename(path)} moved aside ({_one_line(e)})")
             try:
                 os.replace(path, path + ".bad")
             except OSError:
@@ -752,64 +752,64 @@ def flush(env=None, now=None):
     """Delivers the outbox: one digest per target for everything waiting,
     each target on its own thread (a slow or dead one delays no other).
     Returns the number of events still queued."""
-    global ENV
-    env = ENV = os.environ if env is None else env
+    global _ENV
+    env = _ENV = os.environ if env is None else env
     state_dir = env.get("GPUGUARD_STATE_DIR") or ""
     if not state_dir:
-        log("error", "GPUGUARD_STATE_DIR is not set: nothing to flush")
+        _log("error", "GPUGUARD_STATE_DIR is not set: nothing to flush")
         return 0
     outbox = os.path.join(state_dir, "outbox")
-    problem = state_dir_problem(state_dir)
+    problem = _state_dir_problem(state_dir)
     if problem:
-        log("error", problem)
-        return len(outbox_items(outbox))
+        _log("error", problem)
+        return len(_outbox_items(outbox))
     # a malformed target is left out (lib/config.sh said so once)
     bad = []
-    targets = targets_from_env(env, bad)
+    targets = _targets_from_env(env, bad)
     for name, problem in bad:
-        log("debug", f"{name} is malformed ({problem}): left out")
-    lock = FlushLock(state_dir)
+        _log("debug", f"{name} is malformed ({problem}): left out")
+    lock = _FlushLock(state_dir)
     if not lock.acquire():
         if lock.error:
-            log("error", lock.error + "; nothing sent")
+            _log("error", lock.error + "; nothing sent")
         else:
-            log("debug", f"another flush holds {lock.path}: it delivers these events")
-        return len(outbox_items(outbox))
+            _log("debug", f"another flush holds {lock.path}: it delivers these events")
+        return len(_outbox_items(outbox))
     try:
-        enforce_bound(outbox, int(env.get("OUTBOX_MAX") or 1000))
-        remove_orphan_markers(outbox)
-        state = State(os.path.join(state_dir, "alert-state.json"))
+        _enforce_bound(outbox, int(env.get("OUTBOX_MAX") or 1000))
+        _remove_orphan_markers(outbox)
+        state = _State(os.path.join(state_dir, "alert-state.json"))
         tstates = {t.id: state.target(t) for t in targets}
         seen = set()
         # events queued while a digest was on its way go out in the same
         # flush (a second pass), so a flush that found the lock taken
         # loses nothing by leaving
         for _ in range(3):
-            items = load_items(outbox)
+            items = _load_items(outbox)
             fresh = [it for it in items if it[0] not in seen]
             if not fresh:
                 break
             seen.update(it[0] for it in items)
-            run_targets(targets, tstates, items, env, now)
+            _run_targets(targets, tstates, items, env, now)
             ids = {t.id for t in targets}
-            names = list_names(outbox)
+            names = _list_names(outbox)
             for path, _, _ in items:
-                if ids and ids <= markers(path, "done", names):
-                    remove_item(path, names)
+                if ids and ids <= _markers(path, "done", names):
+                    _remove_item(path, names)
             if not targets:
                 break
         state.save()
-        return len(outbox_items(outbox))
+        return len(_outbox_items(outbox))
     finally:
         lock.release()
 
 
-def run_targets(targets, tstates, items, env, now):
+def _run_targets(targets, tstates, items, env, now):
     def work(target):
         try:
-            deliver_target(target, tstates[target.id], items, env, time.time() if now is None else now)
+            _deliver_target(target, tstates[target.id], items, env, time.time() if now is None else now)
         except Exception as e:  # noqa: BLE001 (one target's bug never stops the others)
-            log("error", f"{target.label()}: {e.__class__.__name__}: {one_line(e)}")
+            _log("error", f"{target.label()}: {e.__class__.__name__}: {_one_line(e)}")
 
     threads = [(t, threading.Thread(target=work, args=(t,), daemon=True)) for t in targets]
     for _, thread in threads:
@@ -817,48 +817,48 @@ def run_targets(targets, tstates, items, env, now):
     # every request is bounded by its timeout; name resolution is not, so
     # the flush as a whole is: a target still busy then is left behind (its
     # events stay queued) rather than holding up the watchdog's cycle
-    deadline = time.time() + FLUSH_DEADLINE
+    deadline = time.time() + _FLUSH_DEADLINE
     for target, thread in threads:
         thread.join(max(0.0, deadline - time.time()))
         if thread.is_alive():
-            log("warn", f"{target.label()}: still sending after {FLUSH_DEADLINE:.0f} s; its events stay queued")
+            _log("warn", f"{target.label()}: still sending after {_FLUSH_DEADLINE:.0f} s; its events stay queued")
 
 
 # ---------------------------------------------------------------- commands --
 
-def test_event(env):
+def _test_event(env):
     return {"ts": int(time.time()), "host": env.get("GPUGUARD_HOST") or os.uname().nodename,
             "event": "test", "state": "test"}
 
 
 def test_alert(env=None):
-    global ENV
-    env = ENV = os.environ if env is None else env
+    global _ENV
+    env = _ENV = os.environ if env is None else env
     bad = []
-    targets = targets_from_env(env, bad)
+    targets = _targets_from_env(env, bad)
     for name, problem in bad:
         print(scrub(f"{'FAIL':<8} {name}: malformed, {problem}", env))
     if not targets:
         if not bad:
             print("no target configured: set NOTIFY_URL or ALERTMANAGER_URL")
         return 2 if bad else 1
-    event = test_event(env)
+    event = _test_event(env)
     failed = 0
     for target in targets:
         try:
             if target.provider == "alertmanager":
                 url, body = target.url + "/api/v2/alerts", [gpuguard_render.alertmanager_alert(event, target.lang, env=env)]
             else:
-                url, body = chat_request(target, [event], target.lang, env=env)
-            outcome = send(target, url, body, env)
+                url, body = _chat_request(target, [event], target.lang, env=env)
+            outcome = _send(target, url, body, env)
         except Exception as e:  # noqa: BLE001 (one line per target, never a traceback)
-            outcome = Outcome(Outcome.PERMANENT, one_line(e))
+            outcome = _Outcome(_Outcome.PERMANENT, _one_line(e))
         print(scrub(f"{outcome.kind:<8} {target.label()}: {outcome.detail}", env))
-        failed += outcome.kind != Outcome.SENT
+        failed += outcome.kind != _Outcome.SENT
     return 2 if bad else 1 if failed else 0
 
 
-URL_SHAPES = {
+_URL_SHAPES = {
     "dingtalk": (r"^/robot/send$", "access_token", "https://oapi.dingtalk.com/robot/send?access_token=..."),
     "wecom": (r"^/cgi-bin/webhook/send$", "key", "https://qyapi.weixin.qq.com/cgi-bin/webhook/send?key=..."),
     "feishu": (r"^/open-apis/bot/v2/hook/[\w-]+$", None, "https://open.feishu.cn/open-apis/bot/v2/hook/..."),
@@ -866,7 +866,7 @@ URL_SHAPES = {
 }
 
 
-def check_target(target, timeout=2.0):
+def _check_target(target, timeout=2.0):
     """(level, detail) for one target, sending nothing: URL shape, name
     resolution and a TCP connect, each bounded by the timeout."""
     parts = urllib.parse.urlsplit(target.url)
@@ -877,8 +877,8 @@ def check_target(target, timeout=2.0):
     except ValueError:
         return "FAIL", "bad port in the URL"
     notes = []
-    shape = URL_SHAPES.get(target.provider)
-    if shape and PROVIDER_HOSTS.get(parts.hostname.lower()) == target.provider:
+    shape = _URL_SHAPES.get(target.provider)
+    if shape and _PROVIDER_HOSTS.get(parts.hostname.lower()) == target.provider:
         path_re, query_key, example = shape
         query = dict(urllib.parse.parse_qsl(parts.query))
         if not re.match(path_re, parts.path) or (query_key and not query.get(query_key)):
@@ -893,7 +893,7 @@ def check_target(target, timeout=2.0):
         try:
             result["addrs"] = socket.getaddrinfo(parts.hostname, port, type=socket.SOCK_STREAM)
         except (OSError, UnicodeError) as e:
-            result["error"] = getattr(e, "strerror", None) or one_line(e)
+            result["error"] = getattr(e, "strerror", None) or _one_line(e)
 
     t = threading.Thread(target=resolve, daemon=True)
     t.start()
@@ -909,7 +909,7 @@ def check_target(target, timeout=2.0):
             s.settimeout(timeout)
             s.connect(addr)
     except OSError as e:
-        return "FAIL", f"TCP connect to {parts.hostname} port {port}: {e.strerror or one_line(e)}"
+        return "FAIL", f"TCP connect to {parts.hostname} port {port}: {e.strerror or _one_line(e)}"
     ms = (time.time() - start) * 1000
     detail = f"reachable (TCP {ms:.0f} ms), language {target.lang}; nothing sent (gpuguard notify --test sends one)"
     if notes:
@@ -918,39 +918,39 @@ def check_target(target, timeout=2.0):
 
 
 def check_targets(env=None):
-    global ENV
-    env = ENV = os.environ if env is None else env
+    global _ENV
+    env = _ENV = os.environ if env is None else env
     bad = []
-    targets = targets_from_env(env, bad)
+    targets = _targets_from_env(env, bad)
     for name, problem in bad:
         print(scrub(f"FAIL\t{name}\tmalformed: {problem}; the other targets still get alerts", env))
     failed = 0
     for target in targets:
         try:
-            level, detail = check_target(target, min(2.0, float(env.get("NOTIFY_TIMEOUT") or 2)))
+            level, detail = _check_target(target, min(2.0, float(env.get("NOTIFY_TIMEOUT") or 2)))
         except Exception as e:  # noqa: BLE001 (one line per target, never a traceback)
-            level, detail = "FAIL", one_line(e)
+            level, detail = "FAIL", _one_line(e)
         failed += level == "FAIL"
         print(scrub(f"{level}\t{target.label()}\t{detail}", env))
     # a malformed target is a configuration error: exit status 2
     return 2 if bad else 1 if failed else 0
 
 
-def recorded_events(source, env):
+def _recorded_events(source, env):
     """Events to preview: a file or stdin ("-"), one JSON object a line, or
     the last line of events.jsonl."""
     if source == "-":
         raw = sys.stdin.buffer.read()
         lines = raw.splitlines()
     elif source:
-        lines = read_bytes(source, 64 << 20).splitlines()
+        lines = _read_bytes(source, 64 << 20).splitlines()
     else:
         path = os.path.join(env.get("GPUGUARD_STATE_DIR") or ".", "events.jsonl")
         try:
-            lines = read_bytes(path, 64 << 20).splitlines()[-1:]
+            lines = _read_bytes(path, 64 << 20).splitlines()[-1:]
         except OSError as e:
             raise ValueError(f"no recorded event: {path}: {e.strerror}")
-    events = [parse_event(ln) for ln in lines if ln.strip()]
+    events = [_parse_event(ln) for ln in lines if ln.strip()]
     if not events:
         raise ValueError("no event to preview")
     return events
@@ -958,14 +958,14 @@ def recorded_events(source, env):
 
 def preview(source, env=None):
     """Prints what each provider would receive, sending nothing."""
-    global ENV
-    env = ENV = os.environ if env is None else env
-    events = recorded_events(source, env)
+    global _ENV
+    env = _ENV = os.environ if env is None else env
+    events = _recorded_events(source, env)
     configured = {}
-    for t in targets_from_env(env):
+    for t in _targets_from_env(env):
         configured.setdefault(t.provider, t)
-    for provider in PROVIDERS + ("alertmanager",):
-        target = configured.get(provider) or Target("http://preview.invalid/", provider, "",
+    for provider in _PROVIDERS + ("alertmanager",):
+        target = configured.get(provider) or _Target("http://preview.invalid/", provider, "",
                                                     gpuguard_render.language(env))
         print("===== {} ({}){} =====".format(provider, target.lang, "" if provider in configured else " [not configured]"))
         if provider == "alertmanager":
@@ -975,7 +975,7 @@ def preview(source, env=None):
                                   "summary": a["annotations"]["summary"]}, ensure_ascii=False))
             print()
             continue
-        _, body = chat_request(target, events, target.lang, env=env)
+        _, body = _chat_request(target, events, target.lang, env=env)
         text = {"dingtalk": lambda b: b["markdown"]["text"], "feishu": lambda b: b["content"]["text"],
                 "wecom": lambda b: b["markdown"]["content"], "slack": lambda b: b["text"],
                 "generic": lambda b: b["message"]}[provider](body)
@@ -997,15 +997,15 @@ def main(argv):
         if cmd == "preview":
             return preview(argv[2] if len(argv) > 2 else "")
         if cmd == "render":
-            events = recorded_events("-", os.environ)
+            events = _recorded_events("-", os.environ)
             title, sections = gpuguard_render.render_digest(events, gpuguard_render.language() or "en", os.environ)
             print(gpuguard_render.plain_text(title, sections))
             return 0
     except (ValueError, OSError) as e:
-        print(f"gpuguard_alert: {one_line(e)}", file=sys.stderr)
+        print(f"gpuguard_alert: {_one_line(e)}", file=sys.stderr)
         return 2
     except Exception as e:  # noqa: BLE001 (a bug: one line, never a traceback)
-        log("error", f"{os.path.basename(argv[0])} {cmd}: {e.__class__.__name__}: {one_line(e)}")
+        _log("error", f"{os.path.basename(argv[0])} {cmd}: {e.__class__.__name__}: {_one_line(e)}")
         return 1
     print("usage: gpuguard_alert.py flush|test|check|preview [FILE|-]|render", file=sys.stderr)
     return 2

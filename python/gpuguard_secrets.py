@@ -14,7 +14,7 @@ neither. Standard library only.
 import re
 import urllib.parse
 
-SECRET_QUERY_KEYS = ("access_token", "key", "token", "sign", "secret")
+_SECRET_QUERY_KEYS = ("access_token", "key", "token", "sign", "secret")
 
 
 def split_urls(value):
@@ -34,7 +34,7 @@ def strip_prefix(raw):
 
 
 
-def secrets(env):
+def _secrets(env):
     """Every secret string known from the environment env, longest first."""
     found = set()
     for s in re.split(r"[\s,;]+", env.get("NOTIFY_SECRET", "")):
@@ -54,7 +54,7 @@ def secrets(env):
                 found.add(url)
             continue
         for key, value in urllib.parse.parse_qsl(parts.query):
-            if key.lower() in SECRET_QUERY_KEYS and len(value) >= 4:
+            if key.lower() in _SECRET_QUERY_KEYS and len(value) >= 4:
                 found.add(value)
         for seg in parts.path.split("/"):
             if len(seg) >= 16:
@@ -67,8 +67,8 @@ def secrets(env):
 def scrub(text, env):
     """Masks every secret of env, and any token-looking query value."""
     text = str(text)
-    for s in secrets(env):
+    for s in _secrets(env):
         text = text.replace(s, "***")
         text = text.replace(urllib.parse.quote(s, safe=""), "***")
-    return re.sub(r"((?:{})=)[^&\s\"']+".format("|".join(SECRET_QUERY_KEYS)),
+    return re.sub(r"((?:{})=)[^&\s\"']+".format("|".join(_SECRET_QUERY_KEYS)),
                   r"\1***", text)

@@ -73,14 +73,14 @@ def independent_dingtalk_sign(secret, ts):
 
 
 def test_dingtalk_signature_matches_research_vector():
-    assert alert.dingtalk_sign("SEC0123456789abcdef", "1700000000000") == \
+    assert alert._dingtalk_sign("SEC0123456789abcdef", "1700000000000") == \
         "TSZbRFUuvaSQaRKUpF970OPCb2%2FLcQAP3wOvwZIzBZk%3D"
-    assert alert.dingtalk_sign("SECabc", "1800000000123") == independent_dingtalk_sign("SECabc", "1800000000123")
+    assert alert._dingtalk_sign("SECabc", "1800000000123") == independent_dingtalk_sign("SECabc", "1800000000123")
 
 
 def test_feishu_signature_matches_research_vector_and_not_the_dingtalk_recipe():
-    assert alert.feishu_sign("demo", "1599360473") == "l1N0gAcBjdwBvGm1xMjOF0XSyaLRpR7tuO5dHfhAYc8="
-    assert alert.feishu_sign("demo", "1599360473") != "DkEDUyVoOOJ539qBvUgMyzkzIdRWlf4e/V3Rq+ONJnQ="
+    assert alert._feishu_sign("demo", "1599360473") == "l1N0gAcBjdwBvGm1xMjOF0XSyaLRpR7tuO5dHfhAYc8="
+    assert alert._feishu_sign("demo", "1599360473") != "DkEDUyVoOOJ539qBvUgMyzkzIdRWlf4e/V3Rq+ONJnQ="
 
 
 # ----------------------------------------------------------- providers ----
@@ -92,7 +92,7 @@ def test_provider_from_host_prefix_and_type():
                          "https://hooks.slack.com/services/T/B/C wecom+http://127.0.0.1:1/x "
                          "http://example.invalid/hook",
            "NOTIFY_TYPE": "slack"}
-    assert [t.provider for t in alert.targets_from_env(env)] == [
+    assert [t.provider for t in alert._targets_from_env(env)] == [
         "dingtalk", "feishu", "wecom", "slack", "wecom", "slack"]
 
 
@@ -381,9 +381,9 @@ def test_test_alert_reports_each_target(tmp_path):
 
 
 def test_render_languages():
-    title, lines = render.render(IDLE_EVENT, "zh")
+    title, lines = render._render(IDLE_EVENT, "zh")
     assert "占用但空闲" in title and any("利用率 6%（阈值 10%）" in ln for ln in lines)
-    title, lines = render.render(IDLE_EVENT, "en")
+    title, lines = render._render(IDLE_EVENT, "en")
     assert title == "[gpuguard ALERT] node7: GPU 0 idle but occupied"
     # LANG does not choose: the target does, or NOTIFY_LANG for all
     assert render.language({"LANG": "zh_CN.UTF-8"}) is None

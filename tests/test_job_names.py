@@ -148,7 +148,7 @@ def test_cron_watchers_name_every_job_in_alerts_status_and_report(nbox, jobs, tm
     text = "\n".join([title, sections[0][0]] + sections[0][1])
     # the subject names the job as an idle digest does (its command line,
     # cut), the details give it whole and say whose it is
-    assert gpuguard_render.job_label([leak], "en", {}) in title and "python3 train.py --run-n" in title, title
+    assert gpuguard_render._job_label([leak], "en", {}) in title and "python3 train.py --run-n" in title, title
     assert "python3 train.py --run-name %s --api-key *** --lr 3e-4" % NAMES["leak"] in text, text
     assert getpass.getuser() in text and "SEKRIT" not in text
 

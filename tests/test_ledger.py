@@ -548,7 +548,7 @@ def test_digest_beside_an_idle_alert_in_one_post_names_its_day():
     title, sections = gpuguard_render.render_digest([event], "en", {})
     assert title == "[gpuguard DAILY] lab: GPU ledger 2026-12-02"
     assert sections[0][0] == "1.0 GPU-hours held idle (50% of 2.0 GPU-hours held were idle or stuck)"
-    assert gpuguard_render.alertmanager_alerts(event) == [] and not gpuguard_render.is_page(event)
+    assert gpuguard_render.alertmanager_alerts(event) == [] and not gpuguard_render._is_page(event)
 
 
 @pytest.mark.slow
