@@ -80,23 +80,20 @@ _MAYBE_TIMEOUT_FACTOR = 3
 # The longest one flush waits for its targets (s).
 _FLUSH_DEADLINE = 240.0
 _LOG_RANK = {"debug": 0, "info": 1, "warn": 2, "error": 3}
-# The environment in force: os.environ when run as a command; flush() and
-# test_alert() take another one (tests), which logging and scrubbing follow.
-_ENV = os.environ
 _LOG_LOCK = threading.Lock()
 
 
 # ---------------------------------------------------------------- logging --
 
-def _log(level, msg):
+def _log(env, level, msg):
     """One log line in the format the bash side writes, filtered by
     GPUGUARD_LOG_LEVEL and copied to syslog when GPUGUARD_SYSLOG=1."""
-    minimum = _LOG_RANK.get(_ENV.get("GPUGUARD_LOG_LEVEL") or "info", 1)
+    minimum = _LOG_RANK.get(env.get("GPUGUARD_LOG_LEVEL") or "info", 1)
     if _LOG_RANK.get(level, 1) < minimum:
         return
-    text = scrub(msg, _ENV).replace("\n", " ")
+    text = scrub(msg, env).replace("\n", " ")
     line = f"{time.strftime('%Y-%m-%d %H:%M:%S')} {level.upper():<5} alert: {text}\n"
-    path = _ENV.get("GPUGUARD_LOG")
+    path = env.get("GPUGUARD_LOG")
     with _LOG_LOCK:
         written = False
         if path:
@@ -113,7 +110,7 @@ def _log(level, msg):
                 sys.stderr.write(line)
             except (OSError, ValueError):
                 pass
-        if _ENV.get("GPUGUARD_SYSLOG") == "1":
+        if env.get("GPUGUARD_SYSLOG") == "1":
             try:
                 import syslog
                 prio = {"debug": syslog.LOG_DEBUG, "info": syslog.LOG_INFO,
@@ -130,10 +127,10 @@ def _mask_url(url):
     return "{}://{}/***".format(parts.scheme, parts.hostname or "?")
 
 
-def _one_line(exc):
+def _one_line(exc, env):
     """An exception as one short line (never a traceback)."""
     text = str(exc) or exc.__class__.__name__
-    return scrub(text.replace("\n", " "), _ENV)[:200]
+    return scrub(text.replace("\n", " "), env)[:200]
 
 
 # ------------------------------------------------------------------ files --
@@ -163,7 +160,7 @@ def _touch_marker(path):
     os.close(fd)
 
 
-def _write_failed(state_dir, what, e):
+def _write_failed(env, state_dir, what, e):
     """Logs a failed write once for a whole outage, shared with the bash
     writers (gg_write_failed): the first to create the empty disk-full
     marker in the state folder says it; the others stay quiet."""
@@ -175,17 +172,17 @@ def _write_failed(state_dir, what, e):
         return
     except OSError:
         pass
-    _log("error", f"cannot write {what} ({e.strerror or e}; disk full?): previous files are kept, new events "
+    _log(env, "error", f"cannot write {what} ({e.strerror or e}; disk full?): previous files are kept, new events "
         "wait, retried every cycle; one line for the whole outage")
 
 
-def _write_ok(state_dir):
+def _write_ok(env, state_dir):
     """Ends an outage that _write_failed (or a bash writer) started."""
     marker = os.path.join(state_dir, "disk-full")
     try:
         if not os.path.islink(marker):
             os.unlink(marker)
-            _log("info", f"writing to {state_dir} works again")
+            _log(env, "info", f"writing to {state_dir} works again")
     except OSError:
         pass
 
@@ -285,11 +282,10 @@ class _Target:
         return f"{self.provider} {_mask_url(self.url)}"
 
 
-def _targets_from_env(env=None, bad=None):
+def _targets_from_env(env, bad=None):
     """The targets of NOTIFY_URL and ALERTMANAGER_URL. A malformed one is
     left out, so it never blocks the others; (name, problem) goes to the
     list `bad` when one is given."""
-    env = os.environ if env is None else env
     bad = [] if bad is None else bad
     urls = split_urls(env.get("NOTIFY_URL", ""))
     sec = [s for s in re.split(r"[\s,;]+", env.get("NOTIFY_SECRET", "")) if s]
@@ -317,7 +313,7 @@ def _targets_from_env(env=None, bad=None):
             url, provider, lang = parse(raw, _PROVIDERS)
             host = (urllib.parse.urlsplit(url).hostname or "").lower()
         except ValueError as e:
-            bad.append((_target_name("NOTIFY_URL", i + 1, strip_prefix(raw)[1]), _one_line(e)))
+            bad.append((_target_name("NOTIFY_URL", i + 1, strip_prefix(raw)[1]), _one_line(e, env)))
             continue
         provider = provider or _PROVIDER_HOSTS.get(host) or default_type or "generic"
         secret = sec[i] if len(sec) == len(urls) else (sec[0] if len(sec) == 1 else "")
@@ -326,7 +322,7 @@ def _targets_from_env(env=None, bad=None):
         try:
             url, _, lang = parse(raw, ())
         except ValueError as e:
-            bad.append((_target_name("ALERTMANAGER_URL", i + 1, strip_prefix(raw)[1]), _one_line(e)))
+            bad.append((_target_name("ALERTMANAGER_URL", i + 1, strip_prefix(raw)[1]), _one_line(e, env)))
             continue
         out.append(_Target(url.rstrip("/"), "alertmanager", "", lang))
     return out
@@ -351,12 +347,10 @@ def _feishu_sign(secret, ts_s):
     return base64.b64encode(digest).decode("ascii")
 
 
-def _chat_request(target, events, lang=None, now=None, env=None):
+def _chat_request(target, events, lang, now, env):
     """(url, JSON body) of one digest for a chat or generic target: the
     body gpuguard_render.chat_body writes, signed as the platform wants
     when the target has a secret (DingTalk in the URL, Feishu in the body)."""
-    env = _ENV if env is None else env
-    lang = lang or target.lang
     now = time.time() if now is None else now
     url = target.url
     body = gpuguard_render.chat_body(target.provider, events, lang, env)
@@ -434,7 +428,7 @@ def _classify(provider, status, body, headers):
     return _Outcome(_Outcome.SENT, f"HTTP {status}")
 
 
-def _post_json(url, body, timeout, key=None):
+def _post_json(url, body, timeout, env, key=None):
     """POSTs JSON; (status, body, headers). Raises NotSent when the request
     never left, MaybeSent when it left and no answer came in time."""
     data = json.dumps(body, ensure_ascii=False).encode("utf-8", "replace")
@@ -445,7 +439,7 @@ def _post_json(url, body, timeout, key=None):
     try:
         conn = cls(parts.hostname, parts.port, timeout=timeout)
     except (ValueError, OSError) as e:
-        raise _NotSent(_one_line(e))
+        raise _NotSent(_one_line(e, env))
     path = (parts.path or "/") + ("?" + parts.query if parts.query else "")
     headers = {"Content-Type": "application/json; charset=utf-8", "User-Agent": "gpuguard",
                "Content-Length": str(len(data))}
@@ -455,11 +449,11 @@ def _post_json(url, body, timeout, key=None):
         try:
             conn.connect()
         except (OSError, http.client.HTTPException, ValueError) as e:
-            raise _NotSent(getattr(e, "strerror", None) or _one_line(e))
+            raise _NotSent(getattr(e, "strerror", None) or _one_line(e, env))
         try:
             conn.request("POST", path, body=data, headers=headers)
         except (OSError, http.client.HTTPException) as e:
-            raise _NotSent("sending: %s" % (getattr(e, "strerror", None) or _one_line(e)))
+            raise _NotSent("sending: %s" % (getattr(e, "strerror", None) or _one_line(e, env)))
         try:
             resp = conn.getresponse()
             return resp.status, resp.read(65536), dict(resp.headers)
@@ -468,16 +462,16 @@ def _post_json(url, body, timeout, key=None):
             # is one): the receiver dropped the request, most likely before
             # processing it; retried like a refused connection. Counting it
             # as maybe-delivered lost events to a receiver that reset twice.
-            raise _NotSent("no answer: %s" % (getattr(e, "strerror", None) or _one_line(e)))
+            raise _NotSent("no answer: %s" % (getattr(e, "strerror", None) or _one_line(e, env)))
         except (OSError, http.client.HTTPException) as e:
             # a timeout after the whole request went out: it may have been
             # processed (a slow receiver), so it counts toward the 2 copies
-            raise _MaybeSent(f"no answer within {timeout:g} s ({_one_line(e)})")
+            raise _MaybeSent(f"no answer within {timeout:g} s ({_one_line(e, env)})")
     finally:
         conn.close()
 
 
-def _send(target, url, body, env=None, sleep=time.sleep, maybe_before=False, on_maybe=None, key=None):
+def _send(target, url, body, env, sleep=time.sleep, maybe_before=False, on_maybe=None, key=None):
     """POSTs with retries and backoff on network errors, 5xx and 429.
     A Retry-After longer than a short wait ends the attempt: the event stays
     queued and that target is not tried again before then. A request that
@@ -485,7 +479,6 @@ def _send(target, url, body, env=None, sleep=time.sleep, maybe_before=False, on_
     longer timeout; a second one (maybe_before: an earlier flush had one)
     counts as delivered. A connection reset or closed without an answer is
     not a maybe: it is retried (with back-off) until delivered."""
-    env = os.environ if env is None else env
     timeout = float(env.get("NOTIFY_TIMEOUT") or 5)
     tries = int(env.get("NOTIFY_RETRIES") or 3) + 1
     outcome = None
@@ -493,7 +486,7 @@ def _send(target, url, body, env=None, sleep=time.sleep, maybe_before=False, on_
     while attempt < tries:
         attempt += 1
         try:
-            status, reply, headers = _post_json(url, body, timeout, key)
+            status, reply, headers = _post_json(url, body, timeout, env, key)
             outcome = _classify(target.provider, status, reply, headers)
         except _NotSent as e:
             outcome = _Outcome(_Outcome.RETRY, f"network: {e}")
@@ -525,8 +518,9 @@ class _State:
     not-before time, and whether a permanent error was reported. Targets
     are known by a hash of their URL and a masked label, never the URL."""
 
-    def __init__(self, path):
+    def __init__(self, path, env):
         self.path = path
+        self.env = env
         self.data = {}
         try:
             data = json.loads(_read_bytes(path).decode("utf-8", "replace"))
@@ -536,9 +530,9 @@ class _State:
             pass
         except OSError as e:
             if e.errno == errno.ELOOP:
-                _log("error", f"{path} is a symlink: not read (it is replaced on save)")
+                _log(env, "error", f"{path} is a symlink: not read (it is replaced on save)")
         except ValueError:
-            _log("warn", f"{path} unreadable: delivery state starts afresh")
+            _log(env, "warn", f"{path} unreadable: delivery state starts afresh")
 
     def target(self, target):
         t = self.data.setdefault(target.id, {})
@@ -549,18 +543,17 @@ class _State:
 
     def save(self):
         for t in self.data.values():
-            t["reported"] = scrub(t.get("reported", ""), _ENV)
+            t["reported"] = scrub(t.get("reported", ""), self.env)
         try:
             write_atomic(self.path, json.dumps(self.data, sort_keys=True), durable=True)
         except OSError as e:
-            _write_failed(os.path.dirname(self.path), self.path, e)
+            _write_failed(self.env, os.path.dirname(self.path), self.path, e)
             return False
-        _write_ok(os.path.dirname(self.path))
+        _write_ok(self.env, os.path.dirname(self.path))
         return True
 
 
-def _rate_budget(target, tstate, now, env=None):
-    env = os.environ if env is None else env
+def _rate_budget(target, tstate, now, env):
     per_min = int(env.get("NOTIFY_RATE_PER_MIN") or 0) or _PROVIDER_RATE[target.provider]
     tstate["sent"] = [t for t in tstate["sent"] if isinstance(t, (int, float)) and now - t < 60]
     return per_min - len(tstate["sent"])
@@ -615,13 +608,13 @@ def _read_item(path, names=None):
     return event, _markers(path, "done", names)
 
 
-def _mark(path, kind, tid):
+def _mark(path, kind, tid, env):
     try:
         _touch_marker(f"{path}.{kind}-{tid}")
         return True
     except OSError as e:
         # an empty marker needs no data block; failing, it is one line an outage
-        _write_failed(os.path.dirname(os.path.dirname(path)), f"the {kind} marker of {os.path.basename(path)} "
+        _write_failed(env, os.path.dirname(os.path.dirname(path)), f"the {kind} marker of {os.path.basename(path)} "
                      "(it may be sent again)", e)
         return False
 
@@ -657,7 +650,7 @@ def _remove_orphan_markers(outbox):
                 pass
 
 
-def _enforce_bound(outbox, limit):
+def _enforce_bound(outbox, limit, env):
     items = _outbox_items(outbox)
     excess = len(items) - limit
     if excess <= 0:
@@ -668,7 +661,7 @@ def _enforce_bound(outbox, limit):
     names = _list_names(outbox)
     for path in dropped:
         _remove_item(path, names)
-    _log("error", f"outbox over OUTBOX_MAX={limit}: dropped the {excess} oldest undelivered events ({first} .. {last})")
+    _log(env, "error", f"outbox over OUTBOX_MAX={limit}: dropped the {excess} oldest undelivered events ({first} .. {last})")
 
 
 def _deliver_target(target, tstate, items, env, now):
@@ -681,7 +674,7 @@ def _deliver_target(target, tstate, items, env, now):
         budget = _rate_budget(target, tstate, now, env)
         if budget <= 0:
             per_min = int(env.get("NOTIFY_RATE_PER_MIN") or 0) or _PROVIDER_RATE[target.provider]
-            _log("warn", f"{target.label()}: rate limit reached ({per_min} a minute); {len(pending)} events wait")
+            _log(env, "warn", f"{target.label()}: rate limit reached ({per_min} a minute); {len(pending)} events wait")
             return
         batch = pending[:200]
         events = [e for _, e in batch]
@@ -695,19 +688,19 @@ def _deliver_target(target, tstate, items, env, now):
 
         def on_maybe(batch=batch):
             for p, _ in batch:
-                _mark(p, "maybe", target.id)
+                _mark(p, "maybe", target.id, env)
 
         outcome = _send(target, url, body, env, maybe_before=maybe_before, on_maybe=on_maybe,
                        key=gpuguard_render.digest_key(events))
         if outcome.kind in (_Outcome.SENT, _Outcome.MAYBE):
             for p, _ in batch:
-                _mark(p, "done", target.id)
+                _mark(p, "done", target.id, env)
             tstate["sent"].append(now)
             tstate["failures"] = 0
             if outcome.kind == _Outcome.MAYBE:
-                _log("warn", f"{target.label()}: {outcome.detail}")
+                _log(env, "warn", f"{target.label()}: {outcome.detail}")
             elif tstate.get("reported"):
-                _log("info", f"{target.label()}: delivering again")
+                _log(env, "info", f"{target.label()}: delivering again")
             tstate["reported"] = ""
             pending = pending[len(batch):]
             continue
@@ -716,7 +709,7 @@ def _deliver_target(target, tstate, items, env, now):
             wait = max(wait, _PERMANENT_RETRY_AFTER)
             detail = scrub(outcome.detail, env)
             if tstate.get("reported") != detail:
-                _log("error", f"{target.label()} rejected the alert: {detail}; {len(pending)} events stay queued, "
+                _log(env, "error", f"{target.label()} rejected the alert: {detail}; {len(pending)} events stay queued, "
                     f"retried every {_PERMANENT_RETRY_AFTER:.0f} s until the target is fixed")
                 tstate["reported"] = detail
         else:
@@ -724,14 +717,14 @@ def _deliver_target(target, tstate, items, env, now):
             # the exponent is capped: a float overflows past 2**1023, and
             # the pause is capped at _MAX_RETRY_AFTER long before that
             wait = max(wait, _DOWN_BACKOFF * 2 ** min(tstate["failures"] - 1, 16))
-            _log("warn", f"{target.label()}: {outcome.detail}; {len(pending)} events stay queued "
+            _log(env, "warn", f"{target.label()}: {outcome.detail}; {len(pending)} events stay queued "
                 f"(next try in {min(wait, _MAX_RETRY_AFTER):.0f} s)")
         tstate["not_before"] = now + min(wait, _MAX_RETRY_AFTER if outcome.kind == _Outcome.RETRY
                                          else _PERMANENT_RETRY_AFTER)
         return
 
 
-def _load_items(outbox):
+def _load_items(outbox, env):
     items = []
     names = _list_names(outbox)
     for path in _outbox_items(outbox):
@@ -740,7 +733,7 @@ def _load_items(outbox):
         except FileNotFoundError:
             continue
         except (OSError, ValueError) as e:
-            _log("error", f"unreadable outbox file {os.path.basename(path)} moved aside ({_one_line(e)})")
+            _log(env, "error", f"unreadable outbox file {os.path.basename(path)} moved aside ({_one_line(e, env)})")
             try:
                 os.replace(path, path + ".bad")
             except OSError:
@@ -752,40 +745,39 @@ def flush(env=None, now=None):
     """Delivers the outbox: one digest per target for everything waiting,
     each target on its own thread (a slow or dead one delays no other).
     Returns the number of events still queued."""
-    global _ENV
-    env = _ENV = os.environ if env is None else env
+    env = os.environ if env is None else env
     state_dir = env.get("GPUGUARD_STATE_DIR") or ""
     if not state_dir:
-        _log("error", "GPUGUARD_STATE_DIR is not set: nothing to flush")
+        _log(env, "error", "GPUGUARD_STATE_DIR is not set: nothing to flush")
         return 0
     outbox = os.path.join(state_dir, "outbox")
     problem = _state_dir_problem(state_dir)
     if problem:
-        _log("error", problem)
+        _log(env, "error", problem)
         return len(_outbox_items(outbox))
     # a malformed target is left out (lib/config.sh said so once)
     bad = []
     targets = _targets_from_env(env, bad)
     for name, problem in bad:
-        _log("debug", f"{name} is malformed ({problem}): left out")
+        _log(env, "debug", f"{name} is malformed ({problem}): left out")
     lock = _FlushLock(state_dir)
     if not lock.acquire():
         if lock.error:
-            _log("error", lock.error + "; nothing sent")
+            _log(env, "error", lock.error + "; nothing sent")
         else:
-            _log("debug", f"another flush holds {lock.path}: it delivers these events")
+            _log(env, "debug", f"another flush holds {lock.path}: it delivers these events")
         return len(_outbox_items(outbox))
     try:
-        _enforce_bound(outbox, int(env.get("OUTBOX_MAX") or 1000))
+        _enforce_bound(outbox, int(env.get("OUTBOX_MAX") or 1000), env)
         _remove_orphan_markers(outbox)
-        state = _State(os.path.join(state_dir, "alert-state.json"))
+        state = _State(os.path.join(state_dir, "alert-state.json"), env)
         tstates = {t.id: state.target(t) for t in targets}
         seen = set()
         # events queued while a digest was on its way go out in the same
         # flush (a second pass), so a flush that found the lock taken
         # loses nothing by leaving
         for _ in range(3):
-            items = _load_items(outbox)
+            items = _load_items(outbox, env)
             fresh = [it for it in items if it[0] not in seen]
             if not fresh:
                 break
@@ -809,7 +801,7 @@ def _run_targets(targets, tstates, items, env, now):
         try:
             _deliver_target(target, tstates[target.id], items, env, time.time() if now is None else now)
         except Exception as e:  # noqa: BLE001 (one target's bug never stops the others)
-            _log("error", f"{target.label()}: {e.__class__.__name__}: {_one_line(e)}")
+            _log(env, "error", f"{target.label()}: {e.__class__.__name__}: {_one_line(e, env)}")
 
     threads = [(t, threading.Thread(target=work, args=(t,), daemon=True)) for t in targets]
     for _, thread in threads:
@@ -821,7 +813,7 @@ def _run_targets(targets, tstates, items, env, now):
     for target, thread in threads:
         thread.join(max(0.0, deadline - time.time()))
         if thread.is_alive():
-            _log("warn", f"{target.label()}: still sending after {_FLUSH_DEADLINE:.0f} s; its events stay queued")
+            _log(env, "warn", f"{target.label()}: still sending after {_FLUSH_DEADLINE:.0f} s; its events stay queued")
 
 
 # ---------------------------------------------------------------- commands --
@@ -832,8 +824,7 @@ def _test_event(env):
 
 
 def test_alert(env=None):
-    global _ENV
-    env = _ENV = os.environ if env is None else env
+    env = os.environ if env is None else env
     bad = []
     targets = _targets_from_env(env, bad)
     for name, problem in bad:
@@ -849,10 +840,10 @@ def test_alert(env=None):
             if target.provider == "alertmanager":
                 url, body = target.url + "/api/v2/alerts", [gpuguard_render.alertmanager_alert(event, target.lang, env=env)]
             else:
-                url, body = _chat_request(target, [event], target.lang, env=env)
+                url, body = _chat_request(target, [event], target.lang, None, env)
             outcome = _send(target, url, body, env)
         except Exception as e:  # noqa: BLE001 (one line per target, never a traceback)
-            outcome = _Outcome(_Outcome.PERMANENT, _one_line(e))
+            outcome = _Outcome(_Outcome.PERMANENT, _one_line(e, env))
         print(scrub(f"{outcome.kind:<8} {target.label()}: {outcome.detail}", env))
         failed += outcome.kind != _Outcome.SENT
     return 2 if bad else 1 if failed else 0
@@ -866,7 +857,7 @@ _URL_SHAPES = {
 }
 
 
-def _check_target(target, timeout=2.0):
+def _check_target(target, env, timeout=2.0):
     """(level, detail) for one target, sending nothing: URL shape, name
     resolution and a TCP connect, each bounded by the timeout."""
     parts = urllib.parse.urlsplit(target.url)
@@ -893,7 +884,7 @@ def _check_target(target, timeout=2.0):
         try:
             result["addrs"] = socket.getaddrinfo(parts.hostname, port, type=socket.SOCK_STREAM)
         except (OSError, UnicodeError) as e:
-            result["error"] = getattr(e, "strerror", None) or _one_line(e)
+            result["error"] = getattr(e, "strerror", None) or _one_line(e, env)
 
     t = threading.Thread(target=resolve, daemon=True)
     t.start()
@@ -909,7 +900,7 @@ def _check_target(target, timeout=2.0):
             s.settimeout(timeout)
             s.connect(addr)
     except OSError as e:
-        return "FAIL", f"TCP connect to {parts.hostname} port {port}: {e.strerror or _one_line(e)}"
+        return "FAIL", f"TCP connect to {parts.hostname} port {port}: {e.strerror or _one_line(e, env)}"
     ms = (time.time() - start) * 1000
     detail = f"reachable (TCP {ms:.0f} ms), language {target.lang}; nothing sent (gpuguard notify --test sends one)"
     if notes:
@@ -918,8 +909,7 @@ def _check_target(target, timeout=2.0):
 
 
 def check_targets(env=None):
-    global _ENV
-    env = _ENV = os.environ if env is None else env
+    env = os.environ if env is None else env
     bad = []
     targets = _targets_from_env(env, bad)
     for name, problem in bad:
@@ -927,9 +917,9 @@ def check_targets(env=None):
     failed = 0
     for target in targets:
         try:
-            level, detail = _check_target(target, min(2.0, float(env.get("NOTIFY_TIMEOUT") or 2)))
+            level, detail = _check_target(target, env, min(2.0, float(env.get("NOTIFY_TIMEOUT") or 2)))
         except Exception as e:  # noqa: BLE001 (one line per target, never a traceback)
-            level, detail = "FAIL", _one_line(e)
+            level, detail = "FAIL", _one_line(e, env)
         failed += level == "FAIL"
         print(scrub(f"{level}\t{target.label()}\t{detail}", env))
     # a malformed target is a configuration error: exit status 2
@@ -958,8 +948,7 @@ def _recorded_events(source, env):
 
 def preview(source, env=None):
     """Prints what each provider would receive, sending nothing."""
-    global _ENV
-    env = _ENV = os.environ if env is None else env
+    env = os.environ if env is None else env
     events = _recorded_events(source, env)
     configured = {}
     for t in _targets_from_env(env):
@@ -975,7 +964,7 @@ def preview(source, env=None):
                                   "summary": a["annotations"]["summary"]}, ensure_ascii=False))
             print()
             continue
-        _, body = _chat_request(target, events, target.lang, env=env)
+        _, body = _chat_request(target, events, target.lang, None, env)
         text = {"dingtalk": lambda b: b["markdown"]["text"], "feishu": lambda b: b["content"]["text"],
                 "wecom": lambda b: b["markdown"]["content"], "slack": lambda b: b["text"],
                 "generic": lambda b: b["message"]}[provider](body)
@@ -986,26 +975,29 @@ def preview(source, env=None):
 
 def main(argv):
     cmd = argv[1] if len(argv) > 1 else ""
+    # the configuration of this run: gg_python gave the helper exactly the
+    # keys it reads (ARCHITECTURE.md, rule 2)
+    env = os.environ
     try:
         if cmd == "flush":
-            flush()
+            flush(env)
             return 0
         if cmd == "test":
-            return test_alert()
+            return test_alert(env)
         if cmd == "check":
-            return check_targets()
+            return check_targets(env)
         if cmd == "preview":
-            return preview(argv[2] if len(argv) > 2 else "")
+            return preview(argv[2] if len(argv) > 2 else "", env)
         if cmd == "render":
-            events = _recorded_events("-", os.environ)
-            title, sections = gpuguard_render.render_digest(events, gpuguard_render.language() or "en", os.environ)
+            events = _recorded_events("-", env)
+            title, sections = gpuguard_render.render_digest(events, gpuguard_render.language(env) or "en", env)
             print(gpuguard_render.plain_text(title, sections))
             return 0
     except (ValueError, OSError) as e:
-        print(f"gpuguard_alert: {_one_line(e)}", file=sys.stderr)
+        print(f"gpuguard_alert: {_one_line(e, env)}", file=sys.stderr)
         return 2
     except Exception as e:  # noqa: BLE001 (a bug: one line, never a traceback)
-        _log("error", f"{os.path.basename(argv[0])} {cmd}: {e.__class__.__name__}: {_one_line(e)}")
+        _log(env, "error", f"{os.path.basename(argv[0])} {cmd}: {e.__class__.__name__}: {_one_line(e, env)}")
         return 1
     print("usage: gpuguard_alert.py flush|test|check|preview [FILE|-]|render", file=sys.stderr)
     return 2

@@ -659,7 +659,7 @@ def _section_tag(group, lang):
     return _msg(lang, "tag_" + state) if state in ("firing", "resolved", "test") else _defuse(state)
 
 
-def _render(event, lang, env=None):
+def _render(event, lang, env):
     """(title, lines) of the message for one event."""
     title, sections = render_digest([event], lang, env)
     lines = []

@@ -202,18 +202,18 @@ def test_missing_fields_render_gracefully_in_both_languages():
               {"event": "gpu_idle", "job": {"start_ts": "soon", "elapsed_s": "long"}, "idle_seconds": "NaN"}]
     for lang in ("zh", "en"):
         for e in sparse:
-            title, lines = render._render(e, lang)
+            title, lines = render._render(e, lang, {})
             assert title.startswith("[gpuguard") and all(isinstance(x, str) for x in lines)
         title, _sections = render.render_digest(sparse, lang, {"GPU_HOUR_PRICE": "junk"})
         assert "gpuguard" in title
-    title, lines = render._render(sparse[3], "en")
+    title, lines = render._render(sparse[3], "en", {})
     assert "held by container c0ffee" in lines[0]
-    assert "an unknown job" in render._render(sparse[0], "en")[1][0]
+    assert "an unknown job" in render._render(sparse[0], "en", {})[1][0]
 
 
 def test_cost_appears_only_with_a_price_and_accepts_a_currency(env):
     ev = idle8()[:2]
-    assert not any("costs" in ln for ln in render._render(ev[0], "en")[1])
+    assert not any("costs" in ln for ln in render._render(ev[0], "en", {})[1])
     _, sections = render.render_digest(ev, "en", {"GPU_HOUR_PRICE": "$2.5"})
     text = render.plain_text("", sections)
     assert "idle so far costs ≈ $ 1.00 (0.4 GPU-h at $ 2.50/GPU-h)" in text
@@ -340,7 +340,7 @@ def test_dingtalk_gets_at_most_20_posts_a_minute_and_the_rest_later_in_one(env, 
 
 def test_reminders_are_tagged_as_such_unless_something_new_fires():
     first = idle8()[0]
-    title, _ = render._render(dict(first, state="reminder"), "en")
+    title, _ = render._render(dict(first, state="reminder"), "en", {})
     assert title.startswith("[gpuguard REMINDER] node7: GPU 0 idle")
     title, _ = render.render_digest([dict(first, state="reminder"), dict(idle8()[1], job=None)], "zh")
     assert title.startswith("[gpuguard 告警]")
@@ -363,9 +363,9 @@ def test_a_job_known_only_by_its_pid_still_lists_the_processes_name_and_memory()
               "elapsed_s": None, "slurm_job": None, "container": None, "rank": None, "visible": False}
     e = dict(idle8(job=hidden)[0], processes=[{"pid": 437, "name": "python3", "used_memory_mib": 2696}])
     for lang in ("en", "zh"):
-        assert any("437 python3 (2696 MiB)" in line for line in render._render(e, lang)[1])
+        assert any("437 python3 (2696 MiB)" in line for line in render._render(e, lang, {})[1])
     # a job read from /proc names what runs: no process list
-    assert not any("Processes:" in line for line in render._render(idle8()[0], "en")[1])
+    assert not any("Processes:" in line for line in render._render(idle8()[0], "en", {})[1])
 
 
 # ------------------------------------- stuck, degraded, leak verdicts ----
@@ -485,7 +485,7 @@ def test_degraded_gpu_is_critical_and_names_gpu_model_uuid_fault_and_what_to_che
     assert a["labels"] == {"alertname": "GpuDegraded", "instance": "node7", "job": "gpuguard",
                            "severity": "critical", "gpu": "3", "uuid": uuid, "vendor": "nvidia"}
     assert a["annotations"]["fault"] == "GPU requires reset"
-    title, lines = render._render(degraded(3, "resolved"), "en")
+    title, lines = render._render(degraded(3, "resolved"), "en", {})
     assert title == "[gpuguard RESOLVED] node7: GPU 3 reads normally again"
     assert lines[0] == "GPU 3 (NVIDIA H200) reads normally again after 3 faulted cycles"
     assert render._alertmanager_labels(degraded(3, "resolved"))["severity"] == "critical"
@@ -527,7 +527,7 @@ def test_a_digest_mixing_idle_stuck_degraded_leak_and_resolved_is_one_post_per_t
 
 
 def test_leak_verdict_fields_render_rate_since_oom_clock_confidence_and_rank(utc):
-    title, lines = render._render(leak(), "en")
+    title, lines = render._render(leak(), "en", {})
     assert title == "[gpuguard CRITICAL] node7: PID 51000 python3: GPU memory leak suspected"
     text = "\n".join(lines)
     assert "Growing +2400 MiB/h (window 2 h 0 min), now 128.0 GiB, GPU free 7.8 GiB" in text
@@ -535,7 +535,7 @@ def test_leak_verdict_fields_render_rate_since_oom_clock_confidence_and_rank(utc
     assert "Projected OOM in 3 h 20 min (about 14:05)" in text
     assert "Verdict: accelerating, confidence 87 %" in text
     assert "Leaking: rank 3, PID 51003 (of the process tree of PID 51000)" in text
-    title, lines = render._render(leak(), "zh")
+    title, lines = render._render(leak(), "zh", {})
     text = "\n".join(lines)
     assert title == "[gpuguard 严重] node7：PID 51000 python3 疑似显存泄漏"
     assert "自 2026-12-02 08:45 起增长（已 2 小时 0 分）" in text
@@ -543,11 +543,11 @@ def test_leak_verdict_fields_render_rate_since_oom_clock_confidence_and_rank(utc
     assert "判定：加速增长，置信度 87 %" in text and "泄漏者：rank 3，PID 51003（属于 PID 51000 的进程树）" in text
     # a projection past midnight carries the date; a rank unknown names the PID
     text = "\n".join(render._render(leak(severity="warning", free_memory_mib=None, projected_oom_hours=30.0, rank=None,
-                                       trend="steady (phase-aware)"), "en")[1])
+                                       trend="steady (phase-aware)"), "en", {})[1])
     assert "Projected OOM in 30 h 0 min (about 2026-12-03 16:45)" in text
     assert "Verdict: steady growth across phases" in text
     assert "Leaking: PID 51003 (of the process tree of PID 51000)" in text
-    assert render._render(leak(severity="warning"), "en")[0].startswith("[gpuguard ALERT]")
+    assert render._render(leak(severity="warning"), "en", {})[0].startswith("[gpuguard ALERT]")
 
 
 def test_leak_beyond_the_warning_horizon_is_a_trend_note_not_a_page(env, sink):
@@ -591,15 +591,15 @@ def test_leak_alertmanager_severity_follows_the_event_and_old_events_still_rende
         "alertname": "GpuMemoryLeakDetected", "instance": "node7", "job": "gpuguard", "severity": "warning",
         "pid": "4242", "name": "python3"}
     for lang in ("en", "zh"):
-        title, lines = render._render(old, lang)
+        title, lines = render._render(old, lang, {})
         assert "4242" in title and "+120" in lines[0]
         assert not any("confidence" in ln or "置信度" in ln or "Leaking" in ln for ln in lines)
-    assert "Projected OOM in 10 h 0 min" in "\n".join(render._render(old, "en")[1])
+    assert "Projected OOM in 10 h 0 min" in "\n".join(render._render(old, "en", {})[1])
     # hostile or odd detector fields never crash nor mention anyone
     odd = leak(trend="@all <at user_id=\"all\">", confidence="high", since_ts="yesterday", rank="<!channel>",
                projected_oom_hours=float("nan"), severity="bogus", leaking_pid="x")
     for lang in ("en", "zh"):
-        text = "\n".join(render._render(odd, lang)[1])
+        text = "\n".join(render._render(odd, lang, {})[1])
         assert "@all" not in text and "<at" not in text and "<!channel>" not in text
 
 

@@ -381,9 +381,9 @@ def test_test_alert_reports_each_target(tmp_path):
 
 
 def test_render_languages():
-    title, lines = render._render(IDLE_EVENT, "zh")
+    title, lines = render._render(IDLE_EVENT, "zh", {})
     assert "占用但空闲" in title and any("利用率 6%（阈值 10%）" in ln for ln in lines)
-    title, lines = render._render(IDLE_EVENT, "en")
+    title, lines = render._render(IDLE_EVENT, "en", {})
     assert title == "[gpuguard ALERT] node7: GPU 0 idle but occupied"
     # LANG does not choose: the target does, or NOTIFY_LANG for all
     assert render.language({"LANG": "zh_CN.UTF-8"}) is None
