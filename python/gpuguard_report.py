@@ -434,6 +434,9 @@ def _short(text, n=60):
 
 
 def _build(state_dir, opts, params, now):
+    """(gpus, procs, events) of the report: the GPU history, one entry per
+    leak history series (its GPU, fit, verdict and job), the events; as
+    --pid and --gpu filter them, the likeliest leaks first."""
     since = opts["since"]
     gpus = _read_gpu_history(state_dir, since)
     events = _read_events(state_dir, since)
@@ -441,7 +444,6 @@ def _build(state_dir, opts, params, now):
     ident = _job_identity(events)
     identities = _read_identities(state_dir)
     history = read_history(os.path.join(state_dir, "history"))
-    threshold = params["threshold"]
     holders = {}                # pid -> {gpu index: rows holding it}
     for idx, g in gpus.items():
         for r in g["rows"]:
@@ -451,7 +453,7 @@ def _build(state_dir, opts, params, now):
     last_mem = {idx: next((r for r in reversed(g["rows"]) if r[2] is not None and r[3] is not None), None)
                 for idx, g in gpus.items()}
     procs = []
-    tree = None                 # read from /proc only when a launcher needs it
+    lazy = {}                   # the /proc tree, read only when a launcher needs it
     for key, rows in history.items():
         if since is not None:
             rows = [r for r in rows if r[0] >= since]
@@ -461,74 +463,108 @@ def _build(state_dir, opts, params, now):
         m = re.match(r"(\d+)(?:-(\d+))?", key)
         pid = int(m.group(1)) if m else -1
         start = m.group(2) if m else None
-        t0, t1 = rows[0][0], rows[-1][0]
-        # the GPU: the one whose holders list this PID (or, for a launcher,
-        # its descendants, or the alerts its job was named in) most often
-        votes = dict(holders.get(pid) or {})
-        if not votes:
-            if tree is None:
-                tree = _proc_tree()
-            for kid in _descendants(tree, pid, start):
-                for idx, n in (holders.get(kid) or {}).items():
-                    votes[idx] = votes.get(idx, 0) + n
-        if not votes and ident.get(pid, {}).get("gpu") is not None:
-            votes = {int(ident[pid]["gpu"]): 1}
-        gpu = max(votes, key=votes.get) if votes else None
+        gpu = _series_gpu(pid, start, holders, ident, lazy)
         st = states.get(key)
         if st is None:
             cands = [s for s in states.values() if s.get("pid") == pid]
             st = cands[0] if len(cands) == 1 else None
-        last = (st or {}).get("last") or {}
-        used_last = rows[-1][1]
-        free = None
-        if gpu is not None and last_mem.get(gpu) is not None:
-            # the GPU's free memory at the series' last sample
-            near = last_mem[gpu]
-            if near[0] > t1 + 120:
-                near = next((r for r in reversed(gpus[gpu]["rows"]) if r[0] <= t1 + 120 and r[2] is not None
-                             and r[3] is not None), None)
-            if near is not None:
-                free = near[3] - near[2]
-        if free is None and getattr(rows[-1], "gpu_free_mib", None) is not None:
-            free = rows[-1].gpu_free_mib    # the leak watcher's own GPU figures (5-column history)
-        if free is None and isinstance(last.get("free"), (int, float)):
-            free = last["free"]
-        capacity = used_last + free if free is not None else None
-        span = max(t1 - t0, 1.0)
-        bucket = max(1.0, min(params["bucket_s"], span / 30.0))
-        fl = _floors(rows, bucket)
-        judged = st is not None and isinstance(last.get("slope"), (int, float)) and math.isfinite(last["slope"])
-        window = last.get("window_s") or 24 * 3600
-        fit_pts = [p for p in fl if p[0] >= fl[-1][0] - window] or fl
-        fit = _fit_line(fit_pts, last["slope"] / 3600.0 if judged else None)
-        slope_h = last["slope"] if judged else (fit[0] * 3600 if fit else 0.0)
+        free = _series_free(rows, gpu, gpus, last_mem, (st or {}).get("last") or {})
+        p = _series_fit(rows, st, free, params)
         pev = [e for e in events if e.get("event") == "gpu_memory_leak" and e.get("pid") == pid
-               and (e.get("key") in (None, key)) and t0 - 3600 <= e["ts"] <= t1 + 3600]
-        firing = bool(st.get("firing")) if st else (bool(pev) and pev[-1].get("state") == "firing")
-        if firing:
-            verdict = "LEAK"
-        elif pev and pev[-1].get("state") == "resolved":
-            verdict = "resolved"
-        elif judged and isinstance((st or {}).get("verdict") or last.get("verdict"), str):
-            verdict = (st or {}).get("verdict") or last.get("verdict")      # the detector's own word
-        elif judged:
-            verdict = "watching" if slope_h >= threshold else "healthy"
-        else:
-            verdict = "not judged"
-        oom_h = None
-        if capacity is not None and slope_h > 0 and fit:
-            headroom = capacity - (fit[1] + fit[0] * t1)
-            oom_h = max(0.0, headroom / slope_h)
-        who = dict(_proc_identity(pid, start))
-        who.update({k: v for k, v in ident.get(pid, {}).items() if v and k != "gpu"})
-        # the watcher's record of the series (a rank's own, else its tree's)
-        # names it best, also long after it ended
-        job = identities.get(key) or identities.get(key.split("_", 1)[0])
-        if job is not None:
-            who.update(_identity_who(job))
-        procs.append({"key": key, "pid": pid, "rows": rows, "floors": fl, "bucket": bucket, "gpu": gpu, "capacity": capacity,
-                      "fit": fit, "fit_from": fit_pts[0][0], "slope_h": slope_h, "judged": judged,
-                      "verdict": verdict, "oom_h": oom_h, "events": pev, "who": who, "t0": t0, "t1": t1})
+               and (e.get("key") in (None, key)) and p["t0"] - 3600 <= e["ts"] <= p["t1"] + 3600]
+        p.update(key=key, pid=pid, rows=rows, gpu=gpu, events=pev,
+                 verdict=_series_verdict(st, pev, p["judged"], p["slope_h"], params["threshold"]),
+                 who=_series_who(key, pid, start, ident, identities))
+        procs.append(p)
+    gpus, procs = _filtered(gpus, procs, opts)
+    order = {"LEAK": 0, "watching": 1, "resolved": 2, "not judged": 3, "healthy": 4}
+    procs.sort(key=lambda p: (order.get(p["verdict"], 5), -p["slope_h"], p["key"]))
+    return gpus, procs, events
+
+
+def _series_gpu(pid, start, holders, ident, lazy):
+    """The GPU of a series: the one whose holders list this PID (or, for a
+    launcher, its descendants, or the alerts its job was named in) most
+    often; None when nothing says."""
+    votes = dict(holders.get(pid) or {})
+    if not votes:
+        if "tree" not in lazy:
+            lazy["tree"] = _proc_tree()
+        for kid in _descendants(lazy["tree"], pid, start):
+            for idx, n in (holders.get(kid) or {}).items():
+                votes[idx] = votes.get(idx, 0) + n
+    if not votes and ident.get(pid, {}).get("gpu") is not None:
+        votes = {int(ident[pid]["gpu"]): 1}
+    return max(votes, key=votes.get) if votes else None
+
+
+def _series_free(rows, gpu, gpus, last_mem, last):
+    """The GPU's free memory (MiB) at the series' last sample, or None."""
+    t1 = rows[-1][0]
+    free = None
+    if gpu is not None and last_mem.get(gpu) is not None:
+        near = last_mem[gpu]
+        if near[0] > t1 + 120:
+            near = next((r for r in reversed(gpus[gpu]["rows"]) if r[0] <= t1 + 120 and r[2] is not None
+                         and r[3] is not None), None)
+        if near is not None:
+            free = near[3] - near[2]
+    if free is None and getattr(rows[-1], "gpu_free_mib", None) is not None:
+        free = rows[-1].gpu_free_mib    # the leak watcher's own GPU figures (5-column history)
+    if free is None and isinstance(last.get("free"), (int, float)):
+        free = last["free"]
+    return free
+
+
+def _series_fit(rows, st, free, params):
+    """The series' floors, its line (the detector's slope when it judged
+    the series) and the projected hours to OOM."""
+    last = (st or {}).get("last") or {}
+    t0, t1 = rows[0][0], rows[-1][0]
+    capacity = rows[-1][1] + free if free is not None else None
+    span = max(t1 - t0, 1.0)
+    bucket = max(1.0, min(params["bucket_s"], span / 30.0))
+    fl = _floors(rows, bucket)
+    judged = st is not None and isinstance(last.get("slope"), (int, float)) and math.isfinite(last["slope"])
+    window = last.get("window_s") or 24 * 3600
+    fit_pts = [p for p in fl if p[0] >= fl[-1][0] - window] or fl
+    fit = _fit_line(fit_pts, last["slope"] / 3600.0 if judged else None)
+    slope_h = last["slope"] if judged else (fit[0] * 3600 if fit else 0.0)
+    oom_h = None
+    if capacity is not None and slope_h > 0 and fit:
+        headroom = capacity - (fit[1] + fit[0] * t1)
+        oom_h = max(0.0, headroom / slope_h)
+    return {"floors": fl, "bucket": bucket, "capacity": capacity, "fit": fit, "fit_from": fit_pts[0][0],
+            "slope_h": slope_h, "judged": judged, "oom_h": oom_h, "t0": t0, "t1": t1}
+
+
+def _series_verdict(st, pev, judged, slope_h, threshold):
+    last = (st or {}).get("last") or {}
+    firing = bool(st.get("firing")) if st else (bool(pev) and pev[-1].get("state") == "firing")
+    if firing:
+        return "LEAK"
+    if pev and pev[-1].get("state") == "resolved":
+        return "resolved"
+    if judged and isinstance((st or {}).get("verdict") or last.get("verdict"), str):
+        return (st or {}).get("verdict") or last.get("verdict")      # the detector's own word
+    if judged:
+        return "watching" if slope_h >= threshold else "healthy"
+    return "not judged"
+
+
+def _series_who(key, pid, start, ident, identities):
+    who = dict(_proc_identity(pid, start))
+    who.update({k: v for k, v in ident.get(pid, {}).items() if v and k != "gpu"})
+    # the watcher's record of the series (a rank's own, else its tree's)
+    # names it best, also long after it ended
+    job = identities.get(key) or identities.get(key.split("_", 1)[0])
+    if job is not None:
+        who.update(_identity_who(job))
+    return who
+
+
+def _filtered(gpus, procs, opts):
+    """The GPUs and series --pid and --gpu keep."""
     if opts["pids"]:
         # a job's own PID, the watched root's, or one of its GPU processes
         procs = [p for p in procs if p["pid"] in opts["pids"] or p["who"].get("job_pid") in opts["pids"]
@@ -540,9 +576,7 @@ def _build(state_dir, opts, params, now):
         wanted = {i for i, g in gpus.items() if i in opts["gpus"] or str(g["uuid"]).lower() in opts["gpus"]}
         gpus = {i: g for i, g in gpus.items() if i in wanted}
         procs = [p for p in procs if p["gpu"] in wanted]
-    order = {"LEAK": 0, "watching": 1, "resolved": 2, "not judged": 3, "healthy": 4}
-    procs.sort(key=lambda p: (order.get(p["verdict"], 5), -p["slope_h"], p["key"]))
-    return gpus, procs, events
+    return gpus, procs
 
 
 # ------------------------------------------------------------------ draw --
