@@ -751,6 +751,8 @@ def chat_body(provider, events, lang, env=None):
     return {"title": title, "message": text, "lang": lang, "id": digest_key(events), "events": events}
 
 
+# ----------------------------------------------------------- alertmanager --
+
 def _iso(ts):
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
 
