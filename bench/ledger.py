@@ -68,8 +68,8 @@ job\tbob\t1002\tpid:51877@1796223600\t3600\t3600\t3600\t{c_end}\t0\tpython eval.
 
 
 def examples(work):
-    import gpuguard_alert
     import gpuguard_ledger
+    import gpuguard_render
     folder = os.path.join(work, "ex", "ledger")
     os.makedirs(folder)
     with open(os.path.join(folder, "2026-12-02.tsv"), "w") as f:
@@ -80,9 +80,9 @@ def examples(work):
     event = gpuguard_ledger.digest_event("2026-12-02", DAY0 + 33 * H, env)
     out = []
     for provider in ("dingtalk", "feishu", "wecom", "slack"):
-        lang = gpuguard_alert.PROVIDER_LANG[provider]
-        title, sections = gpuguard_alert.render_digest([event], lang, env)
-        out.append((provider, gpuguard_alert.chat_text(provider, title, sections, [])))
+        lang = gpuguard_render.PROVIDER_LANG[provider]
+        title, sections = gpuguard_render.render_digest([event], lang, env)
+        out.append((provider, gpuguard_render._chat_text(provider, title, sections, [])))
     return out
 
 

@@ -169,7 +169,7 @@ def main():
         # the same measure for a blank page: what the browser costs anyway
         import gpuguard_report
         blank = Path(d) / "blank.html"
-        blank.write_text("<!doctype html><html><body><script>%s</script></body></html>" % gpuguard_report.LOAD_JS)
+        blank.write_text("<!doctype html><html><body><script>%s</script></body></html>" % gpuguard_report._LOAD_JS)
         blank_ms = measure(blank.as_uri())
         named = sum(1 for n in range(64) if "exp-%d " % (10000 + (n // 8) * 100 + n % 8) in out.read_text())
         print("input: %d process samples, %d GPU rows (%.0f MB on disk, made in %.1f s)"

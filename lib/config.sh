@@ -305,7 +305,7 @@ config_load() {
 
 # Why one alert target URL ($1, its "provider:lang+" prefix removed) cannot
 # be used, printed as a phrase; status 1 then, 0 and nothing when it is fine.
-# The same rule as url_problem in python/gpuguard_alert.py, which leaves such
+# The same rule as _url_problem in python/gpuguard_alert.py, which leaves such
 # a target out (tests/test_config_cli.py runs both over one list).
 config_url_problem() {
   local url=$1 LC_ALL=C port

@@ -42,19 +42,19 @@ from gpuguard_files import write_atomic
 from gpuguard_history import identity_read, read_history
 from gpuguard_leakstat import median, params_from, theil_sen
 
-WIDTH = 960                     # chart width, px
-PLOT_LEFT, PLOT_RIGHT = 74, 18  # margins, px
-PLOT_W = WIDTH - PLOT_LEFT - PLOT_RIGHT
-PALETTE = ("#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#17becf", "#7f7f7f", "#bcbd22", "#e377c2")
+_WIDTH = 960                     # chart width, px
+_PLOT_LEFT, _PLOT_RIGHT = 74, 18  # margins, px
+_PLOT_W = _WIDTH - _PLOT_LEFT - _PLOT_RIGHT
+_PALETTE = ("#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#17becf", "#7f7f7f", "#bcbd22", "#e377c2")
 
 
-class UsageError(Exception):
+class _UsageError(Exception):
     pass
 
 
 # ------------------------------------------------------------------ input --
 
-def parse_since(text, now):
+def _parse_since(text, now):
     """Unix seconds from "90m", "24h", "7d", "3600s", unix seconds, or an
     ISO date/time (local time)."""
     m = re.fullmatch(r"(\d+)([smhd])", text)
@@ -62,22 +62,22 @@ def parse_since(text, now):
         return now - int(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
     if re.fullmatch(r"\d{9,11}", text):
         return float(text)
-    for fmt in ("%Y-%m-%d", "%Y-%m-%dT%H:%M", "%Y-%m-%d %H:%M", "%Y-%m-%dT%H:%M:%S"):
+    for layout in ("%Y-%m-%d", "%Y-%m-%dT%H:%M", "%Y-%m-%d %H:%M", "%Y-%m-%dT%H:%M:%S"):
         try:
-            return time.mktime(time.strptime(text, fmt))
+            return time.mktime(time.strptime(text, layout))
         except ValueError:
             continue
-    raise UsageError("--since takes 90m, 24h, 7d, unix seconds or 2026-12-01[T10:00] (got '%s')" % text)
+    raise _UsageError("--since takes 90m, 24h, 7d, unix seconds or 2026-12-01[T10:00] (got '%s')" % text)
 
 
-def parse_ints(option, text, out):
+def _parse_ints(option, text, out):
     for part in text.split(","):
         if not re.fullmatch(r"\d{1,9}", part):
-            raise UsageError("%s needs a whole number (got '%s')" % (option, text))
+            raise _UsageError("%s needs a whole number (got '%s')" % (option, text))
         out.add(int(part))
 
 
-def parse_gpus(text, out):
+def _parse_gpus(text, out):
     """--gpu: GPU indexes and UUIDs (GPU-xxxxxxxx-...), comma-separated;
     a UUID is kept as a string and matched in the GPU history."""
     for part in text.split(","):
@@ -89,37 +89,37 @@ def parse_gpus(text, out):
             # an Ascend NPU chip (lib/npu.sh): NPU-<card>-<chip>
             out.add(part.lower())
         else:
-            raise UsageError("--gpu needs a whole number (GPU index) or a GPU UUID (got '%s')" % text)
+            raise _UsageError("--gpu needs a whole number (GPU index) or a GPU UUID (got '%s')" % text)
 
 
-def parse_args(args, now):
+def _parse_args(args, now):
     opts = {"out": "gpuguard-report.html", "since": None, "pids": set(), "gpus": set()}
     i = 0
     while i < len(args):
         a = args[i]
         name, eq, value = a.partition("=")
         if name not in ("--out", "--since", "--pid", "--gpu"):
-            raise UsageError("unknown option '%s' for 'report' (see --help)" % a)
+            raise _UsageError("unknown option '%s' for 'report' (see --help)" % a)
         if not eq:
             if i + 1 >= len(args):
-                raise UsageError("%s needs a value" % name)
+                raise _UsageError("%s needs a value" % name)
             i += 1
             value = args[i]
         if name == "--out":
             if not value or value.endswith("/"):
-                raise UsageError("--out needs a file name (got '%s')" % value)
+                raise _UsageError("--out needs a file name (got '%s')" % value)
             opts["out"] = value
         elif name == "--since":
-            opts["since"] = parse_since(value, now)
+            opts["since"] = _parse_since(value, now)
         elif name == "--pid":
-            parse_ints("--pid", value, opts["pids"])
+            _parse_ints("--pid", value, opts["pids"])
         else:
-            parse_gpus(value, opts["gpus"])
+            _parse_gpus(value, opts["gpus"])
         i += 1
     return opts
 
 
-def num(text):
+def _num(text):
     try:
         v = float(text)
     except (TypeError, ValueError):
@@ -127,7 +127,7 @@ def num(text):
     return v if not math.isnan(v) and abs(v) < 1e12 else None
 
 
-def read_gpu_history(state_dir, since=None):
+def _read_gpu_history(state_dir, since=None):
     """By GPU index: {"uuid", "rows": [(ts, util, used, total, power, idle,
     holders {pid: MiB})]}; unreadable rows are skipped."""
     gpus = {}
@@ -143,24 +143,24 @@ def read_gpu_history(state_dir, since=None):
                 p = line.rstrip("\n").split("\t")
                 if len(p) < 8 or not p[1].isdigit():
                     continue
-                ts = num(p[0])
+                ts = _num(p[0])
                 if ts is None or (since is not None and ts < since):
                     continue
                 holders = {}
                 for h in (p[8] if len(p) > 8 else "").split(","):
-                    pid, _, mib = h.partition(":")
+                    pid, _, used = h.partition(":")
                     if pid.isdigit():
-                        holders[int(pid)] = num(mib)
+                        holders[int(pid)] = _num(used)
                 g = gpus.setdefault(int(p[1]), {"uuid": p[2], "rows": []})
                 g["uuid"] = p[2]
-                g["rows"].append((ts, num(p[3]), num(p[4]), num(p[5]), num(p[6]),
+                g["rows"].append((ts, _num(p[3]), _num(p[4]), _num(p[5]), _num(p[6]),
                                   int(p[7]) if p[7].isdigit() else 0, holders))
     for g in gpus.values():
         g["rows"].sort(key=lambda r: r[0])
     return gpus
 
 
-def read_events(state_dir, since=None):
+def _read_events(state_dir, since=None):
     events = []
     try:
         with open(os.path.join(state_dir, "events.jsonl"), encoding="utf-8", errors="replace") as f:
@@ -177,7 +177,7 @@ def read_events(state_dir, since=None):
     return events
 
 
-def read_leak_states(state_dir):
+def _read_leak_states(state_dir):
     """The detector's saved series by key, from leak-state.json and the
     per-instance leak-*.json files; the newest wins when a key repeats."""
     out = {}
@@ -200,7 +200,7 @@ def read_leak_states(state_dir):
     return out
 
 
-def tail_rows(path, n=24):
+def _tail_rows(path, n=24):
     """The last n (timestamp, memory) rows of a history CSV (reads only
     its end)."""
     try:
@@ -214,17 +214,17 @@ def tail_rows(path, n=24):
     rows = []
     for line in lines[-n:]:
         p = line.split(",")
-        if len(p) >= 3 and num(p[0]) is not None and num(p[2]) is not None:
-            rows.append((num(p[0]), num(p[2])))
+        if len(p) >= 3 and _num(p[0]) is not None and _num(p[2]) is not None:
+            rows.append((_num(p[0]), _num(p[2])))
     return rows
 
 
-def tail_values(path, n=24):
+def _tail_values(path, n=24):
     """The last n memory values of a history CSV, as text (reads only its end)."""
-    return ["%d" % v for _, v in tail_rows(path, n)]
+    return ["%d" % v for _, v in _tail_rows(path, n)]
 
 
-def leak_word(s, slope, threshold):
+def _leak_word(s, slope, threshold):
     """The verdict status shows: LEAK (the alert fires), watching (growing
     at the threshold or faster, not judged a leak yet), healthy, or
     judging (too short to have a slope)."""
@@ -236,11 +236,11 @@ def leak_word(s, slope, threshold):
 
 
 def leaks(state_dir, out, threshold=50.0):
-    """For gpuguard status: PID, slope, firing, verdict (leak_word) and
+    """For gpuguard status: PID, slope, firing, verdict (_leak_word) and
     recent memory of every series the detector keeps (newest series of a
     PID wins)."""
     by_pid = {}
-    for key, s in read_leak_states(state_dir).items():
+    for key, s in _read_leak_states(state_dir).items():
         pid = s.get("pid")
         if not isinstance(pid, int):
             continue
@@ -252,16 +252,16 @@ def leaks(state_dir, out, threshold=50.0):
             slope = 0.0             # status prints it into JSON: a number, always
         path = os.path.join(state_dir, "history", re.sub(r"[^0-9A-Za-z_.-]", "_", str(key)) + ".csv")
         by_pid[pid] = (last.get("ts", 0), "%d\t%.0f\t%d\t%s\t%s\n" % (
-            pid, slope, bool(s.get("firing")), leak_word(s, slope, threshold), ",".join(tail_values(path))))
+            pid, slope, bool(s.get("firing")), _leak_word(s, slope, threshold), ",".join(_tail_values(path))))
     for pid in sorted(by_pid):
         out.write(by_pid[pid][1])
 
 
 # How long status lists a job after the leak watcher last recorded it.
-ENDED_S = 3600
+_ENDED_S = 3600
 
 
-def ended(state_dir, out, live, now=None):
+def _ended(state_dir, out, live, now=None):
     """For gpuguard status: the watched jobs that ended within ENDED_S (their
     history stopped and the detector let their series go), named by their
     identity files: "ended PID LAST_TS USER SHORT CMDLINE" (tab-separated;
@@ -269,27 +269,27 @@ def ended(state_dir, out, live, now=None):
     now = time.time() if now is None else now
     folder = os.path.join(state_dir, "history")
     live = {re.sub(r"[^0-9A-Za-z_.-]", "_", str(k)) for k in live}
-    identities = read_identities(state_dir)
+    identities = _read_identities(state_dir)
     rows = []
     for path in glob.glob(os.path.join(glob.escape(folder), "*.csv")):
         stem = os.path.basename(path)[:-4]
         if stem in live or not re.fullmatch(r"\d+-\d+", stem):
             continue                    # still watched, or one rank of a tree
-        last = tail_rows(path, 1)
-        if not last or not 0 <= now - last[-1][0] <= ENDED_S:
+        last = _tail_rows(path, 1)
+        if not last or not 0 <= now - last[-1][0] <= _ENDED_S:
             continue
         job = identities.get(stem) or {}
         cmd = " ".join(str(job.get("cmdline") or "").split())
         rows.append((last[-1][0], "ended\t%s\t%d\t%s\t%s\t%s\n" % (
             stem.split("-")[0], last[-1][0], " ".join(str(job.get("user") or "-").split()),
-            short_cmd(cmd, 48) if cmd else "-", cmd or "-")))
+            _short_cmd(cmd, 48) if cmd else "-", cmd or "-")))
     for _, line in sorted(rows, reverse=True)[:10]:
         out.write(line)
 
 
 # --------------------------------------------------------------- analysis --
 
-def floors(rows, bucket_s):
+def _floors(rows, bucket_s):
     """Minimum of each bucket, drawn at the time of that minimum:
     [(ts, MiB)]."""
     out = []
@@ -307,7 +307,7 @@ def floors(rows, bucket_s):
     return out
 
 
-def fit_line(pts, slope_per_s=None):
+def _fit_line(pts, slope_per_s=None):
     """Theil-Sen fit of [(t, v)] (at most ~150 points, evenly thinned);
     with slope_per_s given only the intercept is fitted. (slope, icpt)."""
     if len(pts) < 2:
@@ -321,7 +321,7 @@ def fit_line(pts, slope_per_s=None):
     return beta, icpt
 
 
-def job_identity(events):
+def _job_identity(events):
     """By PID: {"name", "cmdline", "user"} from the alerts' job objects and
     process lists (cmdlines there are already masked)."""
     ident = {}
@@ -351,7 +351,7 @@ def job_identity(events):
     return ident
 
 
-def read_identities(state_dir):
+def _read_identities(state_dir):
     """{history file name without .csv: job object} from the leak watcher's
     history/<key>.job.json files (gpuguard_history.identity_write; the command
     lines there are already masked)."""
@@ -365,7 +365,7 @@ def read_identities(state_dir):
     return out
 
 
-def identity_who(job):
+def _identity_who(job):
     """The report's "who" fields of a job object."""
     who = {"cmdline": job.get("cmdline"), "user": job.get("user"), "slurm": job.get("slurm_job"),
            "container": job.get("container"), "cwd": job.get("cwd"), "start_ts": job.get("start_ts"),
@@ -377,7 +377,7 @@ def identity_who(job):
     return {k: v for k, v in who.items() if v not in (None, "", [])}
 
 
-def proc_tree():
+def _proc_tree():
     """Children and start time of every process, from one pass over /proc."""
     kids, starts = {}, {}
     for name in os.listdir("/proc"):
@@ -393,7 +393,7 @@ def proc_tree():
     return kids, starts
 
 
-def descendants(tree, pid, start):
+def _descendants(tree, pid, start):
     """The PIDs below a still running process; empty when it is gone or its
     PID now belongs to another process."""
     kids, starts = tree
@@ -407,7 +407,7 @@ def descendants(tree, pid, start):
     return out
 
 
-def proc_identity(pid, start):
+def _proc_identity(pid, start):
     """Name and user of a still running process whose start time matches the
     series key (a reused PID is someone else)."""
     try:
@@ -428,20 +428,22 @@ def proc_identity(pid, start):
         return {}
 
 
-def short(text, n=60):
+def _short(text, n=60):
     text = " ".join(str(text).split())
     return text if len(text) <= n else text[:n - 1] + "…"
 
 
-def build(state_dir, opts, params, now):
+def _build(state_dir, opts, params, now):
+    """(gpus, procs, events) of the report: the GPU history, one entry per
+    leak history series (its GPU, fit, verdict and job), the events; as
+    --pid and --gpu filter them, the likeliest leaks first."""
     since = opts["since"]
-    gpus = read_gpu_history(state_dir, since)
-    events = read_events(state_dir, since)
-    states = read_leak_states(state_dir)
-    ident = job_identity(events)
-    identities = read_identities(state_dir)
+    gpus = _read_gpu_history(state_dir, since)
+    events = _read_events(state_dir, since)
+    states = _read_leak_states(state_dir)
+    ident = _job_identity(events)
+    identities = _read_identities(state_dir)
     history = read_history(os.path.join(state_dir, "history"))
-    threshold = params["threshold"]
     holders = {}                # pid -> {gpu index: rows holding it}
     for idx, g in gpus.items():
         for r in g["rows"]:
@@ -451,7 +453,7 @@ def build(state_dir, opts, params, now):
     last_mem = {idx: next((r for r in reversed(g["rows"]) if r[2] is not None and r[3] is not None), None)
                 for idx, g in gpus.items()}
     procs = []
-    tree = None                 # read from /proc only when a launcher needs it
+    lazy = {}                   # the /proc tree, read only when a launcher needs it
     for key, rows in history.items():
         if since is not None:
             rows = [r for r in rows if r[0] >= since]
@@ -461,74 +463,108 @@ def build(state_dir, opts, params, now):
         m = re.match(r"(\d+)(?:-(\d+))?", key)
         pid = int(m.group(1)) if m else -1
         start = m.group(2) if m else None
-        t0, t1 = rows[0][0], rows[-1][0]
-        # the GPU: the one whose holders list this PID (or, for a launcher,
-        # its descendants, or the alerts its job was named in) most often
-        votes = dict(holders.get(pid) or {})
-        if not votes:
-            if tree is None:
-                tree = proc_tree()
-            for kid in descendants(tree, pid, start):
-                for idx, n in (holders.get(kid) or {}).items():
-                    votes[idx] = votes.get(idx, 0) + n
-        if not votes and ident.get(pid, {}).get("gpu") is not None:
-            votes = {int(ident[pid]["gpu"]): 1}
-        gpu = max(votes, key=votes.get) if votes else None
+        gpu = _series_gpu(pid, start, holders, ident, lazy)
         st = states.get(key)
         if st is None:
             cands = [s for s in states.values() if s.get("pid") == pid]
             st = cands[0] if len(cands) == 1 else None
-        last = (st or {}).get("last") or {}
-        used_last = rows[-1][1]
-        free = None
-        if gpu is not None and last_mem.get(gpu) is not None:
-            # the GPU's free memory at the series' last sample
-            near = last_mem[gpu]
-            if near[0] > t1 + 120:
-                near = next((r for r in reversed(gpus[gpu]["rows"]) if r[0] <= t1 + 120 and r[2] is not None
-                             and r[3] is not None), None)
-            if near is not None:
-                free = near[3] - near[2]
-        if free is None and getattr(rows[-1], "gpu_free_mib", None) is not None:
-            free = rows[-1].gpu_free_mib    # the leak watcher's own GPU figures (5-column history)
-        if free is None and isinstance(last.get("free"), (int, float)):
-            free = last["free"]
-        capacity = used_last + free if free is not None else None
-        span = max(t1 - t0, 1.0)
-        bucket = max(1.0, min(params["bucket_s"], span / 30.0))
-        fl = floors(rows, bucket)
-        judged = st is not None and isinstance(last.get("slope"), (int, float)) and math.isfinite(last["slope"])
-        window = last.get("window_s") or 24 * 3600
-        fit_pts = [p for p in fl if p[0] >= fl[-1][0] - window] or fl
-        fit = fit_line(fit_pts, last["slope"] / 3600.0 if judged else None)
-        slope_h = last["slope"] if judged else (fit[0] * 3600 if fit else 0.0)
+        free = _series_free(rows, gpu, gpus, last_mem, (st or {}).get("last") or {})
+        p = _series_fit(rows, st, free, params)
         pev = [e for e in events if e.get("event") == "gpu_memory_leak" and e.get("pid") == pid
-               and (e.get("key") in (None, key)) and t0 - 3600 <= e["ts"] <= t1 + 3600]
-        firing = bool(st.get("firing")) if st else (bool(pev) and pev[-1].get("state") == "firing")
-        if firing:
-            verdict = "LEAK"
-        elif pev and pev[-1].get("state") == "resolved":
-            verdict = "resolved"
-        elif judged and isinstance((st or {}).get("verdict") or last.get("verdict"), str):
-            verdict = (st or {}).get("verdict") or last.get("verdict")      # the detector's own word
-        elif judged:
-            verdict = "watching" if slope_h >= threshold else "healthy"
-        else:
-            verdict = "not judged"
-        oom_h = None
-        if capacity is not None and slope_h > 0 and fit:
-            headroom = capacity - (fit[1] + fit[0] * t1)
-            oom_h = max(0.0, headroom / slope_h)
-        who = dict(proc_identity(pid, start))
-        who.update({k: v for k, v in ident.get(pid, {}).items() if v and k != "gpu"})
-        # the watcher's record of the series (a rank's own, else its tree's)
-        # names it best, also long after it ended
-        job = identities.get(key) or identities.get(key.split("_", 1)[0])
-        if job is not None:
-            who.update(identity_who(job))
-        procs.append({"key": key, "pid": pid, "rows": rows, "floors": fl, "bucket": bucket, "gpu": gpu, "capacity": capacity,
-                      "fit": fit, "fit_from": fit_pts[0][0], "slope_h": slope_h, "judged": judged,
-                      "verdict": verdict, "oom_h": oom_h, "events": pev, "who": who, "t0": t0, "t1": t1})
+               and (e.get("key") in (None, key)) and p["t0"] - 3600 <= e["ts"] <= p["t1"] + 3600]
+        p.update(key=key, pid=pid, rows=rows, gpu=gpu, events=pev,
+                 verdict=_series_verdict(st, pev, p["judged"], p["slope_h"], params["threshold"]),
+                 who=_series_who(key, pid, start, ident, identities))
+        procs.append(p)
+    gpus, procs = _filtered(gpus, procs, opts)
+    order = {"LEAK": 0, "watching": 1, "resolved": 2, "not judged": 3, "healthy": 4}
+    procs.sort(key=lambda p: (order.get(p["verdict"], 5), -p["slope_h"], p["key"]))
+    return gpus, procs, events
+
+
+def _series_gpu(pid, start, holders, ident, lazy):
+    """The GPU of a series: the one whose holders list this PID (or, for a
+    launcher, its descendants, or the alerts its job was named in) most
+    often; None when nothing says."""
+    votes = dict(holders.get(pid) or {})
+    if not votes:
+        if "tree" not in lazy:
+            lazy["tree"] = _proc_tree()
+        for kid in _descendants(lazy["tree"], pid, start):
+            for idx, n in (holders.get(kid) or {}).items():
+                votes[idx] = votes.get(idx, 0) + n
+    if not votes and ident.get(pid, {}).get("gpu") is not None:
+        votes = {int(ident[pid]["gpu"]): 1}
+    return max(votes, key=votes.get) if votes else None
+
+
+def _series_free(rows, gpu, gpus, last_mem, last):
+    """The GPU's free memory (MiB) at the series' last sample, or None."""
+    t1 = rows[-1][0]
+    free = None
+    if gpu is not None and last_mem.get(gpu) is not None:
+        near = last_mem[gpu]
+        if near[0] > t1 + 120:
+            near = next((r for r in reversed(gpus[gpu]["rows"]) if r[0] <= t1 + 120 and r[2] is not None
+                         and r[3] is not None), None)
+        if near is not None:
+            free = near[3] - near[2]
+    if free is None and getattr(rows[-1], "gpu_free_mib", None) is not None:
+        free = rows[-1].gpu_free_mib    # the leak watcher's own GPU figures (5-column history)
+    if free is None and isinstance(last.get("free"), (int, float)):
+        free = last["free"]
+    return free
+
+
+def _series_fit(rows, st, free, params):
+    """The series' floors, its line (the detector's slope when it judged
+    the series) and the projected hours to OOM."""
+    last = (st or {}).get("last") or {}
+    t0, t1 = rows[0][0], rows[-1][0]
+    capacity = rows[-1][1] + free if free is not None else None
+    span = max(t1 - t0, 1.0)
+    bucket = max(1.0, min(params["bucket_s"], span / 30.0))
+    fl = _floors(rows, bucket)
+    judged = st is not None and isinstance(last.get("slope"), (int, float)) and math.isfinite(last["slope"])
+    window = last.get("window_s") or 24 * 3600
+    fit_pts = [p for p in fl if p[0] >= fl[-1][0] - window] or fl
+    fit = _fit_line(fit_pts, last["slope"] / 3600.0 if judged else None)
+    slope_h = last["slope"] if judged else (fit[0] * 3600 if fit else 0.0)
+    oom_h = None
+    if capacity is not None and slope_h > 0 and fit:
+        headroom = capacity - (fit[1] + fit[0] * t1)
+        oom_h = max(0.0, headroom / slope_h)
+    return {"floors": fl, "bucket": bucket, "capacity": capacity, "fit": fit, "fit_from": fit_pts[0][0],
+            "slope_h": slope_h, "judged": judged, "oom_h": oom_h, "t0": t0, "t1": t1}
+
+
+def _series_verdict(st, pev, judged, slope_h, threshold):
+    last = (st or {}).get("last") or {}
+    firing = bool(st.get("firing")) if st else (bool(pev) and pev[-1].get("state") == "firing")
+    if firing:
+        return "LEAK"
+    if pev and pev[-1].get("state") == "resolved":
+        return "resolved"
+    if judged and isinstance((st or {}).get("verdict") or last.get("verdict"), str):
+        return (st or {}).get("verdict") or last.get("verdict")      # the detector's own word
+    if judged:
+        return "watching" if slope_h >= threshold else "healthy"
+    return "not judged"
+
+
+def _series_who(key, pid, start, ident, identities):
+    who = dict(_proc_identity(pid, start))
+    who.update({k: v for k, v in ident.get(pid, {}).items() if v and k != "gpu"})
+    # the watcher's record of the series (a rank's own, else its tree's)
+    # names it best, also long after it ended
+    job = identities.get(key) or identities.get(key.split("_", 1)[0])
+    if job is not None:
+        who.update(_identity_who(job))
+    return who
+
+
+def _filtered(gpus, procs, opts):
+    """The GPUs and series --pid and --gpu keep."""
     if opts["pids"]:
         # a job's own PID, the watched root's, or one of its GPU processes
         procs = [p for p in procs if p["pid"] in opts["pids"] or p["who"].get("job_pid") in opts["pids"]
@@ -540,25 +576,23 @@ def build(state_dir, opts, params, now):
         wanted = {i for i, g in gpus.items() if i in opts["gpus"] or str(g["uuid"]).lower() in opts["gpus"]}
         gpus = {i: g for i, g in gpus.items() if i in wanted}
         procs = [p for p in procs if p["gpu"] in wanted]
-    order = {"LEAK": 0, "watching": 1, "resolved": 2, "not judged": 3, "healthy": 4}
-    procs.sort(key=lambda p: (order.get(p["verdict"], 5), -p["slope_h"], p["key"]))
-    return gpus, procs, events
+    return gpus, procs
 
 
 # ------------------------------------------------------------------ draw --
 
-def typical_step(rows, default):
+def _typical_step(rows, default):
     """The median time between consecutive rows (their first field)."""
     gaps = sorted(b[0] - a[0] for a, b in zip(rows, rows[1:]))
     return gaps[len(gaps) // 2] if gaps else default
 
 
-def envelope(points, t0, span):
+def _envelope(points, t0, span):
     """Min/max per pixel column, in time order within a column, with None
     where the samples stop for longer than 5 typical intervals (a gap)."""
     if not points:
         return []
-    gap = max(typical_step(points, 0) * 5, span / PLOT_W * 3)
+    gap = max(_typical_step(points, 0) * 5, span / _PLOT_W * 3)
     out = []
     col = None
     lo = hi = None
@@ -580,7 +614,7 @@ def envelope(points, t0, span):
             out.append(None)
             col = None
         prev_t = t
-        c = int((t - t0) / span * PLOT_W) if span > 0 else 0
+        c = int((t - t0) / span * _PLOT_W) if span > 0 else 0
         if c != col:
             flush()
             col, lo, hi = c, (t, v), (t, v)
@@ -593,7 +627,7 @@ def envelope(points, t0, span):
     return out
 
 
-def path_d(env, ymap):
+def _path_d(env, ymap):
     """Compact SVG path: absolute moves, relative line-tos between integer
     columns (deltas of rounded positions, so nothing drifts)."""
     parts = []
@@ -603,13 +637,13 @@ def path_d(env, ymap):
         if p is None:
             pen = False
             continue
-        x = PLOT_LEFT + p[0]
+        x = _PLOT_LEFT + p[0]
         y = round(ymap(p[1]), 1)
         if not pen:
-            parts.append("M%d %s" % (x, fmt(y)))
+            parts.append("M%d %s" % (x, _fmt(y)))
             pen = True
         else:
-            parts.append("%s %s" % (fmt(x - px), fmt(round(y - py, 1))))
+            parts.append("%s %s" % (_fmt(x - px), _fmt(round(y - py, 1))))
         px, py = x, y
     out = []
     for i, s in enumerate(parts):
@@ -617,7 +651,7 @@ def path_d(env, ymap):
     return " ".join(out).replace(" l", "l")
 
 
-def fmt(v):
+def _fmt(v):
     s = ("%.1f" % v).rstrip("0").rstrip(".")
     if s.startswith("0."):
         s = s[1:]
@@ -626,7 +660,7 @@ def fmt(v):
     return s if s not in ("", "-") else "0"
 
 
-def nice_ticks(lo, hi, n=5):
+def _nice_ticks(lo, hi, n=5):
     """Round tick values (1, 2, 2.5, 5 x 10^k apart) within [lo, hi]."""
     span = hi - lo
     if span <= 0:
@@ -646,31 +680,31 @@ def nice_ticks(lo, hi, n=5):
     return ticks
 
 
-def time_ticks(t0, t1):
+def _time_ticks(t0, t1):
     span = t1 - t0
     for step in (60, 300, 600, 1800, 3600, 7200, 3 * 3600, 6 * 3600, 12 * 3600, 86400, 2 * 86400, 7 * 86400):
         if span / step <= 8:
             break
     off = time.localtime(t0).tm_gmtoff
     first = ((t0 + off) // step + 1) * step - off
-    return list(frange(first, t1, step))
+    return list(_frange(first, t1, step))
 
 
-def frange(a, b, step):
+def _frange(a, b, step):
     while a <= b:
         yield a
         a += step
 
 
-def tlabel(t):
+def _tlabel(t):
     return time.strftime("%m-%d %H:%M", time.localtime(t))
 
 
-def mib(v):
+def _mib(v):
     return f"{v:,.0f}"
 
 
-class Chart:
+class _Chart:
     """One SVG: time on x, one or two stacked panels. Panels carry their
     value mapping in data- attributes for the hover read-out."""
 
@@ -683,9 +717,9 @@ class Chart:
         self.npanel = 0
 
     def X(self, t):
-        return PLOT_LEFT + (t - self.t0) / self.span * PLOT_W
+        return _PLOT_LEFT + (t - self.t0) / self.span * _PLOT_W
 
-    def panel(self, height, lo, hi, unit, ticks_fmt=mib, label=""):
+    def panel(self, height, lo, hi, unit, ticks_fmt=_mib, label=""):
         y0, y1 = self.top, self.top + height
         if hi - lo < 1e-9:
             hi = lo + 1
@@ -695,16 +729,16 @@ class Chart:
         self.npanel += 1
         clip = "clip-%s-%d" % (self.cid, self.npanel)
         self.parts.append('<clipPath id="%s"><rect x="%d" y="%d" width="%d" height="%d"/></clipPath>'
-                          % (clip, PLOT_LEFT, y0 - 1, PLOT_W, height + 2))
+                          % (clip, _PLOT_LEFT, y0 - 1, _PLOT_W, height + 2))
         self.parts.append('<g class="panel" data-y0="%d" data-y1="%d" data-lo="%s" data-hi="%s" data-unit="%s" '
-                          'clip-path="url(#%s)">' % (y0, y1, fmt(lo), fmt(hi), html.escape(unit), clip))
-        self.parts.append('<rect class="plot" x="%d" y="%d" width="%d" height="%d"/>' % (PLOT_LEFT, y0, PLOT_W, height))
-        for v in nice_ticks(lo, hi, 4):
+                          'clip-path="url(#%s)">' % (y0, y1, _fmt(lo), _fmt(hi), html.escape(unit), clip))
+        self.parts.append('<rect class="plot" x="%d" y="%d" width="%d" height="%d"/>' % (_PLOT_LEFT, y0, _PLOT_W, height))
+        for v in _nice_ticks(lo, hi, 4):
             y = Y(v)
-            self.parts.append('<line class="grid" x1="%d" x2="%d" y1="%.1f" y2="%.1f"/>' % (PLOT_LEFT, PLOT_LEFT + PLOT_W, y, y))
-            self.ticks.append('<text class="yt" x="%d" y="%.1f">%s</text>' % (PLOT_LEFT - 4, y + 3.5, ticks_fmt(v)))
+            self.parts.append('<line class="grid" x1="%d" x2="%d" y1="%.1f" y2="%.1f"/>' % (_PLOT_LEFT, _PLOT_LEFT + _PLOT_W, y, y))
+            self.ticks.append('<text class="yt" x="%d" y="%.1f">%s</text>' % (_PLOT_LEFT - 4, y + 3.5, ticks_fmt(v)))
         if label:
-            self.parts.append('<text class="ylab" x="%d" y="%d">%s</text>' % (PLOT_LEFT + 5, y0 + 12, html.escape(label)))
+            self.parts.append('<text class="ylab" x="%d" y="%d">%s</text>' % (_PLOT_LEFT + 5, y0 + 12, html.escape(label)))
         self.top = y1 + 8
         return Y
 
@@ -712,8 +746,8 @@ class Chart:
         self.parts.append("</g>")
 
     def series(self, points, Y, cls, name):
-        env = envelope(points, self.t0, self.span)
-        d = path_d(env, Y)
+        env = _envelope(points, self.t0, self.span)
+        d = _path_d(env, Y)
         if d:
             self.parts.append('<path class="s %s" data-name="%s" d="%s"/>' % (cls, html.escape(name), d))
 
@@ -730,28 +764,28 @@ class Chart:
                           % (cls, mid, x, x, y0, y1, x, y0, html.escape(text)))
 
     def svg(self, title):
-        ticks = time_ticks(self.t0, self.t1)
+        ticks = _time_ticks(self.t0, self.t1)
         grid, labels = [], []
         for t in ticks:
             x = self.X(t)
-            if x > PLOT_LEFT + PLOT_W - 34:
+            if x > _PLOT_LEFT + _PLOT_W - 34:
                 continue
             grid.append('<line class="grid" x1="%.1f" x2="%.1f" y1="8" y2="%d"/>' % (x, x, self.top - 8))
-            labels.append('<text class="xt" x="%.1f" y="%d">%s</text>' % (x, self.top + 6, tlabel(t)))
+            labels.append('<text class="xt" x="%.1f" y="%d">%s</text>' % (x, self.top + 6, _tlabel(t)))
         h = self.top + 12
         # the plot backgrounds come first, then the time grid, then the rest
         body = "".join(self.parts)
         return ('<svg class="chart" id="svg-%s" viewBox="0 0 %d %d" width="%d" height="%d" data-t0="%s" data-t1="%s" '
                 'data-left="%d" data-w="%d" role="img" aria-label="%s">%s%s%s</svg>'
-                % (self.cid, WIDTH, h, WIDTH, h, fmt(self.t0), fmt(self.t1), PLOT_LEFT, PLOT_W,
+                % (self.cid, _WIDTH, h, _WIDTH, h, _fmt(self.t0), _fmt(self.t1), _PLOT_LEFT, _PLOT_W,
                    html.escape(title), "".join(grid), body, "".join(labels + self.ticks)
                    + '<line class="cursor" x1="0" x2="0" y1="0" y2="0" visibility="hidden"/>'))
 
 
-def gpu_section(idx, g, events, procs):
+def _gpu_section(idx, g, events, procs):
     rows = g["rows"]
     t0, t1 = rows[0][0], rows[-1][0]
-    c = Chart("gpu-%d" % idx, t0, t1)
+    c = _Chart("gpu-%d" % idx, t0, t1)
     # idle incidents: runs of counted-idle cycles, darker while the alert fires
     runs = []
     for r in rows:
@@ -760,13 +794,13 @@ def gpu_section(idx, g, events, procs):
         else:
             runs.append([r[0], r[0], r[5], bool(r[5])])
     runs = [r for r in runs if r[2]]
-    cycle = typical_step(rows, 60)
+    cycle = _typical_step(rows, 60)
     yu = c.panel(90, 0, 100, "%", lambda v: "%d%%" % v, "utilization")
 
     def shade(top, height):
         for a, b, level, _ in runs:
             c.shade(a, b + cycle, top, top + height, "idle%d" % level,
-                    "idle but occupied %s – %s%s" % (tlabel(a), tlabel(b), " (alert fired)" if level == 2 else ""))
+                    "idle but occupied %s – %s%s" % (_tlabel(a), _tlabel(b), " (alert fired)" if level == 2 else ""))
     shade(c.top - 8 - 90, 90)
     c.series([(r[0], r[1]) for r in rows], yu, "util", "utilization")
     c.end_panel()
@@ -780,7 +814,7 @@ def gpu_section(idx, g, events, procs):
         c.series(used, ym, "mem", "memory used")
         c.end_panel()
     if totals:
-        cap = "capacity %s MiB" % mib(totals[-1])
+        cap = "capacity %s MiB" % _mib(totals[-1])
     else:
         cap = ""
     mine = [e for e in events if (e.get("event") == "gpu_idle" and (e.get("gpu") == idx or e.get("uuid") == g["uuid"]))
@@ -794,12 +828,12 @@ def gpu_section(idx, g, events, procs):
             '<p class="legend"><span class="sw util"></span>utilization <span class="sw mem"></span>memory used '
             '<span class="sw idle1"></span>idle but occupied <span class="sw idle2"></span>idle alert firing '
             '<span class="mk firing">▼</span>alert <span class="mk resolved">▼</span>resolved · %s · peak %s%%</p>'
-            % (idx, idx, html.escape(g["uuid"]), name, cap or "capacity unknown", span_text(t1 - t0),
+            % (idx, idx, html.escape(g["uuid"]), name, cap or "capacity unknown", _span_text(t1 - t0),
                "?" if peak is None else "%d" % peak))
     return head + c.svg("GPU %d utilization and memory" % idx) + "</section>"
 
 
-def span_text(s):
+def _span_text(s):
     if s >= 2 * 86400:
         return "%.1f days" % (s / 86400)
     if s >= 7200:
@@ -807,7 +841,7 @@ def span_text(s):
     return "%.0f min" % (s / 60)
 
 
-def short_cmd(cmdline, n=60):
+def _short_cmd(cmdline, n=60):
     """A command line shortened for a table: the program's and the script's
     folders dropped (/opt/venv/bin/python3 /home/a/train.py -> python3
     train.py), then cut to n characters."""
@@ -815,19 +849,19 @@ def short_cmd(cmdline, n=60):
     for i, w in enumerate(words[:2]):
         if "/" in w and "=" not in w and not w.startswith("-"):
             words[i] = w.rstrip("/").rsplit("/", 1)[-1] or w
-    return short(" ".join(words), n)
+    return _short(" ".join(words), n)
 
 
-def proc_label(p):
+def _proc_label(p):
     who = p["who"]
     if who.get("hidden"):
         # the watcher saw only a PID (another PID namespace, a container)
         return "pid %d (another PID namespace: not visible to the watcher)" % p["pid"]
     # the name /proc or an alert gave, else the program of the command line
-    name = who.get("name") or short_cmd(str(who.get("cmdline") or "").split(" ")[0], 32) or "process"
+    name = who.get("name") or _short_cmd(str(who.get("cmdline") or "").split(" ")[0], 32) or "process"
     bits = ["%s (pid %d)" % (name, p["pid"])]
     if who.get("cmdline"):
-        bits.append(short_cmd(who["cmdline"], 60))
+        bits.append(_short_cmd(who["cmdline"], 60))
     if who.get("user"):
         bits.append("user " + str(who["user"]))
     if who.get("rank"):
@@ -839,7 +873,7 @@ def proc_label(p):
     return " · ".join(bits)
 
 
-def proc_title(p):
+def _proc_title(p):
     """The whole (masked) command line and where it ran, for a hover."""
     who = p["who"]
     bits = [str(who["cmdline"])] if who.get("cmdline") else []
@@ -847,10 +881,10 @@ def proc_title(p):
         bits.append("in " + str(who["cwd"]))
     if isinstance(who.get("start_ts"), (int, float)):
         bits.append("started " + time.strftime("%Y-%m-%d %H:%M", time.localtime(who["start_ts"])))
-    return " · ".join(bits) or proc_label(p)
+    return " · ".join(bits) or _proc_label(p)
 
 
-def proc_section(n, p):
+def _proc_section(n, p):
     t0, t1 = p["t0"], p["t1"]
     rows = p["rows"]
     fl = p["floors"]
@@ -860,7 +894,7 @@ def proc_section(n, p):
     proj_end = t1
     if fit and slope_h > 0:
         proj_end = min(oom_ts, t1 + 2 * (t1 - t0)) if oom_ts is not None else t1 + (t1 - t0) * 0.25
-    c = Chart("proc-%d" % n, t0, max(proj_end, t1))
+    c = _Chart("proc-%d" % n, t0, max(proj_end, t1))
     lo = min(v for _, v in rows)
     hi = max(v for _, v in rows)
     if fit:
@@ -883,50 +917,50 @@ def proc_section(n, p):
         y = Y(cap)
         c.parts.append('<line class="cap" x1="%d" x2="%d" y1="%.1f" y2="%.1f"/><text class="caplab" x="%d" y="%.1f">'
                        'capacity for this process %s MiB · projected OOM %s</text>'
-                       % (PLOT_LEFT, PLOT_LEFT + PLOT_W, y, y, PLOT_LEFT + PLOT_W - 10, y + 14, mib(cap), tlabel(oom_ts)))
+                       % (_PLOT_LEFT, _PLOT_LEFT + _PLOT_W, y, y, _PLOT_LEFT + _PLOT_W - 10, y + 14, _mib(cap), _tlabel(oom_ts)))
         c.parts.append('<circle class="oom" cx="%.1f" cy="%.1f" r="4"><title>projected OOM %s</title></circle>'
-                       % (c.X(oom_ts), y, tlabel(oom_ts)))
+                       % (c.X(oom_ts), y, _tlabel(oom_ts)))
     if t1 < c.t1:
         c.parts.append('<line class="now" x1="%.1f" x2="%.1f" y1="8" y2="%d"/>' % (c.X(t1), c.X(t1), c.top - 8))
     c.end_panel()
     for e in p["events"]:
         c.marker(e, e["_id"], 8, c.top - 8, e["_text"])
-    oom = oom_text(p)
+    oom = _oom_text(p)
     cap_note = ""
     if cap is not None and not cap_in and slope_h > 0:
-        cap_note = " · capacity %s MiB is above the chart" % mib(cap)
+        cap_note = " · capacity %s MiB is above the chart" % _mib(cap)
     trend = "trend %+.0f MiB/h%s" % (slope_h, "" if p["judged"] else " (not judged by the detector: a fit for the eye)")
     head = ('<section class="proc" id="%s"><h2 title="%s"><span class="verdict v-%s">%s</span> %s <small>GPU %s</small></h2>'
             '%s<p class="legend"><span class="sw raw"></span>memory <span class="sw floor"></span>%s floors '
             '<span class="sw trend"></span>%s <span class="sw proj"></span>projection%s · projected OOM: %s · '
             '%d samples over %s, %s → %s MiB</p>'
-            % (p["anchor"], html.escape(proc_title(p)), vclass(p["verdict"]), html.escape(p["verdict"]),
-               html.escape(proc_label(p)), "?" if p["gpu"] is None else p["gpu"], cmd_line(p), span_text(p["bucket"]),
-               html.escape(trend), cap_note, html.escape(oom), len(rows), span_text(t1 - t0),
-               mib(rows[0][1]), mib(rows[-1][1])))
-    return head + c.svg("memory of " + proc_label(p)) + "</section>"
+            % (p["anchor"], html.escape(_proc_title(p)), _vclass(p["verdict"]), html.escape(p["verdict"]),
+               html.escape(_proc_label(p)), "?" if p["gpu"] is None else p["gpu"], _cmd_line(p), _span_text(p["bucket"]),
+               html.escape(trend), cap_note, html.escape(oom), len(rows), _span_text(t1 - t0),
+               _mib(rows[0][1]), _mib(rows[-1][1])))
+    return head + c.svg("memory of " + _proc_label(p)) + "</section>"
 
 
-def cmd_line(p):
+def _cmd_line(p):
     """The paragraph under a chart's heading with the whole masked command
     line (empty when it is not known)."""
     if not p["who"].get("cmdline"):
         return ""
-    return "<p class='cmd'><code>%s</code></p>" % html.escape(proc_title(p))
+    return "<p class='cmd'><code>%s</code></p>" % html.escape(_proc_title(p))
 
 
-def vclass(verdict):
+def _vclass(verdict):
     """A verdict as a CSS class name."""
     return re.sub(r"[^A-Za-z0-9_-]", "-", verdict)
 
 
-def oom_text(p):
+def _oom_text(p):
     if p["oom_h"] is None:
         return "none (not growing)" if p["slope_h"] <= 0 or p["capacity"] is not None else "unknown (no capacity)"
-    return "%s (in %.1f h)" % (tlabel(p["t1"] + p["oom_h"] * 3600), p["oom_h"])
+    return "%s (in %.1f h)" % (_tlabel(p["t1"] + p["oom_h"] * 3600), p["oom_h"])
 
 
-CSS = """
+_CSS = """
 body{font:14px/1.4 system-ui,sans-serif;margin:1.2em 2em;color:#222;max-width:1000px}
 h1{font-size:1.4em;margin:.2em 0}h2{font-size:1.05em;margin:1.4em 0 .2em}small{color:#666;font-weight:normal}
 table{border-collapse:collapse;margin:.6em 0}td,th{border-bottom:1px solid #ddd;padding:3px 8px;text-align:left}
@@ -950,7 +984,7 @@ svg.chart{display:block;font-size:11px;max-width:100%;height:auto}.plot{fill:non
 font-size:12px;display:none;white-space:pre}.cursor{stroke:#444;stroke-width:.8}
 """
 
-JS = r"""
+_JS = r"""
 (function(){
 var tip=document.getElementById('tip');
 function parse(p){if(p._pts)return p._pts;var d=p.getAttribute('d'),pts=[],x=0,y=0,rel=false,brk=false,i=0;
@@ -984,13 +1018,13 @@ move({currentTarget:s,clientX:r.left+(left+frac*w)*r.width/vb.width,pageX:0,page
 })();
 """
 
-HEAD_JS = ("window.gpuguardErrors=[];window.addEventListener('error',function(e){window.gpuguardErrors.push(String(e.message));"
+_HEAD_JS = ("window.gpuguardErrors=[];window.addEventListener('error',function(e){window.gpuguardErrors.push(String(e.message));"
            "document.documentElement.setAttribute('data-errors',window.gpuguardErrors.join(' | '))});")
-LOAD_JS = ("window.addEventListener('load',function(){void document.body.offsetHeight;"
+_LOAD_JS = ("window.addEventListener('load',function(){void document.body.offsetHeight;"
            "document.documentElement.setAttribute('data-load-ms',performance.now().toFixed(0))});")
 
 
-def render(gpus, procs, events, host, now, opts, ledger_html=""):
+def _render(gpus, procs, events, host, now, opts, ledger_html=""):
     # every alert gets an id; the alerts table links to the chart holding it
     where = {}
     for p in procs:
@@ -1002,28 +1036,28 @@ def render(gpus, procs, events, host, now, opts, ledger_html=""):
         e["_id"] = "alert-%d" % (n + 1)
         if e["event"] == "gpu_idle":
             e["_text"] = "%s idle %s: GPU %s, util %s%%, %s cycles" % (
-                tlabel(e["ts"]), e.get("state"), e.get("gpu"), e.get("utilization"), e.get("idle_cycles"))
+                _tlabel(e["ts"]), e.get("state"), e.get("gpu"), e.get("utilization"), e.get("idle_cycles"))
             target = "gpu-%s" % e.get("gpu")
         elif e["event"] == "gpu_memory_leak":
             job = e.get("job") if isinstance(e.get("job"), dict) else {}
             e["_text"] = "%s leak %s: pid %s %s, %+.0f MiB/h" % (
-                tlabel(e["ts"]), e.get("state"), e.get("pid"),
-                short_cmd(job["cmdline"], 60) if job.get("cmdline") else e.get("name") or "",
+                _tlabel(e["ts"]), e.get("state"), e.get("pid"),
+                _short_cmd(job["cmdline"], 60) if job.get("cmdline") else e.get("name") or "",
                 e.get("slope_mib_per_hour") or 0)
             target = where.get(id(e))
         else:
-            e["_text"] = "%s monitor %s: %s" % (tlabel(e["ts"]), e.get("state"), short(e.get("error") or "", 80))
+            e["_text"] = "%s monitor %s: %s" % (_tlabel(e["ts"]), e.get("state"), _short(e.get("error") or "", 80))
             target = "gpu-%d" % min(gpus) if gpus else None
         e["_target"] = target
     shown = set(["gpu-%d" % i for i in gpus] + [p["anchor"] for p in procs])
     out = ["<!doctype html><html lang='en'><head><meta charset='utf-8'>",
            "<meta name='viewport' content='width=device-width'><title>gpuguard report · %s</title>" % html.escape(host),
-           "<script>%s</script><style>%s</style></head><body>" % (HEAD_JS, CSS),
+           "<script>%s</script><style>%s</style></head><body>" % (_HEAD_JS, _CSS),
            "<h1>gpuguard report · %s</h1>" % html.escape(host),
            "<p>Generated %s%s. Memory axes are scaled to the data, not from 0. Hover a chart for values; "
            "click a row to go to its chart.</p>" % (
                time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(now)),
-               filters_text(opts))]
+               _filters_text(opts))]
     out.append("<h2 id='summary'>Processes</h2>")
     if procs:
         out.append("<table id='summary-table'><tr><th>verdict</th><th>job</th><th>GPU</th><th>growth MiB/h</th>"
@@ -1031,10 +1065,10 @@ def render(gpus, procs, events, host, now, opts, ledger_html=""):
         for p in procs:
             out.append("<tr class='row-%s'><td><span class='verdict v-%s'>%s</span></td><td><a href='#%s' title='%s'>%s</a></td>"
                        "<td class='n'>%s</td><td class='n'>%+.0f%s</td><td>%s</td><td>%s</td></tr>"
-                       % (vclass(p["verdict"]), vclass(p["verdict"]), html.escape(p["verdict"]),
-                          p["anchor"], html.escape(proc_title(p)), html.escape(proc_label(p)),
+                       % (_vclass(p["verdict"]), _vclass(p["verdict"]), html.escape(p["verdict"]),
+                          p["anchor"], html.escape(_proc_title(p)), html.escape(_proc_label(p)),
                           "?" if p["gpu"] is None else p["gpu"],
-                          p["slope_h"], "" if p["judged"] else "*", tlabel(p["t0"]), html.escape(oom_text(p))))
+                          p["slope_h"], "" if p["judged"] else "*", _tlabel(p["t0"]), html.escape(_oom_text(p))))
         out.append("</table>")
         if not all(p["judged"] for p in procs):
             out.append("<p class='legend'>* not judged by the leak detector (no saved verdict): a Theil-Sen fit for the eye.</p>")
@@ -1060,15 +1094,15 @@ def render(gpus, procs, events, host, now, opts, ledger_html=""):
                    "in gpu-history.tsv.</p>" % (" matches the filters" if opts["gpus"] or opts["pids"] else ""))
     for idx in sorted(gpus):
         if gpus[idx]["rows"]:
-            out.append(gpu_section(idx, gpus[idx], alerts, procs))
+            out.append(_gpu_section(idx, gpus[idx], alerts, procs))
     out.append("<h2>Processes, one chart each</h2>" if procs else "")
     for n, p in enumerate(procs):
-        out.append(proc_section(n, p))
-    out.append("<div id='tip'></div><script>%s%s</script></body></html>\n" % (JS, LOAD_JS))
+        out.append(_proc_section(n, p))
+    out.append("<div id='tip'></div><script>%s%s</script></body></html>\n" % (_JS, _LOAD_JS))
     return "\n".join(out)
 
 
-def ledger_section(env, opts, now, today_text=""):
+def _ledger_section(env, opts, now, today_text=""):
     """The ledger of the report's period (default: the last 7 days): GPU-hours
     held and held idle per user as a bar chart, then the jobs as a table
     (python/gpuguard_ledger.py reads the day files; today's rows come from
@@ -1083,7 +1117,7 @@ def ledger_section(env, opts, now, today_text=""):
                                 "keeps the ledger).</p>"])
     cost = (" · wasted %.2f %s" % (s["cost"], html.escape(s["currency"] or ""))) if s["cost"] is not None else ""
     out.append("<p>%.1f GPU-hours held, %.1f of them idle or stuck%s.</p>" % (s["held_s"] / 3600, s["idle_s"] / 3600, cost))
-    out.append(ledger_bars(s["users"]))
+    out.append(_ledger_bars(s["users"]))
     out.append("<table id='ledger-table'><tr><th>day</th><th>user</th><th>job</th><th>GPU</th><th>held h</th>"
                "<th>idle h</th><th>longest idle</th><th>cost</th></tr>")
     price = s["gpu_hour_price"]
@@ -1091,8 +1125,8 @@ def ledger_section(env, opts, now, today_text=""):
         job = (j["job"] or "-") + (" · " + j["cmd"] if j["cmd"] else "")
         out.append("<tr><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td class='n'>%.1f</td><td class='n'>%.1f</td>"
                    "<td>%s</td><td class='n'>%s</td></tr>" % (
-                       j["day"], html.escape(j["user"] or "-"), html.escape(short(job, 90)), ",".join(j["gpus"]),
-                       j["held_s"] / 3600, j["idle_s"] / 3600, span_text(j["longest_s"]),
+                       j["day"], html.escape(j["user"] or "-"), html.escape(_short(job, 90)), ",".join(j["gpus"]),
+                       j["held_s"] / 3600, j["idle_s"] / 3600, _span_text(j["longest_s"]),
                        "%.2f" % (j["idle_s"] / 3600 * price) if price else "-"))
     out.append("</table>")
     if len(jobs) > 50:
@@ -1100,7 +1134,7 @@ def ledger_section(env, opts, now, today_text=""):
     return "\n".join(out)
 
 
-def ledger_bars(users):
+def _ledger_bars(users):
     """A horizontal bar per user: GPU-hours held (grey) and held idle (red)."""
     if not users:
         return ""
@@ -1124,7 +1158,7 @@ def ledger_bars(users):
     return "".join(parts)
 
 
-def filters_text(opts):
+def _filters_text(opts):
     f = []
     if opts["since"]:
         f.append("since " + time.strftime("%Y-%m-%d %H:%M", time.localtime(opts["since"])))
@@ -1137,20 +1171,20 @@ def filters_text(opts):
 
 def report(state_dir, args, env, now=None, today_text=""):
     now = time.time() if now is None else now
-    opts = parse_args(args, now)
+    opts = _parse_args(args, now)
     params = params_from(env)
-    gpus, procs, events = build(state_dir, opts, params, now)
+    gpus, procs, events = _build(state_dir, opts, params, now)
     host = env.get("GPUGUARD_HOST") or os.uname().nodename
-    text = render(gpus, procs, events, host, now, opts, ledger_section(env, opts, now, today_text))
+    text = _render(gpus, procs, events, host, now, opts, _ledger_section(env, opts, now, today_text))
     out = opts["out"]
     if os.path.isdir(out):
-        raise UsageError("--out %s is a folder; give a file name" % out)
+        raise _UsageError("--out %s is a folder; give a file name" % out)
     write_atomic(out, text, mode=0o644)
-    report.unmatched = unmatched(opts, gpus, procs, events)
+    report.unmatched = _unmatched(opts, gpus, procs, events)
     return out, len(gpus), len(procs), len(text.encode("utf-8"))
 
 
-def unmatched(opts, gpus, procs, events):
+def _unmatched(opts, gpus, procs, events):
     """One line saying which filter matched nothing (None when something
     was found): a PID or GPU typed wrong should not pass for a quiet box."""
     def listed(values):
@@ -1182,9 +1216,9 @@ def main(argv):
         if cmd == "leaks":
             leaks(state_dir, sys.stdout, params_from(env)["threshold"])
             now = float(env["GPUGUARD_NOW"]) if env.get("GPUGUARD_NOW") else None
-            ended(state_dir, sys.stdout, set(read_leak_states(state_dir)), now)
+            _ended(state_dir, sys.stdout, set(_read_leak_states(state_dir)), now)
             return 0
-    except UsageError as e:
+    except _UsageError as e:
         print("gpuguard: %s" % e, file=sys.stderr)
         return 2
     except OSError as e:

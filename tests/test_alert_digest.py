@@ -11,6 +11,7 @@ import time
 import gpuguard_alert as alert
 import gpuguard_messages_en
 import gpuguard_messages_zh
+import gpuguard_render as render
 import pytest
 import webhook_sink
 from conftest import ROOT, app, idle_gpu, user_environ
@@ -94,10 +95,11 @@ def test_message_tables_have_the_same_keys_and_placeholders():
 def test_no_user_visible_string_outside_the_tables():
     """Every English or Chinese sentence of a message comes from a table:
     the renderer holds no Chinese text at all."""
-    src = (ROOT / "python" / "gpuguard_alert.py").read_text()
-    code = re.sub(r'""".*?"""', "", src, flags=re.DOTALL)
-    code = "\n".join(ln.split("#")[0] for ln in code.splitlines())
-    assert not re.search(r"[\u4e00-\u9fff]", code)
+    for name in ("gpuguard_render.py", "gpuguard_alert.py"):
+        src = (ROOT / "python" / name).read_text()
+        code = re.sub(r'""".*?"""', "", src, flags=re.DOTALL)
+        code = "\n".join(ln.split("#")[0] for ln in code.splitlines())
+        assert not re.search(r"[\u4e00-\u9fff]", code), name
 
 
 # ----------------------------------------------------------- digests ----
@@ -181,11 +183,11 @@ def test_language_follows_the_target_not_LANG(env, sink):
     assert "idle but occupied" in text_of("feishu", posts["feishu"][0])
     assert "占用但空闲" in text_of("slack", posts["slack"][0])
     # NOTIFY_LANG sets every target that has no prefix of its own
-    targets = alert.targets_from_env({"NOTIFY_URL": "https://oapi.dingtalk.com/robot/send?access_token=x "
+    targets = alert._targets_from_env({"NOTIFY_URL": "https://oapi.dingtalk.com/robot/send?access_token=x "
                                                     "zh+https://hooks.slack.com/services/a/b/c",
                                       "NOTIFY_LANG": "en", "ALERTMANAGER_URL": "http://am:9093"})
     assert [(t.provider, t.lang) for t in targets] == [("dingtalk", "en"), ("slack", "zh"), ("alertmanager", "en")]
-    assert [t.lang for t in alert.targets_from_env({"NOTIFY_URL": "https://open.feishu.cn/open-apis/bot/v2/hook/x "
+    assert [t.lang for t in alert._targets_from_env({"NOTIFY_URL": "https://open.feishu.cn/open-apis/bot/v2/hook/x "
                                                                   "https://qyapi.weixin.qq.com/cgi-bin/webhook/send?key=1 "
                                                                   "http://x/y"})] == ["zh", "zh", "en"]
 
@@ -200,29 +202,29 @@ def test_missing_fields_render_gracefully_in_both_languages():
               {"event": "gpu_idle", "job": {"start_ts": "soon", "elapsed_s": "long"}, "idle_seconds": "NaN"}]
     for lang in ("zh", "en"):
         for e in sparse:
-            title, lines = alert.render(e, lang)
+            title, lines = render._render(e, lang, {})
             assert title.startswith("[gpuguard") and all(isinstance(x, str) for x in lines)
-        title, _sections = alert.render_digest(sparse, lang, {"GPU_HOUR_PRICE": "junk"})
+        title, _sections = render.render_digest(sparse, lang, {"GPU_HOUR_PRICE": "junk"})
         assert "gpuguard" in title
-    title, lines = alert.render(sparse[3], "en")
+    title, lines = render._render(sparse[3], "en", {})
     assert "held by container c0ffee" in lines[0]
-    assert "an unknown job" in alert.render(sparse[0], "en")[1][0]
+    assert "an unknown job" in render._render(sparse[0], "en", {})[1][0]
 
 
 def test_cost_appears_only_with_a_price_and_accepts_a_currency(env):
     ev = idle8()[:2]
-    assert not any("costs" in ln for ln in alert.render(ev[0], "en")[1])
-    _, sections = alert.render_digest(ev, "en", {"GPU_HOUR_PRICE": "$2.5"})
-    text = alert.plain_text("", sections)
+    assert not any("costs" in ln for ln in render._render(ev[0], "en", {})[1])
+    _, sections = render.render_digest(ev, "en", {"GPU_HOUR_PRICE": "$2.5"})
+    text = render.plain_text("", sections)
     assert "idle so far costs ≈ $ 1.00 (0.4 GPU-h at $ 2.50/GPU-h)" in text
-    _, sections = alert.render_digest([dict(e, gpu_hour_price="40 CNY") for e in ev], "zh", {})
-    assert "空转已花费约 16.00 CNY" in alert.plain_text("", sections)
+    _, sections = render.render_digest([dict(e, gpu_hour_price="40 CNY") for e in ev], "zh", {})
+    assert "空转已花费约 16.00 CNY" in render.plain_text("", sections)
 
 
 def test_untrusted_job_fields_cannot_mention_anyone(env):
     evil = dict(JOB, cmdline="python x.py @all <at user_id=\"all\"></at> <!channel> @everyone", user="<@U1>")
     for provider in ("dingtalk", "feishu", "wecom", "slack"):
-        _, body = alert.chat_body(alert.Target("http://127.0.0.1:1/x", provider, ""), idle8(job=evil), "en", env={})
+        body = render.chat_body(provider, idle8(job=evil), "en", env={})
         text = json.dumps(body, ensure_ascii=False)
         for bad in ("@all", "<at", "<!channel>", "<@U1>", "@everyone"):
             assert bad not in text, (provider, bad)
@@ -338,9 +340,9 @@ def test_dingtalk_gets_at_most_20_posts_a_minute_and_the_rest_later_in_one(env, 
 
 def test_reminders_are_tagged_as_such_unless_something_new_fires():
     first = idle8()[0]
-    title, _ = alert.render(dict(first, state="reminder"), "en")
+    title, _ = render._render(dict(first, state="reminder"), "en", {})
     assert title.startswith("[gpuguard REMINDER] node7: GPU 0 idle")
-    title, _ = alert.render_digest([dict(first, state="reminder"), dict(idle8()[1], job=None)], "zh")
+    title, _ = render.render_digest([dict(first, state="reminder"), dict(idle8()[1], job=None)], "zh")
     assert title.startswith("[gpuguard 告警]")
 
 
@@ -348,7 +350,7 @@ def test_ranks_of_one_job_without_slurm_are_one_line():
     events = idle8(job=dict(JOB, slurm_job=None))
     for i, e in enumerate(events):
         e["job"]["cmdline"] = f"python -m torch.distributed.launch train.py --local_rank={i}"
-    title, sections = alert.render_digest(events, "en", {})
+    title, sections = render.render_digest(events, "en", {})
     assert len(sections) == 1 and "GPU 0-7 idle but occupied" in title
     assert "held by python -m torch.distributed.launch train.py --local_rank=0" in sections[0][0]
 
@@ -361,9 +363,9 @@ def test_a_job_known_only_by_its_pid_still_lists_the_processes_name_and_memory()
               "elapsed_s": None, "slurm_job": None, "container": None, "rank": None, "visible": False}
     e = dict(idle8(job=hidden)[0], processes=[{"pid": 437, "name": "python3", "used_memory_mib": 2696}])
     for lang in ("en", "zh"):
-        assert any("437 python3 (2696 MiB)" in line for line in alert.render(e, lang)[1])
+        assert any("437 python3 (2696 MiB)" in line for line in render._render(e, lang, {})[1])
     # a job read from /proc names what runs: no process list
-    assert not any("Processes:" in line for line in alert.render(idle8()[0], "en")[1])
+    assert not any("Processes:" in line for line in render._render(idle8()[0], "en", {})[1])
 
 
 # ------------------------------------- stuck, degraded, leak verdicts ----
@@ -447,7 +449,7 @@ def test_stuck_gpus_of_one_job_are_one_post_per_target_with_job_cost_and_hint(en
         assert set(a["labels"]) == {"alertname", "instance", "job", "severity", "gpu", "uuid", "vendor"}
         assert (a["labels"]["job"], a["labels"]["instance"], a["labels"]["severity"]) == (
             "gpuguard", "node7", "warning")
-        assert a["startsAt"] == alert.iso(1796206268)
+        assert a["startsAt"] == render._iso(1796206268)
 
 
 def test_stuck_resolving_is_one_post_without_mention(env, sink):
@@ -483,10 +485,10 @@ def test_degraded_gpu_is_critical_and_names_gpu_model_uuid_fault_and_what_to_che
     assert a["labels"] == {"alertname": "GpuDegraded", "instance": "node7", "job": "gpuguard",
                            "severity": "critical", "gpu": "3", "uuid": uuid, "vendor": "nvidia"}
     assert a["annotations"]["fault"] == "GPU requires reset"
-    title, lines = alert.render(degraded(3, "resolved"), "en")
+    title, lines = render._render(degraded(3, "resolved"), "en", {})
     assert title == "[gpuguard RESOLVED] node7: GPU 3 reads normally again"
     assert lines[0] == "GPU 3 (NVIDIA H200) reads normally again after 3 faulted cycles"
-    assert alert.alertmanager_labels(degraded(3, "resolved"))["severity"] == "critical"
+    assert render._alertmanager_labels(degraded(3, "resolved"))["severity"] == "critical"
 
 
 def test_a_digest_mixing_idle_stuck_degraded_leak_and_resolved_is_one_post_per_target(env, sink):
@@ -515,17 +517,17 @@ def test_a_digest_mixing_idle_stuck_degraded_leak_and_resolved_is_one_post_per_t
                  "GPU 0-1 (NVIDIA H200) 已空闲 12 分钟", "GPU 4-5 (NVIDIA H200) 卡住", "GPU 2-3 已恢复繁忙"):
         assert part in zh, part
     assert zh.count("@13800000000") == 1
-    firing = sorted(a["labels"]["alertname"] for a in posts["api"][0] if a["endsAt"] > alert.iso(time.time() + 600))
+    firing = sorted(a["labels"]["alertname"] for a in posts["api"][0] if a["endsAt"] > render._iso(time.time() + 600))
     assert firing == sorted(["GpuIdleHeld"] * 2 + ["GpuStuckSpinning"] * 2 + ["GpuDegraded", "GpuMemoryLeak"])
     resolved = sorted((a["labels"]["alertname"], a["labels"]["severity"]) for a in posts["api"][0]
-                      if a["endsAt"] <= alert.iso(time.time() + 600))
+                      if a["endsAt"] <= render._iso(time.time() + 600))
     # the resolved leak without a severity resolves each name it may have fired as
-    assert resolved == sorted([("GpuIdleHeld", "warning")] * 2 + list(alert.LEAK_RESOLVE_AS))
+    assert resolved == sorted([("GpuIdleHeld", "warning")] * 2 + list(render._LEAK_RESOLVE_AS))
     assert len(posts["generic"][0]["events"]) == len(events)
 
 
 def test_leak_verdict_fields_render_rate_since_oom_clock_confidence_and_rank(utc):
-    title, lines = alert.render(leak(), "en")
+    title, lines = render._render(leak(), "en", {})
     assert title == "[gpuguard CRITICAL] node7: PID 51000 python3: GPU memory leak suspected"
     text = "\n".join(lines)
     assert "Growing +2400 MiB/h (window 2 h 0 min), now 128.0 GiB, GPU free 7.8 GiB" in text
@@ -533,19 +535,19 @@ def test_leak_verdict_fields_render_rate_since_oom_clock_confidence_and_rank(utc
     assert "Projected OOM in 3 h 20 min (about 14:05)" in text
     assert "Verdict: accelerating, confidence 87 %" in text
     assert "Leaking: rank 3, PID 51003 (of the process tree of PID 51000)" in text
-    title, lines = alert.render(leak(), "zh")
+    title, lines = render._render(leak(), "zh", {})
     text = "\n".join(lines)
     assert title == "[gpuguard 严重] node7：PID 51000 python3 疑似显存泄漏"
     assert "自 2026-12-02 08:45 起增长（已 2 小时 0 分）" in text
     assert "预计 3 小时 20 分 后 OOM（约 14:05）" in text
     assert "判定：加速增长，置信度 87 %" in text and "泄漏者：rank 3，PID 51003（属于 PID 51000 的进程树）" in text
     # a projection past midnight carries the date; a rank unknown names the PID
-    text = "\n".join(alert.render(leak(severity="warning", free_memory_mib=None, projected_oom_hours=30.0, rank=None,
-                                       trend="steady (phase-aware)"), "en")[1])
+    text = "\n".join(render._render(leak(severity="warning", free_memory_mib=None, projected_oom_hours=30.0, rank=None,
+                                       trend="steady (phase-aware)"), "en", {})[1])
     assert "Projected OOM in 30 h 0 min (about 2026-12-03 16:45)" in text
     assert "Verdict: steady growth across phases" in text
     assert "Leaking: PID 51003 (of the process tree of PID 51000)" in text
-    assert alert.render(leak(severity="warning"), "en")[0].startswith("[gpuguard ALERT]")
+    assert render._render(leak(severity="warning"), "en", {})[0].startswith("[gpuguard ALERT]")
 
 
 def test_leak_beyond_the_warning_horizon_is_a_trend_note_not_a_page(env, sink):
@@ -569,36 +571,35 @@ def test_leak_beyond_the_warning_horizon_is_a_trend_note_not_a_page(env, sink):
     assert a["labels"] == {"alertname": "GpuMemoryLeakTrend", "instance": "node7", "job": "gpuguard",
                            "severity": "info", "pid": "51000", "name": "python3"}
     # beside a real alert, the digest pages once (for the alert)
-    _, body = alert.chat_body(alert.Target("http://127.0.0.1:1/x", "dingtalk", ""), [note] + idle8()[:1],
-                              env={"NOTIFY_MENTION": "13800000000"})
+    body = render.chat_body("dingtalk", [note] + idle8()[:1], "zh", env={"NOTIFY_MENTION": "13800000000"})
     assert body["at"]["atMobiles"] == ["13800000000"] and "[提示]" in body["markdown"]["text"]
 
 
 def test_leak_alertmanager_severity_follows_the_event_and_old_events_still_render():
-    assert alert.alertmanager_labels(leak())["severity"] == "critical"
-    assert alert.alertmanager_labels(leak(severity="warning")) == {
+    assert render._alertmanager_labels(leak())["severity"] == "critical"
+    assert render._alertmanager_labels(leak(severity="warning")) == {
         "alertname": "GpuMemoryLeak", "instance": "node7", "job": "gpuguard", "severity": "warning",
         "pid": "51000", "name": "python3"}
-    annotations = alert.alertmanager_alert(leak(), "en", now=LEAK_TS)["annotations"]
+    annotations = render.alertmanager_alert(leak(), "en", now=LEAK_TS)["annotations"]
     assert (annotations["confidence"], annotations["trend"], annotations["rank"], annotations["leaking_pid"]) == (
         "0.87", "accelerating", "3", "51003")
     # an event from the detector before its verdict fields: as before
     old = {"ts": LEAK_TS, "event": "gpu_memory_leak", "state": "firing", "pid": 4242, "host": "node7",
            "name": "python3", "slope_mib_per_hour": 120.0, "used_memory_mib": 20000, "free_memory_mib": 1200,
            "projected_oom_hours": 10.0, "window_seconds": 10800}
-    assert alert.alertmanager_labels(old) == {
+    assert render._alertmanager_labels(old) == {
         "alertname": "GpuMemoryLeakDetected", "instance": "node7", "job": "gpuguard", "severity": "warning",
         "pid": "4242", "name": "python3"}
     for lang in ("en", "zh"):
-        title, lines = alert.render(old, lang)
+        title, lines = render._render(old, lang, {})
         assert "4242" in title and "+120" in lines[0]
         assert not any("confidence" in ln or "置信度" in ln or "Leaking" in ln for ln in lines)
-    assert "Projected OOM in 10 h 0 min" in "\n".join(alert.render(old, "en")[1])
+    assert "Projected OOM in 10 h 0 min" in "\n".join(render._render(old, "en", {})[1])
     # hostile or odd detector fields never crash nor mention anyone
     odd = leak(trend="@all <at user_id=\"all\">", confidence="high", since_ts="yesterday", rank="<!channel>",
                projected_oom_hours=float("nan"), severity="bogus", leaking_pid="x")
     for lang in ("en", "zh"):
-        text = "\n".join(alert.render(odd, lang)[1])
+        text = "\n".join(render._render(odd, lang, {})[1])
         assert "@all" not in text and "<at" not in text and "<!channel>" not in text
 
 
@@ -614,7 +615,7 @@ def test_shipped_rules_carry_the_labels_gpuguard_sends_alertmanager(kind):
     """Same alert name, severity, job and instance (the scrape port
     stripped) as the alerts gpuguard pushes, and the GPU identity labels
     (gpu, uuid, and vendor, which the metrics carry) kept by the expression."""
-    labels = alert.alertmanager_labels({"event": kind, "host": "node7", "gpu": 3, "uuid": "GPU-x",
+    labels = render._alertmanager_labels({"event": kind, "host": "node7", "gpu": 3, "uuid": "GPU-x",
                                         "severity": "critical" if kind == "gpu_degraded" else None})
     block = rule_block(labels["alertname"])
     assert f"severity: {labels['severity']}" in block

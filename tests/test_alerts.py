@@ -10,6 +10,7 @@ import time
 import urllib.parse
 
 import gpuguard_alert as alert
+import gpuguard_render as render
 import pytest
 import webhook_sink
 from conftest import ROOT, app, idle_gpu, user_environ
@@ -72,14 +73,14 @@ def independent_dingtalk_sign(secret, ts):
 
 
 def test_dingtalk_signature_matches_research_vector():
-    assert alert.dingtalk_sign("SEC0123456789abcdef", "1700000000000") == \
+    assert alert._dingtalk_sign("SEC0123456789abcdef", "1700000000000") == \
         "TSZbRFUuvaSQaRKUpF970OPCb2%2FLcQAP3wOvwZIzBZk%3D"
-    assert alert.dingtalk_sign("SECabc", "1800000000123") == independent_dingtalk_sign("SECabc", "1800000000123")
+    assert alert._dingtalk_sign("SECabc", "1800000000123") == independent_dingtalk_sign("SECabc", "1800000000123")
 
 
 def test_feishu_signature_matches_research_vector_and_not_the_dingtalk_recipe():
-    assert alert.feishu_sign("demo", "1599360473") == "l1N0gAcBjdwBvGm1xMjOF0XSyaLRpR7tuO5dHfhAYc8="
-    assert alert.feishu_sign("demo", "1599360473") != "DkEDUyVoOOJ539qBvUgMyzkzIdRWlf4e/V3Rq+ONJnQ="
+    assert alert._feishu_sign("demo", "1599360473") == "l1N0gAcBjdwBvGm1xMjOF0XSyaLRpR7tuO5dHfhAYc8="
+    assert alert._feishu_sign("demo", "1599360473") != "DkEDUyVoOOJ539qBvUgMyzkzIdRWlf4e/V3Rq+ONJnQ="
 
 
 # ----------------------------------------------------------- providers ----
@@ -91,7 +92,7 @@ def test_provider_from_host_prefix_and_type():
                          "https://hooks.slack.com/services/T/B/C wecom+http://127.0.0.1:1/x "
                          "http://example.invalid/hook",
            "NOTIFY_TYPE": "slack"}
-    assert [t.provider for t in alert.targets_from_env(env)] == [
+    assert [t.provider for t in alert._targets_from_env(env)] == [
         "dingtalk", "feishu", "wecom", "slack", "wecom", "slack"]
 
 
@@ -182,8 +183,7 @@ def test_mentions_in_process_names_are_defused():
     evil = dict(IDLE_EVENT, processes=[{"pid": 1, "name": '@all <at user_id="all"></at> <!channel> <@U1> @everyone',
                                         "used_memory_mib": 1}])
     for provider in ("dingtalk", "feishu", "wecom", "slack"):
-        target = alert.Target("http://127.0.0.1:1/x", provider, "")
-        _, body = alert.chat_body(target, [evil], "en")
+        body = render.chat_body(provider, [evil], "en", env={})
         text = json.dumps(body, ensure_ascii=False)
         for bad in ("@all", "<at", "<!channel>", "<@U1>", "@everyone"):
             assert bad not in text, (provider, bad)
@@ -381,13 +381,13 @@ def test_test_alert_reports_each_target(tmp_path):
 
 
 def test_render_languages():
-    title, lines = alert.render(IDLE_EVENT, "zh")
+    title, lines = render._render(IDLE_EVENT, "zh", {})
     assert "占用但空闲" in title and any("利用率 6%（阈值 10%）" in ln for ln in lines)
-    title, lines = alert.render(IDLE_EVENT, "en")
+    title, lines = render._render(IDLE_EVENT, "en", {})
     assert title == "[gpuguard ALERT] node7: GPU 0 idle but occupied"
     # LANG does not choose: the target does, or NOTIFY_LANG for all
-    assert alert.language({"LANG": "zh_CN.UTF-8"}) is None
-    assert alert.language({"LANG": "en_US.UTF-8", "NOTIFY_LANG": "zh"}) == "zh"
+    assert render.language({"LANG": "zh_CN.UTF-8"}) is None
+    assert render.language({"LANG": "en_US.UTF-8", "NOTIFY_LANG": "zh"}) == "zh"
 
 
 def test_a_dead_receiver_is_tried_less_and_less_often(outbox_env, down_port):

@@ -282,6 +282,8 @@ SECOND_PLACES = [
     (alert_violations, "python/gpuguard_leak.py", 'import urllib.request'),
     (alert_violations, "python/gpuguard_report.py", 'from http.client import HTTPSConnection'),
     (alert_violations, "python/gpuguard_leak.py", 'import gpuguard_alert'),
+    (alert_violations, "python/gpuguard_render.py", 'import http.client'),
+    (alert_violations, "python/gpuguard_render.py", 'from gpuguard_alert import chat_request'),
     (cgroup_violations, "lib/lowprio.sh", '  echo "$pid" >"/sys/fs/cgroup/gpuguard/cgroup.procs"'),
     (cgroup_violations, "lib/lowprio.sh", '  printf 50 >"$dir/cpu.weight"'),
     (cgroup_violations, "lib/lowprio.sh", '  mkdir -p /sys/fs/cgroup/gpuguard/job1'),
@@ -431,3 +433,17 @@ def test_cycle_rule_catches_an_import_inside_a_function():
     planted = [(rel, text + "\n\ndef _late():\n    import gpuguard_report\n" if rel.endswith("/gpuguard_history.py")
                 else text) for rel, text in files]
     assert import_cycles(planted) == ["gpuguard_history -> gpuguard_report -> gpuguard_history"]
+
+
+def global_rebindings(files):
+    """`global NAME` statements: a helper's configuration (its env) is passed
+    as an argument, never swapped into a module variable by an entry point."""
+    import ast
+    return [f"{rel}:{node.lineno}: global {', '.join(node.names)}"
+            for rel, text in files for node in ast.walk(ast.parse(text)) if isinstance(node, ast.Global)]
+
+
+def test_runtime_python_passes_its_configuration_instead_of_rebinding_a_global():
+    assert global_rebindings([(rel, read(rel)) for rel in RUNTIME_PYTHON]) == []
+    planted = "ENV = {}\n\ndef flush(env=None):\n    global ENV\n    ENV = env\n"
+    assert global_rebindings([("python/gpuguard_alert.py", planted)]) == ["python/gpuguard_alert.py:4: global ENV"]

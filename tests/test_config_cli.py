@@ -263,7 +263,7 @@ def test_bash_and_python_agree_on_which_targets_are_malformed():
     r = subprocess.run(["bash", "-c", script, "bash"] + URL_CASES, cwd=ROOT, capture_output=True, text=True,
                        env={"PATH": os.environ["PATH"], "LANG": "C.UTF-8"}, check=True)
     in_bash = r.stdout.split()
-    in_python = ["bad" if alert.url_problem(u) else "ok" for u in URL_CASES]
+    in_python = ["bad" if alert._url_problem(u) else "ok" for u in URL_CASES]
     assert in_bash == in_python
     assert in_python[:5] == ["ok"] * 5 and in_python.count("ok") == 6
 

@@ -21,7 +21,7 @@ import pytest
 from conftest import ROOT, gpu_list, require, start_daemon, stop_daemon, wait_for
 
 sys.path.insert(0, str(ROOT / "python"))
-import gpuguard_alert
+import gpuguard_render
 
 pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning")
 
@@ -144,11 +144,11 @@ def test_cron_watchers_name_every_job_in_alerts_status_and_report(nbox, jobs, tm
     (idle,) = [e for e in events if e["event"] == "gpu_idle"]
     assert leak["pid"] == jobs.pid["leak"] and NAMES["leak"] in leak["job"]["cmdline"]
     assert NAMES["idle"] in idle["job"]["cmdline"]
-    title, sections = gpuguard_alert.render_digest([leak], "en")
+    title, sections = gpuguard_render.render_digest([leak], "en", {})
     text = "\n".join([title, sections[0][0]] + sections[0][1])
     # the subject names the job as an idle digest does (its command line,
     # cut), the details give it whole and say whose it is
-    assert gpuguard_alert.job_label([leak], "en") in title and "python3 train.py --run-n" in title, title
+    assert gpuguard_render._job_label([leak], "en", {}) in title and "python3 train.py --run-n" in title, title
     assert "python3 train.py --run-name %s --api-key *** --lr 3e-4" % NAMES["leak"] in text, text
     assert getpass.getuser() in text and "SEKRIT" not in text
 

@@ -535,20 +535,20 @@ def test_week_trend_and_change_on_the_week_before(tmp_path, monkeypatch):
 
 
 def test_digest_beside_an_idle_alert_in_one_post_names_its_day():
-    import gpuguard_alert
+    import gpuguard_render
     event = {"id": "ledger-2026-12-02", "ts": at(9, day=1), "host": "lab", "event": "ledger_digest",
              "state": "firing", "severity": "info", "from": "2026-12-02", "to": "2026-12-02", "names": "user",
              "held_s": 7200, "idle_s": 3600, "cost": None, "users": [], "worst": [], "trend": []}
     alert = {"id": "x", "ts": at(9, day=1), "host": "lab", "event": "gpu_idle", "state": "firing", "gpu": 3,
              "uuid": "GPU-3", "utilization": 0, "idle_seconds": 600}
-    title, sections = gpuguard_alert.render_digest([alert, event], "zh", {})
+    title, sections = gpuguard_render.render_digest([alert, event], "zh", {})
     heads = [h for h, _ in sections]
     assert any(h.endswith("GPU 占用日报 2026-12-02：空闲占卡 1.0 GPU 时（共占用 2.0 GPU 时，其中 50% 空闲或卡死）")
                for h in heads), heads
-    title, sections = gpuguard_alert.render_digest([event], "en", {})
+    title, sections = gpuguard_render.render_digest([event], "en", {})
     assert title == "[gpuguard DAILY] lab: GPU ledger 2026-12-02"
     assert sections[0][0] == "1.0 GPU-hours held idle (50% of 2.0 GPU-hours held were idle or stuck)"
-    assert gpuguard_alert.alertmanager_alerts(event) == [] and not gpuguard_alert.is_page(event)
+    assert gpuguard_render.alertmanager_alerts(event) == [] and not gpuguard_render._is_page(event)
 
 
 @pytest.mark.slow

@@ -293,14 +293,14 @@ def test_status_lists_npus(box):
 def test_alert_text_says_npu_for_an_npu(box):
     import sys
     sys.path.insert(0, str(ROOT / "python"))
-    import gpuguard_alert
+    import gpuguard_render
     devices = Devices(box, "ascend")
     devices.write(["idle"] * 3)
     for t in range(3):
         box.once(now=t)
     events = [e for e in box.events() if e["event"] == "gpu_idle"]
     for lang in ("en", "zh"):
-        title, sections = gpuguard_alert.render_digest(events, lang, env={})
+        title, sections = gpuguard_render.render_digest(events, lang, env={})
         text = " ".join([title] + [head + " " + " ".join(lines) for head, lines in sections])
         assert "NPU 0" in text and "GPU 0" not in text
 
