@@ -38,7 +38,7 @@ lowprio_init() {
 # never stops a job from starting): same columns as etc/lowprio-tiers.conf.
 LP_BUILTIN_TIERS='system -5 best-effort:0 200 - -
 online 0 best-effort:4 100 - -
-batch 15 idle idle 60 weight=10,wbps=5%,rbps=25%,adaptive=on
+batch 15 idle idle 60 weight=10,wbps=8%,rbps=25%,adaptive=on
 offline 19 idle idle - weight=1,wbps=2%,rbps=10%,adaptive=on'
 
 # Loads a tier from the tiers table into the plan.
@@ -1073,9 +1073,10 @@ lowprio_gov_rows_into() {
   for majmin in "${!LP_GOV_CAP[@]}"; do
     cap=''
     for kv in ${LP_GOV_CAP[$majmin]}; do
-      cap+="${cap:+, }${kv:0:1}${kv:1:3}"
-      cap=${cap/%rbps/reads <= $(disk_rate_text "${kv#*=}")}
-      cap=${cap/%wbps/writes <= $(disk_rate_text "${kv#*=}")}
+      case $kv in
+        wbps=*) cap+="${cap:+, }writes <= $(disk_rate_text "${kv#*=}")" ;;
+        rbps=*) cap+="${cap:+, }reads <= $(disk_rate_text "${kv#*=}")" ;;
+      esac
     done
     if [[ -z ${LP_GOV_SUM[$majmin]:-} ]]; then
       gov_rows+=("adaptive $(disk_name "$majmin")|no figures: the governor did not run or did not answer")
