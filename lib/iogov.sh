@@ -68,8 +68,7 @@ iogov_diskstat_into() {
 }
 
 # Fills the array named $3 with the cgroups beside the job's leaf $1: the
-# siblings of the leaf and of each cgroup above it, up to the root $2, but
-# not other lowprio-run jobs.
+# siblings of the leaf and of each cgroup above it, up to the root $2.
 iogov_neighbours_into() {
   local _nb_dir=$1 _nb_root=$2 _nb_parent _nb_c
   local -n _nb_out=$3
@@ -78,7 +77,7 @@ iogov_neighbours_into() {
     _nb_parent=${_nb_dir%/*}
     for _nb_c in "$_nb_parent"/*/; do
       _nb_c=${_nb_c%/}
-      [[ $_nb_c == "$_nb_dir" || ${_nb_c##*/} == gpuguard-lowprio-* ]] && continue
+      [[ $_nb_c == "$_nb_dir" ]] && continue
       _nb_out+=("$_nb_c")
     done
     _nb_dir=$_nb_parent
@@ -111,7 +110,7 @@ iogov_populated() {
 #   IOGOV_DISK_PREV (the disk's bytes), IOGOV_CAPPED (0/1), IOGOV_SWITCHES, IOGOV_CAPPED_USEC, IOGOV_LAST_T,
 #   IOGOV_LAST_BUSY_T, IOGOV_QUIET_USEC
 iogov_step() {
-  local now=${EPOCHREALTIME/[.,]/} dt c b n ob=0 on=0 jb=0 disk=0 prev busy=''
+  local now=${EPOCHREALTIME/[.,]/} dt c b n ob=0 on=0 jb=0 lb=0 disk=0 prev busy=''
   local -a nbs
   dt=$((now - IOGOV_LAST_T))
   ((dt > 0)) || dt=1
@@ -127,7 +126,11 @@ iogov_step() {
     IOGOV_PREV[$c]="$b $n"
     [[ -n $prev ]] || continue
     # a counter that went back (a cgroup removed and made again) is news
-    # of nothing
+    # of nothing; another lowprio-run job's bytes only explain the disk's
+    if [[ ${c##*/} == gpuguard-lowprio-* ]]; then
+      ((b >= ${prev% *})) && lb=$((lb + b - ${prev% *}))
+      continue
+    fi
     ((b >= ${prev% *})) && ob=$((ob + b - ${prev% *}))
     ((n >= ${prev#* })) && on=$((on + n - ${prev#* }))
   done
@@ -139,9 +142,9 @@ iogov_step() {
     busy="$((on * 1000000 / dt)) I/Os per second beside the job"
   elif ((ob * 1000000 >= IOGOV_FLOOR_BPS * dt)); then
     busy="$((ob * 1000000 / dt)) bytes per second beside the job"
-  elif ((disk - jb - ob > 0)) &&
-    (((disk - jb - ob) * 1000000 >= IOGOV_HIDDEN_BPS * dt && 2 * (disk - jb - ob) >= jb)); then
-    busy="$(((disk - jb - ob) * 1000000 / dt)) bytes per second on the disk from no cgroup beside the job"
+  elif ((disk - jb - lb - ob > 0)) &&
+    (((disk - jb - lb - ob) * 1000000 >= IOGOV_HIDDEN_BPS * dt && 2 * (disk - jb - lb - ob) >= jb + lb)); then
+    busy="$(((disk - jb - lb - ob) * 1000000 / dt)) bytes per second on the disk from no cgroup beside the job"
   fi
   ((IOGOV_CAPPED)) && IOGOV_CAPPED_USEC=$((IOGOV_CAPPED_USEC + now - IOGOV_LAST_T))
   IOGOV_LAST_T=$now
