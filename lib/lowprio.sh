@@ -962,12 +962,12 @@ lowprio_disk_static_why() {
 # "adaptive": the cap goes to LP_GOV_CAP for the governor, and adds to what
 # iocost already does there.
 lowprio_disk_fallback() {
-  local majmin=$1 mode=${3:-static} why bw w r t wcap rcap kv iocost
-  iocost=${LP_DISK_MECH[$majmin]:-}
+  local majmin=$1 mode=${3:-static} why bw w r t wcap rcap kv iocost iocost_effect
+  iocost=${LP_DISK_MECH[$majmin]:-} iocost_effect=${LP_DISK_EFFECT[$majmin]:-}
   local -n fallback_lines=$2
   if [[ $mode == adaptive ]]; then
-    why="only while another cgroup uses the disk (lowprio-run checks every ${LOWPRIO_GOV_PERIOD:-0.5} s; full speed otherwise)"
-    [[ -n $iocost ]] && why+="; and $iocost"
+    why="only while another cgroup uses the disk (checked every ${LOWPRIO_GOV_PERIOD:-0.5} s, full speed otherwise)"
+    [[ -n $iocost ]] && why+=", and $iocost"
   else
     why=$(lowprio_disk_static_why)
   fi
@@ -976,6 +976,7 @@ lowprio_disk_fallback() {
       if [[ $mode == adaptive ]]; then
         LP_DISK_MECH[$majmin]="adaptive io.max at ${LP_DISK_WPCT:-100} % of the disk's write bandwidth, $why"
         LP_DISK_EFFECT[$majmin]="not measured yet: measured on the job's first run, or now with lowprio-run --measure-disk"
+        [[ -n $iocost ]] && LP_DISK_EFFECT[$majmin]+="; beside it, iocost: $iocost_effect"
         return 0
       fi
       LP_DISK_MECH[$majmin]="io.max fallback at ${LP_DISK_WPCT:-100} % of the disk's write bandwidth ($why)"
@@ -1010,7 +1011,7 @@ lowprio_disk_fallback() {
     LP_GOV_CAP[$majmin]=$kv
     LP_DISK_MECH[$majmin]="adaptive io.max: $text, $why"
     LP_DISK_EFFECT[$majmin]="work-conserving: full speed while no other cgroup uses the disk; within about ${LOWPRIO_GOV_PERIOD:-0.5} s of another's first I/O (${LOWPRIO_GOV_FLOOR_IOPS:-20} I/Os or 1 MiB per second or more; other lowprio-run jobs do not count) the cap above, lifted ${LOWPRIO_GOV_QUIET:-3} s after its last; --report says how long it was capped"
-    [[ -n $iocost ]] && LP_DISK_EFFECT[$majmin]+="; iocost's weight works beside it"
+    [[ -n $iocost ]] && LP_DISK_EFFECT[$majmin]+="; beside it, iocost: ${iocost_effect:-}"
     return 0
   fi
   fallback_lines+=("$majmin $kv")
