@@ -112,6 +112,14 @@ cg_write() {
   return 1
 }
 
+# Writes one io.max line ("MAJ:MIN wbps=N rbps=N", or "=max" to lift it)
+# to the v2 leaf $1 without a fork: lib/iogov.sh's governor calls it from
+# its loop. Returns 1, silently, when the kernel refuses or the leaf is gone
+# (the governor then sees the leaf gone and stops).
+cg_io_max_write() {
+  { printf '%s\n' "$2" >"$1/io.max"; } 2>/dev/null
+}
+
 # Lists the controllers available to children of the v2 parent.
 cg_v2_controllers() {
   local list=''

@@ -19,6 +19,11 @@ lowprio_init() {
   declare -gA LP_IO_MAX_USER=() LP_DISK_WHY=() LP_DISK_MECH=() LP_DISK_EFFECT=()
   declare -ga LP_DISKS=() LP_ACTION_DISKS=() LP_DISK_NONE=()
   declare -g LP_DISK_WEIGHT='' LP_DISK_WPCT='' LP_DISK_RPCT='' LP_ACTION='' LP_UNDO=0 LP_COST_MODEL=''
+  # the adaptive io.max (lib/iogov.sh): the tier's choice and --io-adaptive's,
+  # the cap per disk ("wbps=N rbps=N") and, while the job runs, each disk's
+  # governor (PID, the pipe its summary comes through, the summary)
+  declare -g LP_DISK_ADAPTIVE='' LP_IO_ADAPTIVE_USER=''
+  declare -gA LP_GOV_CAP=() LP_GOV_PID=() LP_GOV_FD=() LP_GOV_SUM=()
   if [[ -z ${GPUGUARD_STATE_DIR:-} ]]; then
     # the rule of lib/config.sh, which lowprio-run does not load
     if ((EUID == 0)); then
@@ -33,8 +38,8 @@ lowprio_init() {
 # never stops a job from starting): same columns as etc/lowprio-tiers.conf.
 LP_BUILTIN_TIERS='system -5 best-effort:0 200 - -
 online 0 best-effort:4 100 - -
-batch 15 idle idle 60 weight=10,wbps=20%,rbps=50%
-offline 19 idle idle - weight=1,wbps=5%,rbps=25%'
+batch 15 idle idle 60 weight=10,wbps=8%,rbps=25%,adaptive=on
+offline 19 idle idle - weight=1,wbps=2%,rbps=10%,adaptive=on'
 
 # Loads a tier from the tiers table into the plan.
 # Globals:
@@ -66,11 +71,13 @@ lowprio_load_tier() {
 }
 
 # Parses a tier's disk column: "-" (the disk is not bounded) or
-# weight=W,wbps=P%,rbps=P%: io.weight W where iocost is on, else io.max at
-# those fractions of the disk's measured write and read bandwidth.
+# weight=W,wbps=P%,rbps=P%[,adaptive=on|off]: io.weight W where iocost is
+# on; io.max at those fractions of the disk's measured write and read
+# bandwidth, only while another cgroup uses the disk (adaptive=on), or
+# always where iocost is off (adaptive=off).
 lowprio_parse_disk_policy() {
   local kv
-  LP_DISK_WEIGHT='' LP_DISK_WPCT='' LP_DISK_RPCT=''
+  LP_DISK_WEIGHT='' LP_DISK_WPCT='' LP_DISK_RPCT='' LP_DISK_ADAPTIVE=off
   [[ $1 == - ]] && return 0
   local IFS=,
   for kv in $1; do
@@ -78,8 +85,9 @@ lowprio_parse_disk_policy() {
       weight=*) [[ ${kv#*=} =~ ^[0-9]+$ ]] && ((${kv#*=} >= 1 && ${kv#*=} <= 10000)) && LP_DISK_WEIGHT=${kv#*=} && continue ;;
       wbps=*%) [[ ${kv:5:-1} =~ ^[0-9]+$ ]] && ((${kv:5:-1} >= 1 && ${kv:5:-1} <= 100)) && LP_DISK_WPCT=${kv:5:-1} && continue ;;
       rbps=*%) [[ ${kv:5:-1} =~ ^[0-9]+$ ]] && ((${kv:5:-1} >= 1 && ${kv:5:-1} <= 100)) && LP_DISK_RPCT=${kv:5:-1} && continue ;;
+      adaptive=on | adaptive=off) LP_DISK_ADAPTIVE=${kv#*=} && continue ;;
     esac
-    gg_usage_error "tier $LP_TIER: the disk column takes - or weight=1-10000,wbps=1-100%,rbps=1-100% (got '$kv')"
+    gg_usage_error "tier $LP_TIER: the disk column takes - or weight=1-10000,wbps=1-100%,rbps=1-100%,adaptive=on|off (got '$kv')"
     return
   done
 }
@@ -209,6 +217,12 @@ lowprio_parse_options() {
         ;;
       --io-max)
         lowprio_io_max_add "${2:-}" || return
+        shift
+        ;;
+      --io-adaptive)
+        [[ ${2:-} == on || ${2:-} == off ]] ||
+          gg_usage_error "--io-adaptive takes on or off (got '${2:-}')" || return
+        LP_IO_ADAPTIVE_USER=$2
         shift
         ;;
       --setup-disk | --measure-disk | --undo | --cost-model)
@@ -546,6 +560,7 @@ lowprio_run() {
   if [[ -n $LP_PENDING_SIGNAL ]]; then
     lowprio_forward "$LP_PENDING_SIGNAL"
   fi
+  lowprio_gov_start
   local rc reaped
   while :; do
     rc=0
@@ -555,6 +570,7 @@ lowprio_run() {
     [[ -n ${reaped:-} || $rc == 127 ]] && break
   done
   trap - INT TERM HUP QUIT
+  lowprio_gov_stop
   # In a subshell: whatever a kernel's stat files hold, the report never
   # costs the job's exit status or the clean-up.
   (lowprio_usage_report "$rc" "$started") || gg_log warn "could not report what the limits did"
@@ -562,6 +578,39 @@ lowprio_run() {
     cg_remove || gg_log warn "could not remove cgroup $CG_NAME"
   fi
   return "$rc"
+}
+
+# Starts the adaptive io.max's governor (lib/iogov.sh) for each disk that
+# has one, once the job is started (it never delays the start): a process
+# substitution, so that its one summary line comes back through a pipe and
+# no file is left. A governor that cannot start is one warning; the job
+# runs on at full speed there.
+lowprio_gov_start() {
+  local majmin fd stat name
+  [[ $LP_MECHANISM == cgroup-v2 && -n ${CG_LEAF:-} && -d $CG_LEAF ]] || return 0
+  for majmin in "${!LP_GOV_CAP[@]}"; do
+    stat=''
+    name=$(disk_name "$majmin") && [[ -r /sys/block/$name/stat ]] && stat=/sys/block/$name/stat
+    if exec {fd}< <(iogov_run "$CG_LEAF" "$CG_ROOT" "${LOWPRIO_GOV_DISKSTAT:-$stat}" "$majmin" "${LP_GOV_CAP[$majmin]}"); then
+      LP_GOV_PID[$majmin]=$! LP_GOV_FD[$majmin]=$fd
+    else
+      gg_log warn "disk $majmin: the adaptive io.max could not start: the job runs uncapped there"
+    fi
+  done
+}
+
+# Stops each governor (TERM: it lifts a cap still on and says how long the
+# job was capped) and keeps its summary for the report.
+lowprio_gov_stop() {
+  local majmin line fd
+  for majmin in "${!LP_GOV_PID[@]}"; do
+    kill -TERM "${LP_GOV_PID[$majmin]}" 2>/dev/null || true
+    line='' fd=${LP_GOV_FD[$majmin]}
+    read -r -t 5 -u "$fd" line || true
+    [[ $line == 'GOV '* ]] && LP_GOV_SUM[$majmin]=${line#GOV }
+    exec {fd}<&-
+  done
+  LP_GOV_PID=()
 }
 
 # Bytes as text: "512 B", "1.5 KiB", "20.0 MiB", "3.2 GiB".
@@ -824,14 +873,15 @@ lowprio_disk_blocker() {
 
 # Chooses, for each disk the job may write (its folder's, the state
 # folder's, each --io-max one), what bounds the job there, strongest first:
-# the user's --io-max; iocost with the tier's low io.weight (work-
-# conserving: the job keeps the whole disk while nobody else wants it);
-# else io.max at the tier's fraction of the disk's measured bandwidth
-# (measured on first use; never under --explain or --dry-run); else
-# nothing, and why. Fills LP_DISKS, LP_DISK_MECH, LP_DISK_EFFECT and
-# LP_SET's io_max and io_weight.
+# the user's --io-max; the adaptive io.max (lib/iogov.sh: the tier's
+# fraction of the disk's measured bandwidth, only while another cgroup uses
+# the disk), on top of iocost's low io.weight where iocost is on; iocost
+# alone (--io-adaptive off); a static io.max at the tier's fraction; else
+# nothing, and why. The disk is measured on first use (never under
+# --explain or --dry-run). Fills LP_DISKS, LP_DISK_MECH, LP_DISK_EFFECT,
+# LP_GOV_CAP and LP_SET's io_max and io_weight.
 lowprio_disk_plan() {
-  local home=$PWD majmin blocker ceiling alone
+  local home=$PWD majmin blocker adaptive=${LP_IO_ADAPTIVE_USER:-$LP_DISK_ADAPTIVE}
   local -a lines=()
   declare -ga LP_DISK_NONE=()
   if [[ -n $LP_ATTACH ]]; then
@@ -855,13 +905,12 @@ lowprio_disk_plan() {
       LP_DISK_MECH[$majmin]="none: $blocker"
       LP_DISK_EFFECT[$majmin]="the job may saturate the disk; services beside it wait"
     elif [[ -n $LP_DISK_WEIGHT && $LP_MECHANISM != cgroup-v1 ]] && cg_iocost_enabled "$majmin"; then
-      LP_SET[io_weight]=$LP_DISK_WEIGHT
-      LP_DISK_MECH[$majmin]="iocost, io.weight $LP_DISK_WEIGHT; $(cg_iocost_model_text "$majmin")"
-      alone="full speed"
-      cg_iocost_ceiling_into "$majmin" ceiling
-      # the ceiling (QoS max) bounds a job alone too: say by how much
-      [[ -n $ceiling ]] && alone="up to $(disk_rate_text "$ceiling") (the cost model's write speed times the QoS ceiling)"
-      LP_DISK_EFFECT[$majmin]="work-conserving: $alone while nobody else uses the disk; while another cgroup needs it and the disk misses its latency targets, the job gets about $LP_DISK_WEIGHT/$((LP_DISK_WEIGHT + 100)) of it"
+      lowprio_disk_iocost "$majmin"
+      if [[ $adaptive == on && $LP_MECHANISM == cgroup-v2 && -n $LP_DISK_WPCT ]]; then
+        lowprio_disk_fallback "$majmin" lines adaptive
+      fi
+    elif [[ $adaptive == on && $LP_MECHANISM == cgroup-v2 && -n $LP_DISK_WPCT ]]; then
+      lowprio_disk_fallback "$majmin" lines adaptive
     else
       lowprio_disk_fallback "$majmin" lines
     fi
@@ -874,21 +923,62 @@ lowprio_disk_plan() {
   fi
 }
 
-# The io.max fallback for one disk: the tier's fractions of its measured
-# write and read bandwidth (measured now when not cached, unless
-# --explain/--dry-run). Appends the io.max line to the array named $2.
-lowprio_disk_fallback() {
-  local majmin=$1 why bw w r t wcap rcap kv
-  local -n fallback_lines=$2
+# iocost with the tier's io.weight on one disk.
+lowprio_disk_iocost() {
+  local majmin=$1 ceiling alone
+  LP_SET[io_weight]=$LP_DISK_WEIGHT
+  LP_DISK_MECH[$majmin]="iocost, io.weight $LP_DISK_WEIGHT; $(cg_iocost_model_text "$majmin")"
+  alone="full speed"
+  cg_iocost_ceiling_into "$majmin" ceiling
+  # the ceiling (QoS max) bounds a job alone too: say by how much
+  [[ -n $ceiling ]] && alone="up to $(disk_rate_text "$ceiling") (the cost model's write speed times the QoS ceiling)"
+  LP_DISK_EFFECT[$majmin]="work-conserving: $alone while nobody else uses the disk; while another cgroup needs it and the disk misses its latency targets, the job gets about $LP_DISK_WEIGHT/$((LP_DISK_WEIGHT + 100)) of it"
+}
+
+# Why the static io.max is what bounds the job on a disk (the adaptive one
+# needs a cgroup v2 leaf of lowprio-run's own, which it writes while the
+# job runs; iocost needs --setup-disk).
+lowprio_disk_static_why() {
+  local adaptive=${LP_IO_ADAPTIVE_USER:-$LP_DISK_ADAPTIVE}
+  if [[ $adaptive == on && $LP_MECHANISM == systemd ]]; then
+    printf 'static: systemd owns the cgroup tree here, so no adaptive cap; '
+  elif [[ $adaptive == on && $LP_MECHANISM == cgroup-v1 ]]; then
+    printf 'static: no adaptive cap on cgroup v1; '
+  elif [[ $adaptive == off ]]; then
+    printf 'static (adaptive off: --io-adaptive off, or the tier says so); '
+  fi
   if [[ $LP_MECHANISM == cgroup-v1 ]]; then
-    why="cgroup v1 has no iocost"
+    printf 'cgroup v1 has no iocost'
   elif ! cg_iocost_root; then
-    why=$CG_LAST_ERROR
+    printf '%s' "$CG_LAST_ERROR"
   else
-    why="iocost is not set up on this disk (as root: lowprio-run --setup-disk)"
+    printf 'iocost is not set up on this disk (as root: lowprio-run --setup-disk)'
+  fi
+}
+
+# The io.max for one disk: the tier's fractions of its measured write and
+# read bandwidth (measured now when not cached, unless --explain/--dry-run).
+# Static: appends the io.max line to the array named $2. With $3
+# "adaptive": the cap goes to LP_GOV_CAP for the governor, and adds to what
+# iocost already does there.
+lowprio_disk_fallback() {
+  local majmin=$1 mode=${3:-static} why bw w r t wcap rcap kv iocost iocost_effect
+  iocost=${LP_DISK_MECH[$majmin]:-} iocost_effect=${LP_DISK_EFFECT[$majmin]:-}
+  local -n fallback_lines=$2
+  if [[ $mode == adaptive ]]; then
+    why="only while another cgroup uses the disk (checked every ${LOWPRIO_GOV_PERIOD:-0.5} s, full speed otherwise)"
+    [[ -n $iocost ]] && why+=", and $iocost"
+  else
+    why=$(lowprio_disk_static_why)
   fi
   if ! disk_cached_into "$majmin" bw; then
     if ((LP_DRY_RUN || LP_EXPLAIN)); then
+      if [[ $mode == adaptive ]]; then
+        LP_DISK_MECH[$majmin]="adaptive io.max at ${LP_DISK_WPCT:-100} % of the disk's write bandwidth, $why"
+        LP_DISK_EFFECT[$majmin]="not measured yet: measured on the job's first run, or now with lowprio-run --measure-disk"
+        [[ -n $iocost ]] && LP_DISK_EFFECT[$majmin]+="; beside it, iocost: $iocost_effect"
+        return 0
+      fi
       LP_DISK_MECH[$majmin]="io.max fallback at ${LP_DISK_WPCT:-100} % of the disk's write bandwidth ($why)"
       LP_DISK_EFFECT[$majmin]="not measured yet: measured on the job's first run, or now with lowprio-run --measure-disk"
       [[ $LP_MECHANISM == cgroup-v1 ]] && LP_DISK_EFFECT[$majmin]+="; cgroup v1 throttles direct I/O only, not buffered writeback"
@@ -896,6 +986,10 @@ lowprio_disk_fallback() {
     fi
     gg_state_dir_init >/dev/null 2>&1 || true
     if ! disk_measure_into "$majmin" bw "$PWD"; then
+      if [[ -n $iocost ]]; then
+        LP_DISK_MECH[$majmin]+="; no adaptive io.max: the disk's bandwidth could not be measured: $DISK_ERROR"
+        return 0
+      fi
       LP_DISK_MECH[$majmin]="none: $why, and its bandwidth could not be measured: $DISK_ERROR"
       LP_DISK_EFFECT[$majmin]="the job may saturate the disk; services beside it wait"
       return 0
@@ -912,6 +1006,13 @@ lowprio_disk_fallback() {
     rcap=$((r * LP_DISK_RPCT / 100))
     kv+=" rbps=$rcap"
     text+=", reads <= $(disk_rate_text "$rcap") ($LP_DISK_RPCT % of $(disk_rate_text "$r"))"
+  fi
+  if [[ $mode == adaptive ]]; then
+    LP_GOV_CAP[$majmin]=$kv
+    LP_DISK_MECH[$majmin]="adaptive io.max: $text, $why"
+    LP_DISK_EFFECT[$majmin]="work-conserving: full speed while no other cgroup uses the disk; within about ${LOWPRIO_GOV_PERIOD:-0.5} s of another's first I/O (${LOWPRIO_GOV_FLOOR_IOPS:-20} I/Os or 1 MiB per second or more; other lowprio-run jobs do not count) the cap above, lifted ${LOWPRIO_GOV_QUIET:-3} s after its last; --report says how long it was capped"
+    [[ -n $iocost ]] && LP_DISK_EFFECT[$majmin]+="; beside it, iocost: ${iocost_effect:-}"
+    return 0
   fi
   fallback_lines+=("$majmin $kv")
   LP_DISK_MECH[$majmin]="io.max fallback: $text; $why"
@@ -961,6 +1062,30 @@ lowprio_disk_rows_into() {
       held="throttled time not available"
     fi
     disk_rows+=("disk $(disk_name "$majmin")|written $(lowprio_bytes_text "$w"), mean $(disk_rate_text "$((w * 1000000 / (wall_usec > 0 ? wall_usec : 1)))"); $held; ${LP_DISK_MECH[$majmin]%%;*}")
+  done
+  lowprio_gov_rows_into disk_rows "$wall_usec"
+}
+
+# --report's row for each disk with the adaptive io.max: how long the job
+# was capped and how many times the cap went on.
+lowprio_gov_rows_into() {
+  local -n gov_rows=$1
+  local wall_usec=$2 majmin capped switches pct kv cap
+  for majmin in "${!LP_GOV_CAP[@]}"; do
+    cap=''
+    for kv in ${LP_GOV_CAP[$majmin]}; do
+      case $kv in
+        wbps=*) cap+="${cap:+, }writes <= $(disk_rate_text "${kv#*=}")" ;;
+        rbps=*) cap+="${cap:+, }reads <= $(disk_rate_text "${kv#*=}")" ;;
+      esac
+    done
+    if [[ -z ${LP_GOV_SUM[$majmin]:-} ]]; then
+      gov_rows+=("adaptive $(disk_name "$majmin")|no figures: the governor did not run or did not answer")
+      continue
+    fi
+    read -r capped switches _ <<<"${LP_GOV_SUM[$majmin]}"
+    pct=$((capped * 100 / (wall_usec > 0 ? wall_usec : 1)))
+    gov_rows+=("adaptive $(disk_name "$majmin")|capped $(lowprio_usec_text "$capped") of $(lowprio_usec_text "$wall_usec") ($pct %), the cap went on $switches times ($cap while another cgroup used the disk)")
   done
 }
 

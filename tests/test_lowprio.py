@@ -878,10 +878,12 @@ def iocost_root(root, qos_line, model_line):
 
 
 def test_default_tier_caps_the_disk_from_its_measured_bandwidth_where_iocost_is_off(tmp_path):
-    """No flag: the job's disk gets io.max at the tier's fraction of the
-    disk's measured write and read bandwidth, measured once with O_DIRECT,
-    kept in the state folder, named in one start line; --measure-disk
-    measures again."""
+    """No flag: the job's disk gets the adaptive io.max (lib/iogov.sh), at
+    the tier's fraction of the disk's measured write and read bandwidth,
+    measured once with O_DIRECT, kept in the state folder, named in one
+    start line; nobody else uses the disk here, so no cap is written.
+    --io-adaptive off makes it the static cap; --measure-disk measures
+    again."""
     disk = disk_of(tmp_path)
     require(disk is not None, "the test's folder on a block device")
     majmin, name = disk
@@ -893,17 +895,24 @@ def test_default_tier_caps_the_disk_from_its_measured_bandwidth_where_iocost_is_
     w, rd = cached_bandwidth(tmp_path, majmin)
     assert w > 0 and rd > 0
     (leaf,) = root.glob("gpuguard-lowprio-*")
-    assert (leaf / "io.max").read_text() == "%s wbps=%d rbps=%d\n" % (majmin, w * 20 // 100, rd * 50 // 100)
+    assert not (leaf / "io.max").exists()
+    (line,) = [x for x in r.stderr.splitlines() if " disk: " in x]
+    assert "%s %s: adaptive io.max: writes <= %s (8 %% of the measured " % (name, majmin, rate_text(w * 8 // 100)) \
+        in line and "only while another cgroup uses the disk" in line
+    # cached: the second job starts without measuring; the static cap
+    r = run(["--io-adaptive", "off", "--", "true"], env=env, cwd=tmp_path)
+    assert r.returncode == 0 and "measured disk" not in r.stderr
+    leaf = max(root.glob("gpuguard-lowprio-*"), key=lambda p: p.stat().st_mtime)
+    assert (leaf / "io.max").read_text() == "%s wbps=%d rbps=%d\n" % (majmin, w * 8 // 100, rd * 25 // 100)
     (line,) = [x for x in r.stderr.splitlines() if " disk: " in x]
     assert "%s %s: io.max fallback: writes <= " % (name, majmin) in line
     assert "offers no io.cost.qos" in line
-    # cached: the second job starts without measuring; offline takes less
-    r = run(["--tier", "offline", "--", "true"], env=env, cwd=tmp_path)
-    assert r.returncode == 0 and "measured disk" not in r.stderr
+    # offline takes less
+    r = run(["--tier", "offline", "--io-adaptive", "off", "--", "true"], env=env, cwd=tmp_path)
     leaf = max(root.glob("gpuguard-lowprio-*"), key=lambda p: p.stat().st_mtime)
-    assert (leaf / "io.max").read_text() == "%s wbps=%d rbps=%d\n" % (majmin, w * 5 // 100, rd * 25 // 100)
+    assert (leaf / "io.max").read_text() == "%s wbps=%d rbps=%d\n" % (majmin, w * 2 // 100, rd * 10 // 100)
     # --explain names the mechanism and what it costs, and measures nothing
-    r = run(["--explain"], env=env, cwd=tmp_path)
+    r = run(["--explain", "--io-adaptive", "off"], env=env, cwd=tmp_path)
     assert "disk %s (%s; the job's folder, the state folder): io.max fallback" % (name, majmin) in r.stdout
     assert "not work-conserving: the job never writes faster, even alone" in r.stdout
     (tmp_path / "state" / "disk-bandwidth").write_text("%s %s 1 5 5 0\n" % (majmin, name))   # another disk's size
@@ -942,12 +951,13 @@ def test_setup_disk_turns_iocost_on_and_undo_puts_back_exactly_what_was_there(tm
     (leaf,) = root.glob("gpuguard-lowprio-*")
     assert (leaf / "io.weight").read_text() == "default 10\n"
     assert not (leaf / "io.max").exists()                  # no cap: the job keeps an idle disk's speed
-    assert "disk: %s %s: iocost, io.weight 10; cost model set by hand: writes %d MiB/s, reads %d MiB/s" % (
-        name, majmin, w >> 20, rd >> 20) in r.stderr
+    assert "disk: %s %s: adaptive io.max: writes <= " % (name, majmin) in r.stderr
+    assert "only while another cgroup uses the disk (checked every 0.5 s, full speed otherwise), and iocost, " \
+        "io.weight 10; cost model set by hand: writes %d MiB/s, reads %d MiB/s" % (w >> 20, rd >> 20) in r.stderr
     r = run(["--tier", "offline", "--explain"], env=env, cwd=tmp_path)
     assert "iocost, io.weight 1; cost model set by hand: writes %d MiB/s" % (w >> 20) in r.stdout
     # the ceiling bounds a job alone: 100 % of the measured write speed
-    assert "  expected effect: work-conserving: up to %s (the cost model's write speed times the QoS ceiling) " \
+    assert "beside it, iocost: work-conserving: up to %s (the cost model's write speed times the QoS ceiling) " \
         "while nobody else uses the disk" % rate_text(w) in r.stdout
     r = run(["--setup-disk", "--undo", "259:999"], env=env)   # a disk named: that one only (here: none)
     assert r.returncode == 2 and (root / "io.cost.qos").read_text().startswith("%s enable=1" % majmin)
@@ -957,6 +967,9 @@ def test_setup_disk_turns_iocost_on_and_undo_puts_back_exactly_what_was_there(tm
     assert (root / "io.cost.model").read_text() == model_before + "\n"
     assert not (tmp_path / "state" / "iocost-saved").exists()
     r = run(["--", "true"], env=env, cwd=tmp_path)
+    (line,) = [x for x in r.stderr.splitlines() if " disk: " in x]
+    assert "adaptive io.max: writes <= " in line and "iocost" not in line
+    r = run(["--io-adaptive", "off", "--", "true"], env=env, cwd=tmp_path)
     assert "io.max fallback" in r.stderr and "iocost is not set up on this disk (as root: lowprio-run --setup-disk)" in r.stderr
 
 
@@ -978,7 +991,8 @@ def test_setup_disk_with_the_kernels_cost_model_and_where_the_disk_cannot_be_mea
     assert "cost model: the kernel's automatic one)" in r.stderr
     assert not (tmp_path / "state" / "disk-bandwidth").exists()     # nothing measured for it
     r = run(["--explain"], env=env, cwd=tmp_path)
-    assert "the kernel's automatic cost model\n  expected effect: work-conserving: full speed while nobody" in r.stdout
+    assert "the kernel's automatic cost model\n  expected effect: " in r.stdout
+    assert "; beside it, iocost: work-conserving: full speed while nobody" in r.stdout
     assert run(["--setup-disk", "--undo"], env=env).returncode == 0
     assert (root / "io.cost.model").read_text() == model_before + "\n"
     # a measurement that cannot be made (too little room for it)
@@ -1071,7 +1085,8 @@ def test_report_gives_each_disks_bytes_rate_and_time_held_back(tmp_path):
     r = run(["--report", "--", "sh", "-c", job], env=fake_v2_env(tmp_path, root), cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     (row,) = [x for x in r.stderr.splitlines() if x.startswith("  disk %s " % name)]
-    assert "written 3.0 GiB, mean " in row and "held back 3.00 s by iocost; iocost, io.weight 10" in row
+    assert "written 3.0 GiB, mean " in row and "held back 3.00 s by iocost; adaptive io.max: writes <= " in row
+    assert ", and iocost, io.weight 10" in row
 
 
 # A real hierarchy: a loop device (its own disk) with ext4, the job's folder
@@ -1125,7 +1140,7 @@ def test_real_mechanism_choice_on_a_loop_device(tmp_path, loop_disk):
         r = run(["--", "sh", "-c", JOB_IO_FILES], env=REAL_ENV, cwd=mnt)
         assert r.returncode == 0, r.stderr
         w, _ = cached_bandwidth(tmp_path, majmin)
-        want = w * 20 // 100
+        want = w * 8 // 100
         assert ("w %s %d" % (majmin, want)) in r.stdout or ("%s rbps=" % majmin in r.stdout
                                                              and "wbps=%d" % want in r.stdout), r.stdout
         assert "io.max fallback: writes <= " in r.stderr

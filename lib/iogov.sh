@@ -1,0 +1,215 @@
+# shellcheck shell=bash
+# The adaptive io.max: "cap the job only while someone else uses the disk".
+# A static io.max protects a service beside a checkpoint writer, but holds
+# the job to the cap even when it has the disk to itself; iocost's weights
+# did not protect reads on the H200 host's disk (bench/RESULTS.md section
+# 8b). So lowprio-run starts this small governor beside the job: every
+# LOWPRIO_GOV_PERIOD seconds (0.5) it looks at who else did I/O on the disk
+# and writes the cap to the job's io.max while others are busy, and `max`
+# back once they have been quiet for LOWPRIO_GOV_QUIET seconds (3).
+#
+# Who else: the cgroups beside the job's path (for each cgroup from the
+# job's leaf up to the root, its siblings; io.stat counts a cgroup's
+# descendants too), counted in the same units as the job's own io.stat, so
+# the job's own I/O never looks like someone else's. Other lowprio-run jobs
+# (gpuguard-lowprio-*) do not count: they are batch work, not services
+# waiting. Busy means at least LOWPRIO_GOV_FLOOR_IOPS (20) I/Os or
+# LOWPRIO_GOV_FLOOR_BPS (1 MiB) per second: the H200 probe service (a 4 KiB
+# write+fsync and a 4 KiB read every 20 ms) does 100 I/Os per second, a log
+# shipper's trickle or an atime update a few. The root cgroup's own I/O
+# (the file system's journal, kernel threads) is not counted: the journal
+# commits for the job's own files would otherwise keep the cap on.
+# I/O no cgroup beside the job accounts for (processes in the root cgroup,
+# cgroups a container does not show) is seen in the disk's totals
+# (/sys/block/DEV/stat): disk - job - the cgroups beside it. Those totals
+# count requests as they complete (after merging and splitting) and the
+# job's io.stat counts them as they are issued, so the difference wobbles
+# by the job's requests in flight: it counts only above
+# LOWPRIO_GOV_HIDDEN_BPS (32 MiB/s) and half the job's own rate.
+#
+# The loop forks nothing (builtins only: read, printf, arithmetic, globs),
+# and sleeps in `read -t` on a pipe nobody writes to. Its one write is
+# cg_io_max_write (lib/cgroup.sh). It exits when the job's cgroup is gone
+# or empty, or on TERM (lowprio-run sends it when the job ends), and then
+# prints one line: "GOV CAPPED_USEC SWITCHES ELAPSED_USEC".
+
+# Sums a disk's line of a cgroup's io.stat: bytes read and written into the
+# variable named $3, I/Os into $4. Returns 1 when the file cannot be read
+# (the cgroup is gone); a cgroup that did no I/O on the disk has no line: 0.
+iogov_iostat_into() {
+  local _is_file=$1 _is_dev=$2 _is_key _is_rest _is_kv _is_fd
+  local -n _is_bytes=$3 _is_ios=$4
+  _is_bytes=0 _is_ios=0
+  { exec {_is_fd}<"$_is_file"; } 2>/dev/null || return 1
+  while read -r -u "$_is_fd" _is_key _is_rest; do
+    [[ $_is_key == "$_is_dev" ]] || continue
+    for _is_kv in $_is_rest; do
+      [[ ${_is_kv#*=} =~ ^[0-9]{1,18}$ ]] || continue
+      case $_is_kv in
+        rbytes=* | wbytes=*) _is_bytes=$((_is_bytes + ${_is_kv#*=})) ;;
+        rios=* | wios=*) _is_ios=$((_is_ios + ${_is_kv#*=})) ;;
+      esac
+    done
+  done
+  exec {_is_fd}<&-
+  return 0
+}
+
+# Reads a disk's totals from its /sys/block/DEV/stat (the fields of
+# /proc/diskstats after the name): bytes read and written into the variable
+# named $2 (sectors are 512 bytes whatever the disk's block size). Returns
+# 1 when unreadable or garbled.
+iogov_diskstat_into() {
+  local -n _ds_bytes=$2
+  local -a _ds_f
+  { read -r -a _ds_f <"$1"; } 2>/dev/null || return 1
+  [[ ${_ds_f[2]:-} =~ ^[0-9]{1,18}$ && ${_ds_f[6]:-} =~ ^[0-9]{1,18}$ ]] || return 1
+  _ds_bytes=$(((_ds_f[2] + _ds_f[6]) * 512))
+}
+
+# Fills the array named $3 with the cgroups beside the job's leaf $1: the
+# siblings of the leaf and of each cgroup above it, up to the root $2.
+iogov_neighbours_into() {
+  local _nb_dir=$1 _nb_root=$2 _nb_parent _nb_c
+  local -n _nb_out=$3
+  _nb_out=()
+  while [[ $_nb_dir == "$_nb_root"/* ]]; do
+    _nb_parent=${_nb_dir%/*}
+    for _nb_c in "$_nb_parent"/*/; do
+      _nb_c=${_nb_c%/}
+      [[ $_nb_c == "$_nb_dir" ]] && continue
+      _nb_out+=("$_nb_c")
+    done
+    _nb_dir=$_nb_parent
+  done
+}
+
+# True while the leaf holds a live process (cgroup.events; where the kernel
+# has none, a first line in cgroup.procs). Returns 2 when the leaf is gone.
+iogov_populated() {
+  local _po_key _po_val _po_pid
+  [[ -d $1 ]] || return 2
+  if [[ -e $1/cgroup.events ]]; then
+    while read -r _po_key _po_val; do
+      [[ $_po_key == populated ]] && {
+        [[ $_po_val == 1 ]]
+        return
+      }
+    done <"$1/cgroup.events" 2>/dev/null
+    return 1
+  fi
+  { read -r _po_pid <"$1/cgroup.procs"; } 2>/dev/null && [[ -n $_po_pid ]]
+}
+
+# One sample and one decision. Reads the job's, the neighbours' and the
+# disk's counters, compares them with the last sample (IOGOV_* globals) and
+# writes the cap or `max` when the state changes. The first sample of a
+# cgroup only sets its baseline: its past is not news.
+# Globals: IOGOV_LEAF IOGOV_ROOT IOGOV_STAT IOGOV_DEV IOGOV_CAP (the io.max
+#   fields while capped), IOGOV_PREV (assoc: cgroup -> "bytes ios"),
+#   IOGOV_DISK_PREV (the disk's bytes), IOGOV_CAPPED (0/1), IOGOV_SWITCHES, IOGOV_CAPPED_USEC, IOGOV_LAST_T,
+#   IOGOV_LAST_BUSY_T, IOGOV_QUIET_USEC
+iogov_step() {
+  local now=${EPOCHREALTIME/[.,]/} dt c b n ob=0 on=0 jb=0 lb=0 disk=0 prev busy=''
+  local -a nbs
+  dt=$((now - IOGOV_LAST_T))
+  ((dt > 0)) || dt=1
+  if iogov_iostat_into "$IOGOV_LEAF/io.stat" "$IOGOV_DEV" b n; then
+    prev=${IOGOV_PREV[$IOGOV_LEAF]:-}
+    [[ -n $prev ]] && jb=$((b - ${prev% *}))
+    IOGOV_PREV[$IOGOV_LEAF]="$b $n"
+  fi
+  iogov_neighbours_into "$IOGOV_LEAF" "$IOGOV_ROOT" nbs
+  for c in "${nbs[@]}"; do
+    iogov_iostat_into "$c/io.stat" "$IOGOV_DEV" b n || continue
+    prev=${IOGOV_PREV[$c]:-}
+    IOGOV_PREV[$c]="$b $n"
+    [[ -n $prev ]] || continue
+    # a counter that went back (a cgroup removed and made again) is news
+    # of nothing; another lowprio-run job's bytes only explain the disk's
+    if [[ ${c##*/} == gpuguard-lowprio-* ]]; then
+      ((b >= ${prev% *})) && lb=$((lb + b - ${prev% *}))
+      continue
+    fi
+    ((b >= ${prev% *})) && ob=$((ob + b - ${prev% *}))
+    ((n >= ${prev#* })) && on=$((on + n - ${prev#* }))
+  done
+  if [[ -n $IOGOV_STAT ]] && iogov_diskstat_into "$IOGOV_STAT" b; then
+    [[ -n $IOGOV_DISK_PREV ]] && disk=$((b - IOGOV_DISK_PREV))
+    IOGOV_DISK_PREV=$b
+  fi
+  if ((on * 1000000 >= IOGOV_FLOOR_IOPS * dt)); then
+    busy="$((on * 1000000 / dt)) I/Os per second beside the job"
+  elif ((ob * 1000000 >= IOGOV_FLOOR_BPS * dt)); then
+    busy="$((ob * 1000000 / dt)) bytes per second beside the job"
+  elif ((disk - jb - lb - ob > 0)) &&
+    (((disk - jb - lb - ob) * 1000000 >= IOGOV_HIDDEN_BPS * dt && 2 * (disk - jb - lb - ob) >= jb + lb)); then
+    busy="$(((disk - jb - lb - ob) * 1000000 / dt)) bytes per second on the disk from no cgroup beside the job"
+  fi
+  ((IOGOV_CAPPED)) && IOGOV_CAPPED_USEC=$((IOGOV_CAPPED_USEC + now - IOGOV_LAST_T))
+  IOGOV_LAST_T=$now
+  if [[ -n $busy ]]; then
+    IOGOV_LAST_BUSY_T=$now
+    if ((! IOGOV_CAPPED)) && cg_io_max_write "$IOGOV_LEAF" "$IOGOV_DEV $IOGOV_CAP"; then
+      IOGOV_CAPPED=1 IOGOV_SWITCHES=$((IOGOV_SWITCHES + 1))
+    fi
+  elif ((IOGOV_CAPPED && now - IOGOV_LAST_BUSY_T >= IOGOV_QUIET_USEC)); then
+    cg_io_max_write "$IOGOV_LEAF" "$IOGOV_DEV rbps=max wbps=max" && IOGOV_CAPPED=0
+  fi
+  return 0
+}
+
+# Sets up the governor's state. Arguments: $1 the job's leaf, $2 the cgroup
+# root, $3 the disk's stat file (empty: none), $4 MAJ:MIN, $5 the cap
+# ("wbps=N rbps=N").
+iogov_init() {
+  declare -g IOGOV_LEAF=$1 IOGOV_ROOT=$2 IOGOV_STAT=$3 IOGOV_DEV=$4 IOGOV_CAP=$5
+  declare -gA IOGOV_PREV=()
+  declare -g IOGOV_DISK_PREV=''
+  declare -g IOGOV_CAPPED=0 IOGOV_SWITCHES=0 IOGOV_CAPPED_USEC=0
+  declare -g IOGOV_LAST_T=${EPOCHREALTIME/[.,]/} IOGOV_LAST_BUSY_T=0 IOGOV_STOP=0
+  declare -g IOGOV_FLOOR_IOPS=${LOWPRIO_GOV_FLOOR_IOPS:-20} IOGOV_FLOOR_BPS=${LOWPRIO_GOV_FLOOR_BPS:-1048576}
+  declare -g IOGOV_HIDDEN_BPS=${LOWPRIO_GOV_HIDDEN_BPS:-33554432}
+  local quiet=${LOWPRIO_GOV_QUIET:-3}
+  [[ $quiet =~ ^[0-9]+(\.[0-9]{1,6})?$ ]] || quiet=3
+  local frac=${BASH_REMATCH[1]:-.}000000
+  IOGOV_QUIET_USEC=$((${quiet%.*} * 1000000 + 10#${frac:1:6}))
+}
+
+# The governor: runs until the job's cgroup is gone or empty, or TERM. The
+# arguments are iogov_init's. Ignores INT, QUIT and HUP (the terminal's
+# keys reach the whole process group; the job decides on its own whether
+# to stop), and on the way out takes its cap off a job still running.
+iogov_run() {
+  set +e +u
+  iogov_init "$@"
+  local period=${LOWPRIO_GOV_PERIOD:-0.5} waited=0 seen=0 start=$IOGOV_LAST_T state
+  [[ $period =~ ^[0-9]*\.?[0-9]+$ ]] || period=0.5
+  trap '' INT QUIT HUP
+  trap 'IOGOV_STOP=1' TERM
+  # a pipe nobody writes to: read -t on it is a sleep without a fork
+  local nap
+  exec {nap}<> <(:)
+  while ((! IOGOV_STOP)); do
+    iogov_populated "$IOGOV_LEAF"
+    state=$?
+    ((state == 2)) && break
+    if ((state == 0)); then
+      seen=1
+      iogov_step
+    elif ((seen || waited > 600)); then
+      # the job left its cgroup (or never came, for 600 naps)
+      break
+    else
+      waited=$((waited + 1))
+    fi
+    read -r -t "$period" -u "$nap" _
+  done
+  if ((IOGOV_CAPPED)) && [[ -d $IOGOV_LEAF ]]; then
+    cg_io_max_write "$IOGOV_LEAF" "$IOGOV_DEV rbps=max wbps=max"
+    IOGOV_CAPPED_USEC=$((IOGOV_CAPPED_USEC + ${EPOCHREALTIME/[.,]/} - IOGOV_LAST_T))
+  fi
+  exec {nap}<&-
+  printf 'GOV %s %s %s\n' "$IOGOV_CAPPED_USEC" "$IOGOV_SWITCHES" "$((${EPOCHREALTIME/[.,]/} - start))" 2>/dev/null
+  return 0
+}

@@ -1,0 +1,381 @@
+"""The adaptive io.max (lib/iogov.sh): lowprio-run's governor caps the job's
+disk only while another cgroup uses it. Its decisions are driven here step by
+step against fake cgroup trees and a fake /sys/block/DEV/stat; its loop and
+its life beside a job run for real (a fake v2 root; a real one where this
+machine has cgroup v2 with the io controller)."""
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+from conftest import ROOT, require, user_environ, wait_for
+
+DEV = "253:0"
+CAP = "wbps=104857600 rbps=268435456"
+LIBS = "source lib/common.sh; source lib/cgroup.sh; source lib/iogov.sh; "
+
+
+class Tree:
+    """A cgroup v2 tree in a folder: the job's leaf somewhere in it, other
+    cgroups beside it, each with an io.stat, and the disk's stat file."""
+
+    def __init__(self, tmp_path, leaf="gpuguard-lowprio-1"):
+        self.root = tmp_path / "cg"
+        self.leaf = self.root / leaf
+        self.leaf.mkdir(parents=True)
+        (self.leaf / "cgroup.events").write_text("populated 1\nfrozen 0\n")
+        self.stat = tmp_path / "vda.stat"
+        self.disk_bytes = 0
+        self.io(self.leaf, 0, 0)
+        self.disk(0)
+
+    def io(self, cgroup, nbytes, ios, dev=DEV):
+        """A cgroup's io.stat with its totals for the disk (another disk's
+        line beside it, which must not count)."""
+        cgroup.mkdir(parents=True, exist_ok=True)
+        (cgroup / "io.stat").write_text(
+            "8:16 rbytes=999999999 wbytes=999999999 rios=99999 wios=99999 dbytes=0 dios=0\n"
+            "%s rbytes=%d wbytes=%d rios=%d wios=%d dbytes=0 dios=0\n" % (dev, nbytes // 2, nbytes - nbytes // 2,
+                                                                          ios // 2, ios - ios // 2))
+
+    def disk(self, nbytes):
+        """The disk's totals as /sys/block/DEV/stat shows them (sectors)."""
+        self.disk_bytes = nbytes
+        sectors = nbytes // 512
+        (self.stat).write_text("    1000 0 %d 10 2000 0 %d 20 0 30 30 0 0 0 0 0 0\n" % (sectors // 2,
+                                                                                     sectors - sectors // 2))
+
+    def io_max(self):
+        f = self.leaf / "io.max"
+        return f.read_text() if f.exists() else None
+
+
+def steps(tree, actions, quiet="3600"):
+    """Runs the governor's decision once per action: each action is a shell
+    command changing the fake files (or "") followed by one iogov_step; the
+    io.max after each step, one line each ("-" while never written)."""
+    script = LIBS + 'iogov_init "$1" "$2" "$3" %s "%s"; iogov_step\n' % (DEV, CAP)
+    for action in actions:
+        script += '%s\niogov_step; if [[ -e $1/io.max ]]; then echo "$(<"$1/io.max")"; else echo -; fi\n' % action
+    r = subprocess.run(["bash", "-c", script, "_", str(tree.leaf), str(tree.root), str(tree.stat)], cwd=ROOT,
+                       env=dict(os.environ, LOWPRIO_GOV_QUIET=quiet), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    return r.stdout.splitlines()
+
+
+def write_io(path, nbytes, ios):
+    half = nbytes // 2
+    return "printf '%s rbytes=%d wbytes=%d rios=%d wios=%d\\n' > %s" % (DEV, half, nbytes - half, ios // 2,
+                                                                    ios - ios // 2, path)
+
+
+def write_disk(path, nbytes):
+    return "printf '1 0 %d 1 1 0 %d 1 0 1 1\\n' > %s" % (nbytes // 1024, nbytes // 1024, path)
+
+
+def test_another_cgroups_io_caps_the_job_and_the_cap_stays_while_it_goes_on(tmp_path):
+    """A service's 4 KiB I/O in a cgroup beside the job: the cap goes on at
+    the next look, and stays while the service keeps going."""
+    t = Tree(tmp_path)
+    svc = t.root / "system.slice"
+    t.io(svc, 0, 0)
+    out = steps(t, ["", write_io(svc / "io.stat", 409600, 100), write_io(svc / "io.stat", 819200, 200)])
+    assert out == ["-", "%s %s" % (DEV, CAP), "%s %s" % (DEV, CAP)]
+
+
+def test_the_jobs_own_io_never_caps_it(tmp_path):
+    """The job writing a checkpoint at full speed: its io.stat and the
+    disk's totals grow together, other lowprio-run jobs write too, and
+    another disk is busy: no cap, ever."""
+    t = Tree(tmp_path)
+    other_job = t.root / "gpuguard-lowprio-2"
+    t.io(other_job, 0, 0)
+    actions = []
+    for i in range(1, 5):
+        gib = i << 30
+        actions.append("; ".join([write_io(t.leaf / "io.stat", gib, 1000 * i),
+                                  write_io(other_job / "io.stat", gib, 1000 * i), write_disk(t.stat, 2 * gib)]))
+    assert steps(t, actions) == ["-"] * 4
+
+
+def test_a_trickle_below_the_floor_does_not_cap_the_job(tmp_path):
+    """One I/O in a fifth of a second (a log line, an atime update) is
+    under 20 I/Os per second and 1 MiB/s: the job keeps its speed."""
+    t = Tree(tmp_path)
+    svc = t.root / "user.slice"
+    t.io(svc, 0, 0)
+    assert steps(t, ["sleep 0.2; " + write_io(svc / "io.stat", 4096, 1)]) == ["-"]
+
+
+def test_io_beside_a_cgroup_higher_up_counts_and_a_new_cgroups_past_does_not(tmp_path):
+    """The job's leaf deep in the tree (under the caller's cgroup): a
+    sibling of any cgroup above it counts. A cgroup that appears with a long
+    history (its totals from before) is not news: only what it does next."""
+    t = Tree(tmp_path, leaf="user.slice/user-1000.slice/session-3.scope/gpuguard-lowprio-7")
+    late = t.root / "system.slice"
+    out = steps(t, ["mkdir -p %s; %s" % (late, write_io(late / "io.stat", 50 << 30, 10 ** 6)),
+                    write_io(late / "io.stat", (50 << 30) + 409600, 10 ** 6 + 100)])
+    assert out == ["-", "%s %s" % (DEV, CAP)]
+
+
+def test_io_no_cgroup_beside_the_job_accounts_for_caps_it_only_when_large(tmp_path):
+    """The disk busier than the job and the cgroups beside it (a process in
+    the root cgroup, a writer outside a container): counted above 32 MiB/s
+    and half the job's rate, so that the job's own requests in flight
+    (issued but not yet completed) never look like someone else's."""
+    t = Tree(tmp_path)
+    gib = 1 << 30
+    out = steps(t, ["; ".join([write_io(t.leaf / "io.stat", gib, 1000), write_disk(t.stat, gib + (64 << 20))]),
+                    write_disk(t.stat, 3 * gib)])
+    assert out == ["-", "%s %s" % (DEV, CAP)]
+
+
+def test_the_cap_is_lifted_only_after_the_others_have_been_quiet(tmp_path):
+    """Hysteresis: while the quiet time has not passed the cap stays;
+    once it has, the next look writes max back."""
+    t = Tree(tmp_path)
+    svc = t.root / "svc"
+    t.io(svc, 0, 0)
+    busy = write_io(svc / "io.stat", 409600, 100)
+    assert steps(t, [busy, "", ""], quiet="3600") == ["%s %s" % (DEV, CAP)] * 3
+    t.io(svc, 0, 0)
+    (t.leaf / "io.max").unlink()
+    assert steps(t, [busy, "sleep 0.3", ""], quiet="0.2") == ["%s %s" % (DEV, CAP),
+                                                              "%s rbps=max wbps=max" % DEV,
+                                                              "%s rbps=max wbps=max" % DEV]
+
+
+def service_io(t, svc, done=[0]):
+    """The service does 100 more 4 KiB I/Os (whenever the governor looks,
+    they are news). True, for wait_for."""
+    done[0] += 100
+    t.io(svc, done[0] * 4096, done[0])
+    return True
+
+
+def start_governor(t, **env):
+    return subprocess.Popen(["bash", "-c", LIBS + 'iogov_run "$@"', "_", str(t.leaf), str(t.root), str(t.stat),
+                             DEV, CAP], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, LOWPRIO_GOV_PERIOD="0.05", LOWPRIO_GOV_QUIET="3600", **env))
+
+
+@pytest.mark.slow
+def test_the_governor_exits_when_the_jobs_cgroup_is_gone_or_empty(tmp_path):
+    t = Tree(tmp_path)
+    svc = t.root / "svc"
+    t.io(svc, 0, 0)
+    gov = start_governor(t)
+    assert wait_for(lambda: service_io(t, svc) and t.io_max() == "%s %s\n" % (DEV, CAP))
+    os.kill(gov.pid, signal.SIGINT)                # the terminal's ^C: the job decides, not the governor
+    (t.leaf / "cgroup.events").write_text("populated 0\nfrozen 0\n")
+    out, err = gov.communicate(timeout=30)
+    assert gov.returncode == 0 and err == ""
+    capped, switches, elapsed = (int(x) for x in out.split()[1:])
+    assert out.startswith("GOV ") and switches == 1 and 0 < capped <= elapsed
+    # the job left but its leaf is still there: the cap is taken off
+    assert t.io_max() == "%s rbps=max wbps=max\n" % DEV
+    t.io(svc, 0, 0)
+    (t.leaf / "cgroup.events").write_text("populated 1\n")
+    gov = start_governor(t)
+    for f in t.leaf.iterdir():
+        f.unlink()
+    t.leaf.rmdir()
+    out, err = gov.communicate(timeout=30)
+    assert gov.returncode == 0 and err == "" and out.startswith("GOV 0 0 ")
+
+
+@pytest.mark.slow
+def test_the_governor_waits_for_the_job_to_enter_and_stops_on_term(tmp_path):
+    """Started before the job has moved into its leaf, the governor waits
+    for it (it must not exit on an empty leaf at the start); TERM (from
+    lowprio-run once the job has ended) stops it with its summary."""
+    t = Tree(tmp_path)
+    (t.leaf / "cgroup.events").write_text("populated 0\n")
+    gov = start_governor(t)
+    time.sleep(0.3)
+    assert gov.poll() is None
+    (t.leaf / "cgroup.events").write_text("populated 1\n")
+    svc = t.root / "svc"
+    t.io(svc, 0, 0)
+    assert wait_for(lambda: service_io(t, svc) and t.io_max() == "%s %s\n" % (DEV, CAP))
+    gov.send_signal(signal.SIGTERM)
+    out, _ = gov.communicate(timeout=30)
+    assert out.startswith("GOV ") and out.split()[2] == "1"
+    assert t.io_max() == "%s rbps=max wbps=max\n" % DEV
+
+
+# ------------------------------------------------------- with lowprio-run --
+
+def disk_of(path):
+    st = os.stat(path)
+    majmin = "%d:%d" % (os.major(st.st_dev), os.minor(st.st_dev))
+    if os.major(st.st_dev) == 0 or not os.path.exists("/sys/dev/block/" + majmin):
+        return None
+    sysdir = os.path.realpath("/sys/dev/block/" + majmin)
+    if os.path.exists(os.path.join(sysdir, "partition")):
+        sysdir = os.path.dirname(sysdir)
+    return open(os.path.join(sysdir, "dev")).read().strip(), os.path.basename(sysdir)
+
+
+def fake_root(tmp_path):
+    root = tmp_path / "cgroup"
+    root.mkdir()
+    (root / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+    (root / "cgroup.subtree_control").write_text("cpuset\n")
+    (root / "cgroup.procs").write_text("")
+    (tmp_path / "proc-cgroup").write_text("0::/\n")
+    return root
+
+
+def lowprio(args, tmp_path, env=None, timeout=120, **kw):
+    full = user_environ(GPUGUARD_STATE_DIR=str(tmp_path / "state"), LOWPRIO_MEASURE_MIB="8")
+    full.update(env or {})
+    return subprocess.run([str(ROOT / "bin/lowprio-run")] + args, env=full, text=True, capture_output=True,
+                          timeout=timeout, **kw)
+
+
+def alive_with(marker):
+    """PIDs of live processes whose environment holds marker."""
+    pids = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open("/proc/%s/environ" % pid, "rb") as f:
+                if marker.encode() in f.read():
+                    pids.append(int(pid))
+        except OSError:
+            pass
+    return pids
+
+
+# The job: a service beside it starts doing I/O; the job waits (bounded)
+# until its leaf's io.max holds the cap, prints it, and ends.
+JOB = r"""
+leaf=$(echo "$1"/gpuguard-lowprio-*)
+printf '%s rbytes=0 wbytes=0 rios=0 wios=0\n' "$2" > "$1/svc/io.stat"
+sleep 0.3
+printf '%s rbytes=409600 wbytes=409600 rios=100 wios=100\n' "$2" > "$1/svc/io.stat"
+for i in $(seq 100); do
+  grep -q wbps=[0-9] "$leaf/io.max" 2>/dev/null && break
+  sleep 0.1
+done
+cat "$leaf/io.max"
+"""
+
+
+@pytest.mark.slow
+def test_lowprio_run_caps_the_job_while_a_service_uses_the_disk_and_the_governor_dies_with_it(tmp_path):
+    """No flag: the start line names the adaptive io.max and its figures
+    (8 % of the measured write speed, 25 % of the read speed); the cap goes
+    on while another cgroup does I/O; --report says how long and how often;
+    the governor is gone when lowprio-run returns."""
+    disk = disk_of(tmp_path)
+    require(disk is not None, "the test's folder on a block device")
+    majmin, name = disk
+    root = fake_root(tmp_path)
+    (root / "svc").mkdir()
+    marker = "IOGOV_TEST_%d" % os.getpid()
+    env = {"LOWPRIO_CGROUP_ROOT": str(root), "LOWPRIO_CGROUP_MODE": "v2", "LOWPRIO_MECHANISM": "cgroup-v2",
+           "LOWPRIO_PROC_CGROUP": str(tmp_path / "proc-cgroup"), "LOWPRIO_GOV_PERIOD": "0.1", marker: "1"}
+    r = lowprio(["--report", "--", "bash", "-c", JOB, "_", str(root), majmin], tmp_path, env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    w, rd = (int(x) for x in (tmp_path / "state" / "disk-bandwidth").read_text().split()[3:5])
+    assert r.stdout == "%s wbps=%d rbps=%d\n" % (majmin, w * 8 // 100, rd * 25 // 100)
+    (line,) = [x for x in r.stderr.splitlines() if " disk: " in x]
+    assert "%s %s: adaptive io.max: writes <= " % (name, majmin) in line
+    assert "only while another cgroup uses the disk" in line
+    (row,) = [x for x in r.stderr.splitlines() if x.startswith("  adaptive %s " % name)]
+    assert "the cap went on 1 times" in row and " capped 0.00 s " not in row
+    assert alive_with(marker) == []
+    # --io-adaptive off: the static cap, as before, with no governor
+    r = lowprio(["--io-adaptive", "off", "--report", "--", "true"], tmp_path, env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "io.max fallback: writes <= " in r.stderr and "static (adaptive off" in r.stderr
+    assert "  adaptive " not in r.stderr
+
+
+def test_explain_and_dry_run_describe_the_adaptive_cap(tmp_path):
+    disk = disk_of(tmp_path)
+    require(disk is not None, "the test's folder on a block device")
+    majmin, name = disk
+    root = fake_root(tmp_path)
+    env = {"LOWPRIO_CGROUP_ROOT": str(root), "LOWPRIO_CGROUP_MODE": "v2", "LOWPRIO_MECHANISM": "cgroup-v2",
+           "LOWPRIO_PROC_CGROUP": str(tmp_path / "proc-cgroup")}
+    r = lowprio(["--explain"], tmp_path, env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "disk %s (%s; the job's folder, the state folder): adaptive io.max at 8 %% of the disk's write " \
+        "bandwidth, only while another cgroup uses the disk" % (name, majmin) in r.stdout
+    assert not (tmp_path / "state" / "disk-bandwidth").exists()          # --explain measures nothing
+    (tmp_path / "state").mkdir()
+    sectors = open("/sys/class/block/%s/size" % name).read().strip()
+    (tmp_path / "state" / "disk-bandwidth").write_text("%s %s %s 1073741824 2147483648 0\n" % (majmin, name, sectors))
+    r = lowprio(["--tier", "offline", "--explain"], tmp_path, env=env, cwd=tmp_path)
+    assert "adaptive io.max: writes <= 20 MiB/s (2 % of the measured 1.0 GiB/s), reads <= 204 MiB/s " \
+        "(10 % of 2.0 GiB/s), only while another cgroup uses the disk" in r.stdout
+    assert "  expected effect: work-conserving: full speed while no other cgroup uses the disk" in r.stdout
+    r = lowprio(["--io-adaptive", "off", "--explain"], tmp_path, env=env, cwd=tmp_path)
+    assert "io.max fallback: writes <= 81 MiB/s (8 % of the measured 1.0 GiB/s)" in r.stdout
+    assert "not work-conserving" in r.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--io-adaptive", "maybe"], "--io-adaptive takes on or off (got 'maybe')"),
+    (["--io-adaptive"], "--io-adaptive takes on or off (got '--')"),
+])
+def test_bad_io_adaptive_is_one_line_exit_2_and_the_job_never_starts(tmp_path, args, message):
+    flag = tmp_path / "started"
+    r = lowprio(args + ["--", "touch", str(flag)], tmp_path)
+    assert r.returncode == 2 and not flag.exists()
+    assert r.stderr.count("\n") == 1 and message in r.stderr
+
+
+def test_a_tiers_file_with_a_bad_adaptive_value_is_one_line_exit_2(tmp_path):
+    tiers = tmp_path / "tiers.conf"
+    tiers.write_text("batch 15 idle idle 60 weight=10,wbps=8%,rbps=25%,adaptive=sometimes\n")
+    flag = tmp_path / "started"
+    r = lowprio(["--", "touch", str(flag)], tmp_path, env={"LOWPRIO_TIERS": str(tiers)})
+    assert r.returncode == 2 and not flag.exists()
+    assert r.stderr.count("\n") == 1 and "adaptive=on|off (got 'adaptive=sometimes')" in r.stderr
+
+
+def real_v2_io():
+    if os.geteuid() != 0:
+        return False
+    try:
+        fs = subprocess.run(["stat", "-fc", "%T", "/sys/fs/cgroup"], capture_output=True, text=True).stdout.strip()
+        return fs == "cgroup2fs" and "io" in open("/sys/fs/cgroup/cgroup.controllers").read().split()
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+def test_real_cgroup_v2_a_service_beside_the_job_caps_it_and_it_is_lifted_after(tmp_path):
+    """On a real cgroup v2 hierarchy with the io controller (root): a
+    service cgroup beside the job reads the disk with O_DIRECT; the job's
+    leaf gets the cap in io.max, and `max` back once the service stopped."""
+    require(real_v2_io(), "root on a cgroup v2 host with the io controller")
+    disk = disk_of(tmp_path)
+    require(disk is not None, "the test's folder on a block device")
+    majmin, _ = disk
+    svc = "/sys/fs/cgroup/gg-iogov-test-%d" % os.getpid()
+    os.mkdir(svc)
+    data = tmp_path / "data"
+    data.write_bytes(os.urandom(8 << 20))
+    job = r"""
+leaf=/sys/fs/cgroup$(sed -n 's/^0:://p' /proc/self/cgroup)
+sh -c 'echo $$ > "$0/cgroup.procs"; for i in $(seq 40); do dd if="$1" of=/dev/null bs=4k count=64 iflag=direct status=none; sleep 0.05; done' "$1" "$2" &
+for i in $(seq 100); do grep -q "^$3 .*wbps=[0-9]" "$leaf/io.max" && break; sleep 0.1; done
+grep "^$3 " "$leaf/io.max"; wait
+for i in $(seq 100); do grep -q "^$3 .*wbps=[0-9]" "$leaf/io.max" || break; sleep 0.1; done
+grep -c "^$3 .*wbps=[0-9]" "$leaf/io.max"
+"""
+    try:
+        r = lowprio(["--", "bash", "-c", job, "_", svc, str(data), majmin], tmp_path,
+                    env={"LOWPRIO_MECHANISM": "cgroup-v2", "LOWPRIO_GOV_QUIET": "0.5"}, cwd=tmp_path)
+    finally:
+        os.rmdir(svc)
+    assert r.returncode == 1, r.stderr              # grep -c found no cap line at the end
+    first, last = r.stdout.splitlines()
+    assert first.startswith(majmin + " ") and "wbps=" in first and last == "0"
