@@ -116,9 +116,11 @@ npu_value_into() {
 npu_parse_info() {
   local text=$1 line section=none hbm=0 card='' name='' health='' power=''
   local -a lines cells w
-  # a byte order mark, dropped by a match on the start alone (${1#BOM} on
-  # a 30 kB answer costs 18 ms in a UTF-8 locale)
-  [[ $text == $'\xef\xbb\xbf'* ]] && text=${text:3}
+  # a byte order mark: looked for at the start alone (${1#BOM} on the
+  # whole answer tries every prefix: 18 ms on 30 kB in a UTF-8 locale), then
+  # cut as a pattern (${text:3} would cut three characters there, the BOM
+  # being one)
+  [[ $text == $'\xef\xbb\xbf'* ]] && text=${text#$'\xef\xbb\xbf'}
   NPU_PARSE_ERROR='' NPU_APPS_OK=0
   # associative, whoever called (an indexed array would read the key
   # "NPU-0-0" as arithmetic)
@@ -127,7 +129,8 @@ npu_parse_info() {
   local - IFS
   set -f
   for line in "${lines[@]}"; do
-    line=${line%$'\r'}
+    # CRLF: a check first, as a removal tries every suffix of the line
+    [[ $line == *$'\r' ]] && line=${line%$'\r'}
     # separators (+----+, +====+) and blank lines
     [[ -z $line || $line == '+'* ]] && continue
     # a data row (a chip's, a process's) first: nearly every line is one

@@ -66,7 +66,7 @@ def test_double_answers_byte_for_byte_like_the_recordings(tmp_path, scenario, re
     assert r.stdout == (FIXTURES / recording).read_text()
 
 
-def parse(text):
+def parse(text, locale="C.UTF-8"):
     """The SMI_* arrays lib/npu.sh fills from a text of `npu-smi info`."""
     script = r'''
 set -uo pipefail
@@ -80,7 +80,8 @@ for id in "${SMI_UUIDS[@]}"; do
 done
 for pid in "${!SMI_PIDS_MEM[@]}"; do echo "pid $pid ${SMI_PIDS_MEM[$pid]} ${SMI_PID_UUIDS[$pid]}"; done
 '''
-    r = subprocess.run(["bash", "-c", script], cwd=ROOT, input=text, capture_output=True, text=True, check=False)
+    r = subprocess.run(["bash", "-c", script], cwd=ROOT, input=text, capture_output=True, text=True, check=False,
+                       env={"PATH": "/usr/bin:/bin", "LC_ALL": locale})
     lines = r.stdout.splitlines()
     head = dict(kv.split("=") for kv in lines[0].split())
     chips = {f[0]: f[1:] for f in (line.split("|") for line in lines[1:] if "|" in line)}
@@ -117,6 +118,17 @@ def test_a_process_name_with_blanks_or_a_bar_is_read_whole():
         "| 1333928       |                          |", "| 1333928       | vllm | worker 0         |")
     rc, _, chips, pids = parse(text)
     assert rc == 0 and pids == {1333928: (37709, ["NPU-2-0"])} and chips["NPU-2-0"][-1] == "1"
+
+
+def test_a_byte_order_mark_and_crlf_are_a_good_reading():
+    """An answer that went through a Windows-side tool (a BOM, CRLF line
+    ends) reads the same chips: the mark is one character in a UTF-8
+    locale, three bytes in C."""
+    text = "\ufeff" + (FIXTURES / "info-910b3-25.2.0-one-process.txt").read_text().replace("\n", "\r\n")
+    for locale in ("C.UTF-8", "C"):
+        rc, apps, chips, pids = parse(text, locale)
+        assert rc == 0 and apps == 1 and len(chips) == 8, locale
+        assert chips["NPU-2-0"][2:4] == ["41052", "65536"] and pids == {1333928: (37709, ["NPU-2-0"])}
 
 
 @pytest.mark.parametrize("text, why", [
