@@ -320,6 +320,9 @@ device_kinds_into() {
 # Samples every device of this box in one cycle, into the SMI_* arrays:
 # the GPUs through smi_sample, the NPUs through npu_sample, both on a mixed
 # box. The call sites of smi_sample call this instead.
+# Globals (set):
+#   SMI_FAILED_VENDOR: the kind whose tool failed or printed no process
+#   table (nvidia or ascend), so that messages name it; '' when all is well
 # Returns:
 #   0 when every tool in use answered (a device missing from a sample must
 #   not read as released); SMI_APPS_OK is 1 only when every process list
@@ -327,20 +330,37 @@ device_kinds_into() {
 device_sample() {
   local kinds
   declare -gA SMI_VENDOR=() SMI_MEM_BASE=()
+  SMI_FAILED_VENDOR=''
   device_kinds_into kinds
   case $kinds in
-    nvidia) smi_sample ;;
+    nvidia)
+      smi_sample || {
+        SMI_FAILED_VENDOR=nvidia
+        return 1
+      }
+      ((SMI_APPS_OK)) || SMI_FAILED_VENDOR=nvidia
+      ;;
     ascend)
       smi_reset
+      SMI_FAILED_VENDOR=ascend
       npu_sample || return 1
       SMI_APPS_OK=$NPU_APPS_OK
+      ((SMI_APPS_OK)) && SMI_FAILED_VENDOR=''
       ;;
     *)
+      SMI_FAILED_VENDOR=nvidia
       smi_sample || return 1
       local gpu_apps=$SMI_APPS_OK gpu_error=$SMI_ERROR
+      SMI_FAILED_VENDOR=ascend
       npu_sample || return 1
       SMI_APPS_OK=$((gpu_apps && NPU_APPS_OK))
       SMI_ERROR=${gpu_error:-$SMI_ERROR}
+      if ((! gpu_apps)); then
+        SMI_FAILED_VENDOR=nvidia
+      elif ((SMI_APPS_OK)); then
+        SMI_FAILED_VENDOR=''
+      fi
       ;;
   esac
+  return 0
 }

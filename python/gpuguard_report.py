@@ -526,7 +526,9 @@ def build(state_dir, opts, params, now):
         job = identities.get(key) or identities.get(key.split("_", 1)[0])
         if job is not None:
             who.update(identity_who(job))
-        procs.append({"key": key, "pid": pid, "rows": rows, "floors": fl, "bucket": bucket, "gpu": gpu, "capacity": capacity,
+        device = device_word(gpus[gpu]["uuid"]) if gpu in gpus else "GPU"
+        procs.append({"key": key, "pid": pid, "rows": rows, "floors": fl, "bucket": bucket, "gpu": gpu, "device": device,
+                      "capacity": capacity,
                       "fit": fit, "fit_from": fit_pts[0][0], "slope_h": slope_h, "judged": judged,
                       "verdict": verdict, "oom_h": oom_h, "events": pev, "who": who, "t0": t0, "t1": t1})
     if opts["pids"]:
@@ -748,6 +750,12 @@ class Chart:
                    + '<line class="cursor" x1="0" x2="0" y1="0" y2="0" visibility="hidden"/>'))
 
 
+def device_word(uuid):
+    """"NPU" for an Ascend chip (lib/npu.sh keys it NPU-<card>-<chip>), else
+    "GPU": what the report calls a device in its titles."""
+    return "NPU" if str(uuid or "").startswith("NPU-") else "GPU"
+
+
 def gpu_section(idx, g, events, procs):
     rows = g["rows"]
     t0, t1 = rows[0][0], rows[-1][0]
@@ -790,13 +798,14 @@ def gpu_section(idx, g, events, procs):
         c.marker(e, e["_id"], 8, c.top - 8, e["_text"])
     peak = max((r[1] for r in rows if r[1] is not None), default=None)
     name = html.escape(g.get("name") or "")
-    head = ('<section class="gpu" id="gpu-%d"><h2>GPU %d <small>%s %s · %s</small></h2>'
+    word = device_word(g["uuid"])
+    head = ('<section class="gpu" id="gpu-%d"><h2>%s %d <small>%s %s · %s</small></h2>'
             '<p class="legend"><span class="sw util"></span>utilization <span class="sw mem"></span>memory used '
             '<span class="sw idle1"></span>idle but occupied <span class="sw idle2"></span>idle alert firing '
             '<span class="mk firing">▼</span>alert <span class="mk resolved">▼</span>resolved · %s · peak %s%%</p>'
-            % (idx, idx, html.escape(g["uuid"]), name, cap or "capacity unknown", span_text(t1 - t0),
+            % (idx, word, idx, html.escape(g["uuid"]), name, cap or "capacity unknown", span_text(t1 - t0),
                "?" if peak is None else "%d" % peak))
-    return head + c.svg("GPU %d utilization and memory" % idx) + "</section>"
+    return head + c.svg("%s %d utilization and memory" % (word, idx)) + "</section>"
 
 
 def span_text(s):
@@ -896,12 +905,13 @@ def proc_section(n, p):
     if cap is not None and not cap_in and slope_h > 0:
         cap_note = " · capacity %s MiB is above the chart" % mib(cap)
     trend = "trend %+.0f MiB/h%s" % (slope_h, "" if p["judged"] else " (not judged by the detector: a fit for the eye)")
-    head = ('<section class="proc" id="%s"><h2 title="%s"><span class="verdict v-%s">%s</span> %s <small>GPU %s</small></h2>'
+    head = ('<section class="proc" id="%s"><h2 title="%s"><span class="verdict v-%s">%s</span> %s <small>%s %s</small></h2>'
             '%s<p class="legend"><span class="sw raw"></span>memory <span class="sw floor"></span>%s floors '
             '<span class="sw trend"></span>%s <span class="sw proj"></span>projection%s · projected OOM: %s · '
             '%d samples over %s, %s → %s MiB</p>'
             % (p["anchor"], html.escape(proc_title(p)), vclass(p["verdict"]), html.escape(p["verdict"]),
-               html.escape(proc_label(p)), "?" if p["gpu"] is None else p["gpu"], cmd_line(p), span_text(p["bucket"]),
+               html.escape(proc_label(p)), p.get("device", "GPU"), "?" if p["gpu"] is None else p["gpu"], cmd_line(p),
+               span_text(p["bucket"]),
                html.escape(trend), cap_note, html.escape(oom), len(rows), span_text(t1 - t0),
                mib(rows[0][1]), mib(rows[-1][1])))
     return head + c.svg("memory of " + proc_label(p)) + "</section>"
@@ -1001,8 +1011,9 @@ def render(gpus, procs, events, host, now, opts, ledger_html=""):
     for n, e in enumerate(alerts):
         e["_id"] = "alert-%d" % (n + 1)
         if e["event"] == "gpu_idle":
-            e["_text"] = "%s idle %s: GPU %s, util %s%%, %s cycles" % (
-                tlabel(e["ts"]), e.get("state"), e.get("gpu"), e.get("utilization"), e.get("idle_cycles"))
+            e["_text"] = "%s idle %s: %s %s, util %s%%, %s cycles" % (
+                tlabel(e["ts"]), e.get("state"), device_word(e.get("uuid")), e.get("gpu"), e.get("utilization"),
+                e.get("idle_cycles"))
             target = "gpu-%s" % e.get("gpu")
         elif e["event"] == "gpu_memory_leak":
             job = e.get("job") if isinstance(e.get("job"), dict) else {}
@@ -1054,7 +1065,9 @@ def render(gpus, procs, events, host, now, opts, ledger_html=""):
     else:
         out.append("<p>No alert in this period.</p>")
     out.append(ledger_html)
-    out.append("<h2>GPUs</h2>")
+    words = {device_word(g["uuid"]) for g in gpus.values()}
+    out.append("<h2>%s</h2>" % {frozenset(["NPU"]): "NPUs", frozenset(["GPU", "NPU"]): "GPUs and NPUs"}.get(
+        frozenset(words), "GPUs"))
     if not gpus:
         out.append("<p>No GPU history%s: the idle watchdog (<code>yichuidingyin.sh</code>) records it every cycle "
                    "in gpu-history.tsv.</p>" % (" matches the filters" if opts["gpus"] or opts["pids"] else ""))

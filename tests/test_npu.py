@@ -143,6 +143,15 @@ def test_unknown_or_cut_layouts_fail_the_parse(text, why):
     assert rc == 1, why
 
 
+def rendered(events, lang):
+    """The text of the digest the alert helper sends for these events."""
+    import sys
+    sys.path.insert(0, str(ROOT / "python"))
+    import gpuguard_alert
+    title, sections = gpuguard_alert.render_digest(events, lang, env={})
+    return " ".join([title] + [head + " " + " ".join(lines) for head, lines in sections])
+
+
 # ------------------------------------------------ watchdog, by device kind --
 
 class Devices:
@@ -240,7 +249,12 @@ def test_a_failing_or_unknown_npu_smi_never_alerts_idle(box, fault):
     events = box.events()
     assert [e for e in events if e["event"] == "gpu_idle"] == []
     (degraded,) = [e for e in events if e["event"] == "monitor_degraded"]
-    assert "npu-smi" in degraded["error"]
+    assert "npu-smi" in degraded["error"] and degraded["vendor"] == "ascend"
+    # the alert names the NPU's tool and hints, never nvidia-smi, Xid or GPU
+    for lang in ("en", "zh"):
+        text = rendered([degraded], lang)
+        assert "npu-smi" in text and "NPU" in text, text
+        assert "nvidia-smi" not in text and "Xid" not in text and "GPU" not in text, text
     if fault in ("garbage", "cut"):
         # the unknown layout is named with the version npu-smi reports
         assert "npu-smi version: 25.2.0" in degraded["error"]
@@ -297,24 +311,38 @@ def test_status_lists_npus(box):
     assert r.returncode == 0, r.stderr
     row = [line for line in r.stdout.splitlines() if line.startswith("npu0")]
     assert row and "41052/65536" in row[0]
+    # the table's first column says what the box has
+    assert r.stdout.splitlines()[0].split()[0] == "NPU" and "GPU" not in r.stdout
     r = box.run("status", "--json", cmd="bin/gpuguard")
     (chip,) = json.loads(r.stdout)["gpus"]
     assert chip["vendor"] == "ascend" and chip["uuid"] == "NPU-0-0" and chip["memory_used_mib"] == 41052
 
 
 def test_alert_text_says_npu_for_an_npu(box):
-    import sys
-    sys.path.insert(0, str(ROOT / "python"))
-    import gpuguard_alert
     devices = Devices(box, "ascend")
     devices.write(["idle"] * 3)
     for t in range(3):
         box.once(now=t)
     events = [e for e in box.events() if e["event"] == "gpu_idle"]
     for lang in ("en", "zh"):
-        title, sections = gpuguard_alert.render_digest(events, lang, env={})
-        text = " ".join([title] + [head + " " + " ".join(lines) for head, lines in sections])
-        assert "NPU 0" in text and "GPU 0" not in text
+        text = rendered(events, lang)
+        assert "NPU 0" in text and "GPU" not in text and "NCCL" not in text, text
+
+
+def test_every_npu_message_says_npu_and_npu_smi():
+    """The NPU wording of both languages: no GPU, nvidia-smi, NCCL or Xid
+    left in a line an NPU alert may carry; the same keys and placeholders
+    as the GPU wording."""
+    import re
+    import sys
+    sys.path.insert(0, str(ROOT / "python"))
+    import gpuguard_messages_en
+    import gpuguard_messages_zh
+    for mod in (gpuguard_messages_en, gpuguard_messages_zh):
+        assert set(mod.NPU_MESSAGES) == set(mod.MESSAGES)
+        for key, text in mod.NPU_MESSAGES.items():
+            assert not re.search(r"GPU|nvidia-smi|NCCL|Xid", text), (key, text)
+            assert set(re.findall(r"{\w+", text)) == set(re.findall(r"{\w+", mod.MESSAGES[key])), key
 
 
 # ------------------------------------------------------------ leak watcher --
@@ -341,6 +369,10 @@ def test_leak_watcher_catches_a_leak_on_an_npu_and_not_steady_memory(box, tmp_pa
     (event,) = leaks
     assert event["state"] == "firing" and event["pid"] == job.proc.pid
     assert event["free_memory_mib"] < 65536
+    # the leak alert says NPU memory, in both languages
+    assert event["vendor"] == "ascend"
+    assert "NPU memory" in rendered([event], "en") and "GPU" not in rendered([event], "en")
+    assert "NPU" in rendered([event], "zh") and "GPU" not in rendered([event], "zh")
 
 
 def test_doctor_checks_npu_smi_and_names_each_chip(box, tmp_path):
@@ -365,3 +397,6 @@ def test_report_covers_npu_history(box, tmp_path):
     html = out.read_text()
     # the chip's history: its section, with the HBM capacity npu-smi gave
     assert "NPU-0-0  · capacity 65,536 MiB" in html
+    # titled as an NPU, its alerts too
+    assert "<h2>NPU 0 <small>NPU-0-0" in html and "<h2>NPUs</h2>" in html
+    assert "idle firing: NPU 0" in html and "GPU 0" not in html
