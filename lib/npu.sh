@@ -84,7 +84,52 @@ npu_sample() {
   if ((! NPU_APPS_OK)); then
     SMI_ERROR="npu-smi printed no readable process table"
   fi
+  npu_fill_unknown_util
   return 0
+}
+
+# Asks `npu-smi info -t usages -i CARD` for the AICore % of the chips whose
+# row in `npu-smi info` gave none ("-" or NA), once per such card (no call
+# at all when every chip has its figure, the usual case). A failed call or
+# an answer without the figure leaves it unknown: the chip is then never
+# idle, as before.
+npu_fill_unknown_util() {
+  local id out
+  local -A cards=()
+  for id in "${SMI_UUIDS[@]}"; do
+    [[ ${SMI_VENDOR[$id]:-} == ascend && -z ${SMI_UTIL[$id]} ]] || continue
+    id=${id#NPU-}
+    cards[${id%-*}]=1
+  done
+  for id in "${!cards[@]}"; do
+    npu_run_into out info -t usages -i "$id" || continue
+    npu_parse_usages "$id" "$out"
+  done
+}
+
+# Reads the AICore % of each chip of card $1 from the answer $2 of `npu-smi
+# info -t usages -i CARD` ("Chip ID : N" opens a chip's block, "Aicore
+# Usage Rate(%) : V" gives its figure; the layout of
+# tests/fixtures/npu/usages-*.txt) into SMI_UTIL, where it was unknown.
+npu_parse_usages() {
+  local card=$1 line key value chip='' id util
+  local -a lines
+  smi_lines_into lines "$2"
+  for line in "${lines[@]}"; do
+    [[ $line == *:* ]] || continue
+    # blanks dropped: "Chip ID" reads ChipID, whatever pads it
+    key=${line%%:*} value=${line#*:}
+    key=${key//[[:space:]]/} value=${value//[[:space:]]/}
+    case $key in
+      ChipID) chip=$value ;;
+      AicoreUsageRate\(%\))
+        id="NPU-$card-$chip"
+        [[ -n $chip && -n ${SMI_INDEX[$id]+set} && -z ${SMI_UTIL[$id]} ]] || continue
+        npu_value_into util "$value" dec 0 100
+        SMI_UTIL[$id]=$util
+        ;;
+    esac
+  done
 }
 
 # Reads one value the fast checks of npu_parse_info did not take: a

@@ -1144,7 +1144,8 @@ def filters_text(opts):
     if opts["pids"]:
         f.append("pid " + ",".join(map(str, sorted(opts["pids"]))))
     if opts["gpus"]:
-        f.append("GPU " + ",".join(map(str, sorted(opts["gpus"]))))
+        # the option's own name: an index names a GPU or an NPU alike
+        f.append("--gpu " + ",".join(map(str, sorted(opts["gpus"]))))
     return " (" + "; ".join(f) + ")" if f else ""
 
 
