@@ -127,9 +127,22 @@ def num(text):
     return v if not math.isnan(v) and abs(v) < 1e12 else None
 
 
+# An Ascend NPU's key among the devices (lib/npu.sh numbers its chips from
+# 0 as nvidia-smi numbers GPUs): its index plus this, so that GPU 0 and NPU
+# 0 of a mixed box keep a section each.
+NPU_KEY_BASE = 1 << 20
+
+
+def device_key(index, uuid):
+    """The report's key of a device: its index (an NPU's offset by
+    NPU_KEY_BASE)."""
+    return index + (NPU_KEY_BASE if str(uuid or "").startswith("NPU-") else 0)
+
+
 def read_gpu_history(state_dir, since=None):
-    """By GPU index: {"uuid", "rows": [(ts, util, used, total, power, idle,
-    holders {pid: MiB})]}; unreadable rows are skipped."""
+    """By device key (device_key): {"uuid", "index", "rows": [(ts, util,
+    used, total, power, idle, holders {pid: MiB})]}; unreadable rows are
+    skipped."""
     gpus = {}
     for path in (os.path.join(state_dir, "gpu-history.tsv.1"), os.path.join(state_dir, "gpu-history.tsv")):
         try:
@@ -151,7 +164,7 @@ def read_gpu_history(state_dir, since=None):
                     pid, _, mib = h.partition(":")
                     if pid.isdigit():
                         holders[int(pid)] = num(mib)
-                g = gpus.setdefault(int(p[1]), {"uuid": p[2], "rows": []})
+                g = gpus.setdefault(device_key(int(p[1]), p[2]), {"uuid": p[2], "index": int(p[1]), "rows": []})
                 g["uuid"] = p[2]
                 g["rows"].append((ts, num(p[3]), num(p[4]), num(p[5]), num(p[6]),
                                   int(p[7]) if p[7].isdigit() else 0, holders))
@@ -334,7 +347,9 @@ def job_identity(events):
                     d[k] = str(v)
 
     for e in events:
-        gpu = e.get("gpu") if e.get("event") == "gpu_idle" and isinstance(e.get("gpu"), int) else None
+        # the device's key (device_key), an NPU's apart from a GPU's
+        gpu = device_key(e["gpu"], e.get("uuid")) if e.get("event") == "gpu_idle" and isinstance(
+            e.get("gpu"), int) else None
         if e.get("event") == "gpu_memory_leak":
             note(e.get("pid"), name=e.get("name"))
         for p in e.get("processes") or []:
@@ -527,7 +542,8 @@ def build(state_dir, opts, params, now):
         if job is not None:
             who.update(identity_who(job))
         device = device_word(gpus[gpu]["uuid"]) if gpu in gpus else "GPU"
-        procs.append({"key": key, "pid": pid, "rows": rows, "floors": fl, "bucket": bucket, "gpu": gpu, "device": device,
+        index = gpus[gpu]["index"] if gpu in gpus else gpu
+        procs.append({"key": key, "pid": pid, "rows": rows, "floors": fl, "bucket": bucket, "gpu": gpu, "device": device, "index": index,
                       "capacity": capacity,
                       "fit": fit, "fit_from": fit_pts[0][0], "slope_h": slope_h, "judged": judged,
                       "verdict": verdict, "oom_h": oom_h, "events": pev, "who": who, "t0": t0, "t1": t1})
@@ -539,7 +555,7 @@ def build(state_dir, opts, params, now):
         gpus = {i: g for i, g in gpus.items() if i in keep or any(
             set(r[6]) & opts["pids"] for r in g["rows"])}
     if opts["gpus"]:
-        wanted = {i for i, g in gpus.items() if i in opts["gpus"] or str(g["uuid"]).lower() in opts["gpus"]}
+        wanted = {i for i, g in gpus.items() if g["index"] in opts["gpus"] or str(g["uuid"]).lower() in opts["gpus"]}
         gpus = {i: g for i, g in gpus.items() if i in wanted}
         procs = [p for p in procs if p["gpu"] in wanted]
     order = {"LEAK": 0, "watching": 1, "resolved": 2, "not judged": 3, "healthy": 4}
@@ -791,7 +807,8 @@ def gpu_section(idx, g, events, procs):
         cap = "capacity %s MiB" % mib(totals[-1])
     else:
         cap = ""
-    mine = [e for e in events if (e.get("event") == "gpu_idle" and (e.get("gpu") == idx or e.get("uuid") == g["uuid"]))
+    mine = [e for e in events if (e.get("event") == "gpu_idle"
+                                  and (e.get("uuid") == g["uuid"] or (not e.get("uuid") and e.get("gpu") == g["index"])))
             or e.get("event") == "monitor_degraded"
             or (e.get("event") == "gpu_memory_leak" and any(p["gpu"] == idx and e in p["events"] for p in procs))]
     for e in mine:
@@ -803,9 +820,9 @@ def gpu_section(idx, g, events, procs):
             '<p class="legend"><span class="sw util"></span>utilization <span class="sw mem"></span>memory used '
             '<span class="sw idle1"></span>idle but occupied <span class="sw idle2"></span>idle alert firing '
             '<span class="mk firing">▼</span>alert <span class="mk resolved">▼</span>resolved · %s · peak %s%%</p>'
-            % (idx, word, idx, html.escape(g["uuid"]), name, cap or "capacity unknown", span_text(t1 - t0),
+            % (idx, word, g["index"], html.escape(g["uuid"]), name, cap or "capacity unknown", span_text(t1 - t0),
                "?" if peak is None else "%d" % peak))
-    return head + c.svg("%s %d utilization and memory" % (word, idx)) + "</section>"
+    return head + c.svg("%s %d utilization and memory" % (word, g["index"])) + "</section>"
 
 
 def span_text(s):
@@ -910,7 +927,7 @@ def proc_section(n, p):
             '<span class="sw trend"></span>%s <span class="sw proj"></span>projection%s · projected OOM: %s · '
             '%d samples over %s, %s → %s MiB</p>'
             % (p["anchor"], html.escape(proc_title(p)), vclass(p["verdict"]), html.escape(p["verdict"]),
-               html.escape(proc_label(p)), p.get("device", "GPU"), "?" if p["gpu"] is None else p["gpu"], cmd_line(p),
+               html.escape(proc_label(p)), p.get("device", "GPU"), "?" if p["gpu"] is None else p["index"], cmd_line(p),
                span_text(p["bucket"]),
                html.escape(trend), cap_note, html.escape(oom), len(rows), span_text(t1 - t0),
                mib(rows[0][1]), mib(rows[-1][1])))
@@ -1014,7 +1031,7 @@ def render(gpus, procs, events, host, now, opts, ledger_html=""):
             e["_text"] = "%s idle %s: %s %s, util %s%%, %s cycles" % (
                 tlabel(e["ts"]), e.get("state"), device_word(e.get("uuid")), e.get("gpu"), e.get("utilization"),
                 e.get("idle_cycles"))
-            target = "gpu-%s" % e.get("gpu")
+            target = "gpu-%s" % device_key(e.get("gpu") if isinstance(e.get("gpu"), int) else -1, e.get("uuid"))
         elif e["event"] == "gpu_memory_leak":
             job = e.get("job") if isinstance(e.get("job"), dict) else {}
             e["_text"] = "%s leak %s: pid %s %s, %+.0f MiB/h" % (
@@ -1037,14 +1054,15 @@ def render(gpus, procs, events, host, now, opts, ledger_html=""):
                filters_text(opts))]
     out.append("<h2 id='summary'>Processes</h2>")
     if procs:
-        out.append("<table id='summary-table'><tr><th>verdict</th><th>job</th><th>GPU</th><th>growth MiB/h</th>"
-                   "<th>since</th><th>projected OOM</th></tr>")
+        kinds = {p.get("device", "GPU") for p in procs}
+        out.append("<table id='summary-table'><tr><th>verdict</th><th>job</th><th>%s</th><th>growth MiB/h</th>"
+                   "<th>since</th><th>projected OOM</th></tr>" % (kinds.pop() if len(kinds) == 1 else "device"))
         for p in procs:
             out.append("<tr class='row-%s'><td><span class='verdict v-%s'>%s</span></td><td><a href='#%s' title='%s'>%s</a></td>"
                        "<td class='n'>%s</td><td class='n'>%+.0f%s</td><td>%s</td><td>%s</td></tr>"
                        % (vclass(p["verdict"]), vclass(p["verdict"]), html.escape(p["verdict"]),
                           p["anchor"], html.escape(proc_title(p)), html.escape(proc_label(p)),
-                          "?" if p["gpu"] is None else p["gpu"],
+                          "?" if p["gpu"] is None else p["index"],
                           p["slope_h"], "" if p["judged"] else "*", tlabel(p["t0"]), html.escape(oom_text(p))))
         out.append("</table>")
         if not all(p["judged"] for p in procs):

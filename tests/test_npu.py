@@ -365,6 +365,19 @@ def test_mixed_box_one_gpu_one_npu_watched_in_one_cycle(box):
     assert (box.tmp / "npu.log").read_text().splitlines() == ["info"] * 3
     prom = (box.tmp / "gpuguard_idle.prom").read_text()
     assert 'uuid="NPU-0-0",vendor="ascend"' in prom and 'vendor="nvidia"' in prom
+    # status lists both (GPU 0 and NPU 0 apart), under a neutral heading
+    r = box.run("status", cmd="bin/gpuguard")
+    lines = r.stdout.splitlines()
+    assert lines[0].split()[0] == "DEV"
+    assert [line.split()[0] for line in lines if line.split()[0] in ("0", "npu0")] == ["0", "npu0"]
+    # the report keeps a section each: index 0 names two devices here
+    out = box.tmp / "r.html"
+    r = box.run("report", "--out", str(out), cmd="bin/gpuguard", env={"GPUGUARD_NOW": "600"})
+    assert r.returncode == 0, r.stderr
+    html = out.read_text()
+    assert "<h2>GPUs and NPUs</h2>" in html and "<h2>NPU 0 <small>NPU-0-0" in html
+    assert "<h2>GPU 0 <small>GPU-" in html
+    assert "idle firing: NPU 0" in html and "idle firing: GPU 0" in html
 
 
 def test_status_lists_each_device_and_its_holder(box, devices):
