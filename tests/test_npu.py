@@ -426,6 +426,23 @@ def test_every_npu_message_says_npu_and_npu_smi():
             assert set(re.findall(r"{\w+", text)) == set(re.findall(r"{\w+", mod.MESSAGES[key])), key
 
 
+def test_an_npu_box_daily_digest_counts_npu_hours(box):
+    """The ledger's daily digest of an Ascend box says NPU-hours (its event
+    carries the vendor); the held idle chip is its worst incident."""
+    devices = Devices(box, "ascend")
+    devices.write(["idle"] * 12)
+    day0 = 1796169600                     # 2026-12-02 00:00 UTC
+    env = {"TZ": "UTC", "CHECK_INTERVAL": "600", "LEDGER_DIGEST_AT": "09:00"}
+    for n in range(11):                   # 08:00-09:40, idle and held
+        box.once(now=day0 + 8 * 3600 + 600 * n, env=env)
+    box.once(now=day0 + 86400 + 9 * 3600, env=env)
+    (digest,) = [e for e in box.events() if e["event"] == "ledger_digest"]
+    assert digest["vendor"] == "ascend"
+    en, zh = rendered([digest], "en"), rendered([digest], "zh")
+    assert "NPU ledger 2026-12-02" in en and "NPU-hours" in en and "GPU" not in en
+    assert "NPU 占用日报 2026-12-02" in zh and "NPU 时" in zh and "GPU" not in zh
+
+
 # ------------------------------------------------------------ leak watcher --
 
 @pytest.mark.parametrize("per_step", [64, 0])
