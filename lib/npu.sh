@@ -92,18 +92,14 @@ npu_sample() {
 # row in `npu-smi info` gave none ("-" or NA), once per such card (no call
 # at all when every chip has its figure, the usual case). A failed call or
 # an answer without the figure leaves it unknown: the chip is then never
-# idle, as before.
+# idle, as before. The first failed call ends the asking for this cycle, so
+# a wedged driver costs one SMI_TIMEOUT, not one per card.
 npu_fill_unknown_util() {
-  local id out
-  local -A cards=()
-  for id in "${SMI_UUIDS[@]}"; do
-    [[ ${SMI_VENDOR[$id]:-} == ascend && -z ${SMI_UTIL[$id]} ]] || continue
-    id=${id#NPU-}
-    cards[${id%-*}]=1
-  done
-  for id in "${!cards[@]}"; do
-    npu_run_into out info -t usages -i "$id" || continue
-    npu_parse_usages "$id" "$out"
+  local card out
+  # shellcheck disable=SC2086 # the card numbers, split at their blanks
+  for card in ${NPU_UNKNOWN_UTIL:-}; do
+    npu_run_into out info -t usages -i "$card" || break
+    npu_parse_usages "$card" "$out"
   done
 }
 
@@ -155,7 +151,9 @@ npu_value_into() {
 # call on the common path (it runs every cycle for every chip; a regular
 # expression a row cost twice as much).
 # Globals (set):
-#   the SMI_* arrays; NPU_APPS_OK; NPU_PARSE_ERROR (why it failed)
+#   the SMI_* arrays; NPU_APPS_OK; NPU_PARSE_ERROR (why it failed); NPU_CHIPS
+#   (chips read); NPU_UNKNOWN_UTIL (" CARD " for each card with a chip whose
+#   AICore % was not given)
 # Returns:
 #   1 when no device header, no chip, or a cut or unknown row was read
 npu_parse_info() {
@@ -166,7 +164,7 @@ npu_parse_info() {
   # cut as a pattern (${text:3} would cut three characters there, the BOM
   # being one)
   [[ $text == $'\xef\xbb\xbf'* ]] && text=${text#$'\xef\xbb\xbf'}
-  NPU_PARSE_ERROR='' NPU_APPS_OK=0
+  NPU_PARSE_ERROR='' NPU_APPS_OK=0 NPU_CHIPS=0 NPU_UNKNOWN_UTIL=''
   # associative, whoever called (an indexed array would read the key
   # "NPU-0-0" as arithmetic)
   declare -gA SMI_VENDOR SMI_MEM_BASE
@@ -213,7 +211,7 @@ npu_parse_info() {
     NPU_PARSE_ERROR="a chip's first row without its second (cut output)"
     return 1
   fi
-  if [[ $section == none ]] || ! npu_has_chips; then
+  if [[ $section == none ]] || ((NPU_CHIPS == 0)); then
     NPU_PARSE_ERROR="no NPU chip rows"
     return 1
   fi
@@ -289,15 +287,6 @@ npu_process_row() {
   SMI_PID_UUIDS[$pid]+="${SMI_PID_UUIDS[$pid]:+ }$id"
 }
 
-# True when the last parse added at least one Ascend chip.
-npu_has_chips() {
-  local id
-  for id in "${!SMI_VENDOR[@]}"; do
-    [[ ${SMI_VENDOR[$id]} == ascend ]] && return 0
-  done
-  return 1
-}
-
 # Adds the chip of a second row (npu_device_row's chip, device and usage
 # words w; the first row's card, name, health and power) to the SMI_*
 # arrays. Memory is the HBM where the chip has it (910 series), else its DDR
@@ -318,6 +307,8 @@ npu_add_chip() {
     npu_value_into used "$used" int 0 "${total:-$SMI_MAX_MIB}"
   fi
   [[ $util == @([0-9]|[1-9][0-9]|100) ]] || npu_value_into util "$util" dec 0 100
+  # a card to ask npu-smi info -t usages for (npu_fill_unknown_util)
+  [[ -n $util || $NPU_UNKNOWN_UTIL == *" $card "* ]] || NPU_UNKNOWN_UTIL+=" $card "
   [[ $watts == @(0|[1-9]?([0-9])?([0-9])).[0-9] ]] || npu_value_into watts "$watts" dec 0 "$SMI_MAX_WATTS"
   SMI_UUIDS+=("$id")
   # the logic device id (what ASCEND_RT_VISIBLE_DEVICES names) where the
@@ -337,6 +328,7 @@ npu_add_chip() {
     *) SMI_GPU_FAULT[$id]="Health $health" ;;
   esac
   SMI_VENDOR[$id]=ascend
+  NPU_CHIPS=$((NPU_CHIPS + 1))
   SMI_NPROCS[$id]=0
   SMI_PROCS[$id]=''
 }
