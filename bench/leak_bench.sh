@@ -6,7 +6,7 @@
 # (bench/leak.py renders them and measures the CPU through rusage).
 
 GPUGUARD_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-for lib in common config smi events textfile jobinfo leak; do
+for lib in common config smi npu events textfile jobinfo leak; do
   # shellcheck source=/dev/null
   source "$GPUGUARD_ROOT/lib/$lib.sh"
 done

@@ -414,7 +414,7 @@ leak_detector_send() {
 # one log line; the next cycle starts a new detector if this one ended.
 # shellcheck disable=SC2034 # LEAK_STATUS is read by textfile_write_leak
 leak_run_detector() {
-  local head='' count='' size='' body='' line kind state pid rest rfd
+  local head='' count='' size='' body='' line kind state pid rest rfd vendor
   local -a reply=()
   if ! leak_detector_send "$1"; then
     gg_log error "leak detector failed (could not start it)"
@@ -448,8 +448,12 @@ leak_run_detector() {
     pid=${rest%%$'\t'*} rest=${rest#*$'\t'}
     case $kind in
       event)
-        # an NPU's leak says so (the detector knows no device kinds)
-        [[ ${LEAK_VENDOR[$pid]:-} == ascend && $rest == *'}' ]] && rest="${rest%'}'},\"vendor\":\"ascend\"}"
+        # an NPU's leak says so (the detector knows no device kinds); a
+        # tree not seen on a device since this watcher started (resolved,
+        # gone) is an NPU's when the box has NPUs only
+        vendor=${LEAK_VENDOR[$pid]:-}
+        [[ -n $vendor ]] || device_kinds_into vendor
+        [[ $vendor == ascend && $rest == *'}' ]] && rest="${rest%'}'},\"vendor\":\"ascend\"}"
         events_emit "$rest"
         gg_log warn "gpu_memory_leak $state: PID $pid"
         if [[ $state == firing ]]; then
