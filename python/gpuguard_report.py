@@ -89,7 +89,8 @@ def parse_gpus(text, out):
             # an Ascend NPU chip (lib/npu.sh): NPU-<card>-<chip>
             out.add(part.lower())
         else:
-            raise UsageError("--gpu needs a whole number (GPU index) or a GPU UUID (got '%s')" % text)
+            raise UsageError("--gpu needs a whole number (GPU or NPU index), a GPU UUID or an NPU id such as"
+                             " NPU-0-0 (got '%s')" % text)
 
 
 def parse_args(args, now):
