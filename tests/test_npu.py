@@ -445,6 +445,7 @@ def test_an_npu_box_daily_digest_counts_npu_hours(box):
 
 # ------------------------------------------------------------ leak watcher --
 
+@pytest.mark.slow
 @pytest.mark.parametrize("per_step", [64, 0])
 def test_leak_watcher_catches_a_leak_and_not_steady_memory(box, tmp_path, devices, per_step):
     """gpu-leak-watch samples through the same layer: a process whose memory
