@@ -77,19 +77,21 @@ NPU_DOUBLE = os.path.join(ROOT, "tests", "fakebin", "npu", "npu-smi")
 NPU_BENCH_DOUBLE = os.path.join(ROOT, "bench", "fakebin", "npu", "npu-smi")
 
 
-def npu_render(n, steps, rng, outdir):
-    """The NPU double's `npu-smi info` for n 910B chips (one a card), per
-    step, with processes that come and go as in scenario()."""
+def npu_render(scen, steps, outdir):
+    """The NPU double's `npu-smi info` for as many 910B chips (one a card)
+    as the NVIDIA scenario has GPUs, per step the same cycle on them: the
+    same utilization and the same processes, each chip with its ~3.4 GB
+    firmware reserve on top, so that the two rows compare one layer with
+    the other and not two random draws."""
+    n = len(scen["gpus"])
     chips = [{"card": i, "chip": 0, "name": "910B3", "bus": "0000:%02X:00.0" % (i + 1), "total": 65536}
              for i in range(n)]
     for s in range(steps):
-        vals, procs = [], []
-        for i in range(n):
-            k = rng.randint(0, 3)
-            vals.append({"aicore": rng.choice([0, 3, 50, 100]), "used": 3400 + 3000 * k,
-                         "power": round(90 + 200 * rng.random(), 1), "temp": 40})
-            procs += [{"card": i, "chip": 0, "pid": rng.randint(1000, 4_000_000), "name": "python3",
-                       "mem": 3000} for _ in range(k)]
+        step = scen["steps"][s]
+        vals = [{"aicore": g["utilization.gpu"], "used": 3400 + g["memory.used"],
+                 "power": round(90 + (g["power.draw"] - 80) * 0.25, 1), "temp": 40} for g in step["gpus"]]
+        procs = [{"card": a["gpu"], "chip": 0, "pid": a["pid"], "name": "python3", "mem": a["used_memory"]}
+                 for a in step["apps"]]
         path = os.path.join(outdir, "scenario.json")
         os.makedirs(os.path.join(outdir, str(s)), exist_ok=True)
         with open(path, "w") as f:
@@ -158,7 +160,7 @@ def main():
                              1000 * per_call, 20.0 * calls_per_cycle))
             # the same cycle on n Ascend NPUs: one `npu-smi info` a cycle
             npudir = os.path.join(work, "npu%d" % n)
-            npu_render(n, steps, rng, npudir)
+            npu_render(scen, steps, npudir)
             env = dict(bench_env(npudir, steps, os.path.join(work, "state-npu-%d" % n)),
                        GPUGUARD_DEVICE="ascend", NPU_SMI=NPU_BENCH_DOUBLE)
             log = os.path.join(work, "calls.log")

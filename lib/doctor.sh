@@ -360,8 +360,18 @@ status_leak_into() {
 # counters against their limits), then a line per process holding it
 # (its job, the leak watcher's verdict and slope, recent memory).
 status_table() {
-  printf '%s%-4s %5s %17s %6s %-9s %-9s %-6s %s%s\n' "$C_BOLD" GPU UTIL MEMORY POWER IDLE STUCK STATE 'RECENT UTIL' "$C_OFF"
-  local uuid state colour power pid name mem root leak firing user label
+  local uuid state colour power pid name mem root leak firing user label head=GPU npus=0
+  # the first column names what the box has: GPU, NPU (Ascend, lib/npu.sh)
+  # or DEV on a box with both
+  for uuid in "${SMI_UUIDS[@]}"; do
+    [[ ${SMI_VENDOR[$uuid]:-} == ascend ]] && npus=$((npus + 1))
+  done
+  if ((npus > 0 && npus == ${#SMI_UUIDS[@]})); then
+    head=NPU
+  elif ((npus > 0)); then
+    head=DEV
+  fi
+  printf '%s%-4s %5s %17s %6s %-9s %-9s %-6s %s%s\n' "$C_BOLD" "$head" UTIL MEMORY POWER IDLE STUCK STATE 'RECENT UTIL' "$C_OFF"
   for uuid in "${SMI_UUIDS[@]}"; do
     idle_settings_for "$uuid"
     state=ok colour=$C_GRN
@@ -532,7 +542,8 @@ status_watch_frame() {
   if status_collect; then
     status_table
   else
-    printf '%snvidia-smi: %s%s\n' "$C_RED" "$SMI_ERROR" "$C_OFF"
+    # SMI_ERROR names the tool that failed (nvidia-smi or npu-smi)
+    printf '%s%s%s\n' "$C_RED" "$SMI_ERROR" "$C_OFF"
   fi
 }
 

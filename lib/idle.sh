@@ -67,6 +67,8 @@ idle_init() {
   declare -p SMI_GPU_FAULT &>/dev/null || declare -gA SMI_GPU_FAULT=()
   declare -p SMI_NAME &>/dev/null || declare -gA SMI_NAME=()
   declare -g MON_FAILS=0 MON_FIRING=0 MON_SINCE=0 MON_LAST_OK=0 MON_LAST_ERROR=''
+  # whose tool failed (nvidia, or ascend: lib/npu.sh), for the event's words
+  declare -g MON_VENDOR=nvidia
   # the rules are idle_rules_load's; kept when it ran first
   declare -p IDLE_RULE_KIND &>/dev/null ||
     declare -ga IDLE_RULE_KIND=() IDLE_RULE_PAT=() IDLE_RULE_SET=() IDLE_RULE_WHERE=()
@@ -105,10 +107,12 @@ idle_state_load() {
         fi
         ;;
       monitor)
-        # columns: failure streak, firing flag, streak start, last success
+        # columns: failure streak, firing flag, streak start, last success,
+        # then 1 when the failing tool is npu-smi (older files: 0)
         read -r -a f <<<"$line"
         if idle_all_uint "${f[@]:1:4}" && ((${#f[@]} >= 5)); then
           MON_FAILS=${f[1]} MON_FIRING=${f[2]} MON_SINCE=${f[3]} MON_LAST_OK=${f[4]}
+          [[ ${f[5]:-0} == 1 ]] && MON_VENDOR=ascend
           continue
         fi
         ;;
@@ -140,7 +144,9 @@ idle_state_save() {
   # and a write each second (a temporary file, fsync, rename: two forks)
   # would be the daemon's main cost on a quiet box. A restart reads it at
   # most a minute old, and the next good cycle sets it again.
-  printf -v state 'monitor %s %s %s %s 0 0 0\n' "$MON_FAILS" "$MON_FIRING" "$MON_SINCE" "$((MON_LAST_OK / 60 * 60))"
+  local mon_npu=0
+  [[ $MON_VENDOR == ascend ]] && mon_npu=1
+  printf -v state 'monitor %s %s %s %s %s 0 0\n' "$MON_FAILS" "$MON_FIRING" "$MON_SINCE" "$((MON_LAST_OK / 60 * 60))" "$mon_npu"
   for uuid in "${!IDLE_CYCLES[@]}"; do
     printf -v state '%sgpu %s %s %s %s %s %s %s %s %s %s %s %s\n' "$state" "$uuid" "${IDLE_CYCLES[$uuid]}" \
       "${IDLE_SINCE[$uuid]:-0}" "${IDLE_FIRING[$uuid]:-0}" \
@@ -648,11 +654,14 @@ idle_emit_fault() {
 # monitor_degraded event after SMI_FAIL_ALERT_CYCLES failures in a row.
 # Idle counters are left untouched: a failure never counts as idle.
 idle_monitor_failed() {
-  local now=$1
+  local now=$1 tool=nvidia-smi
   MON_FAILS=$((MON_FAILS + 1))
+  # the tool that failed names the event (a firing one keeps its own)
+  ((MON_FIRING)) || MON_VENDOR=${SMI_FAILED_VENDOR:-$MON_VENDOR}
+  [[ $MON_VENDOR == ascend ]] && tool=npu-smi
   if ((MON_FAILS == 1)); then
     MON_SINCE=$now
-    gg_log error "$SMI_ERROR (logged once until nvidia-smi answers again)"
+    gg_log error "$SMI_ERROR (logged once until $tool answers again)"
   fi
   MON_LAST_ERROR=$SMI_ERROR
   if ((! MON_FIRING && MON_FAILS >= SMI_FAIL_ALERT_CYCLES)); then
@@ -663,9 +672,10 @@ idle_monitor_failed() {
 
 # Records a successful sample; resolves a degraded monitor.
 idle_monitor_ok() {
-  local now=$1
+  local now=$1 tool=nvidia-smi
+  [[ $MON_VENDOR == ascend ]] && tool=npu-smi
   if ((MON_FAILS > 0)); then
-    gg_log info "nvidia-smi answers again after $MON_FAILS failed cycles"
+    gg_log info "$tool answers again after $MON_FAILS failed cycles"
   fi
   if ((MON_FIRING)); then
     idle_emit_monitor "$now" resolved
@@ -673,7 +683,7 @@ idle_monitor_ok() {
   if [[ -n $SMI_ERROR ]]; then
     gg_log debug "$SMI_ERROR"
   fi
-  MON_FAILS=0 MON_FIRING=0 MON_SINCE=0 MON_LAST_OK=$now
+  MON_FAILS=0 MON_FIRING=0 MON_SINCE=0 MON_LAST_OK=$now MON_VENDOR=nvidia
 }
 
 # Queues a monitor_degraded event.
@@ -682,8 +692,10 @@ idle_emit_monitor() {
   gg_json_escape_into "${MON_LAST_ERROR:-}" err
   gg_json_escape_into "$GPUGUARD_HOST" host_esc
   local id="$now-monitor-$state"
-  printf -v event '{"id":"%s","ts":%s,"host":"%s","event":"monitor_degraded","state":"%s","failures":%s,"since":%s,"error":"%s"}' \
-    "$id" "$now" "$host_esc" "$state" "$MON_FAILS" "$MON_SINCE" "$err"
+  # vendor: as on the device events, so that the alert says NPU and
+  # npu-smi when npu-smi failed
+  printf -v event '{"id":"%s","ts":%s,"host":"%s","event":"monitor_degraded","state":"%s","failures":%s,"since":%s,"error":"%s","vendor":"%s"}' \
+    "$id" "$now" "$host_esc" "$state" "$MON_FAILS" "$MON_SINCE" "$err" "$MON_VENDOR"
   gg_log warn "monitor_degraded $state after $MON_FAILS failed cycles"
   idle_queue_event "$id" "$event"
 }

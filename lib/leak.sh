@@ -13,6 +13,9 @@ leak_init() {
   declare -gA LEAK_GPU_FREE=() LEAK_GPU_TOTAL=()
   # when each series' identity (history/<key>.job.json) was last written or found
   declare -gA LEAK_NAMED=()
+  # by root PID: ascend when its tree holds memory on an Ascend NPU (lib/npu.sh),
+  # so that its leak alerts say NPU
+  declare -gA LEAK_VENDOR=()
   declare -g LEAK_MATCH='' LEAK_ALL=0 LEAK_FAILS=0 LEAK_ACTION=notify LEAK_GRACE=30
   # option values for the Python helper, set by leak_apply_options
   declare -gA LEAK_OPT_ENV=()
@@ -171,6 +174,7 @@ leak_samples_into() {
       # launchers are on no GPU
       uuids=${SMI_PID_UUIDS[$pid]:-}
       [[ -n $uuids ]] || continue
+      [[ $uuids == NPU-* ]] && LEAK_VENDOR[$root]=ascend
       if [[ $uuids == *' '* ]]; then
         leak_gpu_room_into "$pid" mfree mtotal
       else
@@ -230,6 +234,9 @@ leak_forget_gone() {
   done
   for pid in "${!LEAK_RANKS[@]}"; do
     [[ -n ${GG_PROC_PPID[$pid]:-} ]] || unset "LEAK_RANKS[$pid]"
+  done
+  for pid in "${!LEAK_VENDOR[@]}"; do
+    [[ -n ${GG_PROC_PPID[$pid]:-} ]] || unset "LEAK_VENDOR[$pid]"
   done
   for pid in "${!LEAK_CMDLINES[@]}"; do
     [[ -n ${GG_PROC_PPID[$pid]:-} ]] || unset "LEAK_CMDLINES[$pid]" "LEAK_CMDLINE_IDS[$pid]"
@@ -407,7 +414,7 @@ leak_detector_send() {
 # one log line; the next cycle starts a new detector if this one ended.
 # shellcheck disable=SC2034 # LEAK_STATUS is read by textfile_write_leak
 leak_run_detector() {
-  local head='' count='' size='' body='' line kind state pid rest rfd
+  local head='' count='' size='' body='' line kind state pid rest rfd vendor
   local -a reply=()
   if ! leak_detector_send "$1"; then
     gg_log error "leak detector failed (could not start it)"
@@ -441,6 +448,12 @@ leak_run_detector() {
     pid=${rest%%$'\t'*} rest=${rest#*$'\t'}
     case $kind in
       event)
+        # an NPU's leak says so (the detector knows no device kinds); a
+        # tree not seen on a device since this watcher started (resolved,
+        # gone) is an NPU's when the box has NPUs only
+        vendor=${LEAK_VENDOR[$pid]:-}
+        [[ -n $vendor ]] || device_kinds_into vendor
+        [[ $vendor == ascend && $rest == *'}' ]] && rest="${rest%'}'},\"vendor\":\"ascend\"}"
         events_emit "$rest"
         gg_log warn "gpu_memory_leak $state: PID $pid"
         if [[ $state == firing ]]; then

@@ -433,6 +433,11 @@ ledger_digest_maybe() {
       LG_DIGEST_FAILED=$yesterday
       return 0
     }
+    # an Ascend box's digest counts NPU-hours (lib/npu.sh; a mixed box's
+    # keeps the GPU words)
+    local kinds=''
+    declare -F device_kinds_into >/dev/null && device_kinds_into kinds
+    [[ $kinds == ascend && $event == *'}' ]] && event="${event%'}'},\"vendor\":\"ascend\"}"
     [[ -z $event ]] || events_emit "$event"
   fi
   gg_write_atomic "$LG_DIR/digest-sent" "$yesterday"$'\n' || return 0

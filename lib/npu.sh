@@ -84,7 +84,48 @@ npu_sample() {
   if ((! NPU_APPS_OK)); then
     SMI_ERROR="npu-smi printed no readable process table"
   fi
+  npu_fill_unknown_util
   return 0
+}
+
+# Asks `npu-smi info -t usages -i CARD` for the AICore % of the chips whose
+# row in `npu-smi info` gave none ("-" or NA), once per such card (no call
+# at all when every chip has its figure, the usual case). A failed call or
+# an answer without the figure leaves it unknown: the chip is then never
+# idle, as before. The first failed call ends the asking for this cycle, so
+# a wedged driver costs one SMI_TIMEOUT, not one per card.
+npu_fill_unknown_util() {
+  local card out
+  # shellcheck disable=SC2086 # the card numbers, split at their blanks
+  for card in ${NPU_UNKNOWN_UTIL:-}; do
+    npu_run_into out info -t usages -i "$card" || break
+    npu_parse_usages "$card" "$out"
+  done
+}
+
+# Reads the AICore % of each chip of card $1 from the answer $2 of `npu-smi
+# info -t usages -i CARD` ("Chip ID : N" opens a chip's block, "Aicore
+# Usage Rate(%) : V" gives its figure; the layout of
+# tests/fixtures/npu/usages-*.txt) into SMI_UTIL, where it was unknown.
+npu_parse_usages() {
+  local card=$1 line key value chip='' id util
+  local -a lines
+  smi_lines_into lines "$2"
+  for line in "${lines[@]}"; do
+    [[ $line == *:* ]] || continue
+    # blanks dropped: "Chip ID" reads ChipID, whatever pads it
+    key=${line%%:*} value=${line#*:}
+    key=${key//[[:space:]]/} value=${value//[[:space:]]/}
+    case $key in
+      ChipID) chip=$value ;;
+      AicoreUsageRate\(%\))
+        id="NPU-$card-$chip"
+        [[ -n $chip && -n ${SMI_INDEX[$id]+set} && -z ${SMI_UTIL[$id]} ]] || continue
+        npu_value_into util "$value" dec 0 100
+        SMI_UTIL[$id]=$util
+        ;;
+    esac
+  done
 }
 
 # Reads one value the fast checks of npu_parse_info did not take: a
@@ -110,16 +151,20 @@ npu_value_into() {
 # call on the common path (it runs every cycle for every chip; a regular
 # expression a row cost twice as much).
 # Globals (set):
-#   the SMI_* arrays; NPU_APPS_OK; NPU_PARSE_ERROR (why it failed)
+#   the SMI_* arrays; NPU_APPS_OK; NPU_PARSE_ERROR (why it failed); NPU_CHIPS
+#   (chips read); NPU_UNKNOWN_UTIL (" CARD " for each card with a chip whose
+#   AICore % was not given)
 # Returns:
 #   1 when no device header, no chip, or a cut or unknown row was read
 npu_parse_info() {
   local text=$1 line section=none hbm=0 card='' name='' health='' power=''
   local -a lines cells w
-  # a byte order mark, dropped by a match on the start alone (${1#BOM} on
-  # a 30 kB answer costs 18 ms in a UTF-8 locale)
-  [[ $text == $'\xef\xbb\xbf'* ]] && text=${text:3}
-  NPU_PARSE_ERROR='' NPU_APPS_OK=0
+  # a byte order mark: looked for at the start alone (${1#BOM} on the
+  # whole answer tries every prefix: 18 ms on 30 kB in a UTF-8 locale), then
+  # cut as a pattern (${text:3} would cut three characters there, the BOM
+  # being one)
+  [[ $text == $'\xef\xbb\xbf'* ]] && text=${text#$'\xef\xbb\xbf'}
+  NPU_PARSE_ERROR='' NPU_APPS_OK=0 NPU_CHIPS=0 NPU_UNKNOWN_UTIL=''
   # associative, whoever called (an indexed array would read the key
   # "NPU-0-0" as arithmetic)
   declare -gA SMI_VENDOR SMI_MEM_BASE
@@ -127,7 +172,8 @@ npu_parse_info() {
   local - IFS
   set -f
   for line in "${lines[@]}"; do
-    line=${line%$'\r'}
+    # CRLF: a check first, as a removal tries every suffix of the line
+    [[ $line == *$'\r' ]] && line=${line%$'\r'}
     # separators (+----+, +====+) and blank lines
     [[ -z $line || $line == '+'* ]] && continue
     # a data row (a chip's, a process's) first: nearly every line is one
@@ -165,7 +211,7 @@ npu_parse_info() {
     NPU_PARSE_ERROR="a chip's first row without its second (cut output)"
     return 1
   fi
-  if [[ $section == none ]] || ! npu_has_chips; then
+  if [[ $section == none ]] || ((NPU_CHIPS == 0)); then
     NPU_PARSE_ERROR="no NPU chip rows"
     return 1
   fi
@@ -241,15 +287,6 @@ npu_process_row() {
   SMI_PID_UUIDS[$pid]+="${SMI_PID_UUIDS[$pid]:+ }$id"
 }
 
-# True when the last parse added at least one Ascend chip.
-npu_has_chips() {
-  local id
-  for id in "${!SMI_VENDOR[@]}"; do
-    [[ ${SMI_VENDOR[$id]} == ascend ]] && return 0
-  done
-  return 1
-}
-
 # Adds the chip of a second row (npu_device_row's chip, device and usage
 # words w; the first row's card, name, health and power) to the SMI_*
 # arrays. Memory is the HBM where the chip has it (910 series), else its DDR
@@ -270,6 +307,8 @@ npu_add_chip() {
     npu_value_into used "$used" int 0 "${total:-$SMI_MAX_MIB}"
   fi
   [[ $util == @([0-9]|[1-9][0-9]|100) ]] || npu_value_into util "$util" dec 0 100
+  # a card to ask npu-smi info -t usages for (npu_fill_unknown_util)
+  [[ -n $util || $NPU_UNKNOWN_UTIL == *" $card "* ]] || NPU_UNKNOWN_UTIL+=" $card "
   [[ $watts == @(0|[1-9]?([0-9])?([0-9])).[0-9] ]] || npu_value_into watts "$watts" dec 0 "$SMI_MAX_WATTS"
   SMI_UUIDS+=("$id")
   # the logic device id (what ASCEND_RT_VISIBLE_DEVICES names) where the
@@ -289,6 +328,7 @@ npu_add_chip() {
     *) SMI_GPU_FAULT[$id]="Health $health" ;;
   esac
   SMI_VENDOR[$id]=ascend
+  NPU_CHIPS=$((NPU_CHIPS + 1))
   SMI_NPROCS[$id]=0
   SMI_PROCS[$id]=''
 }
@@ -317,6 +357,9 @@ device_kinds_into() {
 # Samples every device of this box in one cycle, into the SMI_* arrays:
 # the GPUs through smi_sample, the NPUs through npu_sample, both on a mixed
 # box. The call sites of smi_sample call this instead.
+# Globals (set):
+#   SMI_FAILED_VENDOR: the kind whose tool failed or printed no process
+#   table (nvidia or ascend), so that messages name it; '' when all is well
 # Returns:
 #   0 when every tool in use answered (a device missing from a sample must
 #   not read as released); SMI_APPS_OK is 1 only when every process list
@@ -324,20 +367,37 @@ device_kinds_into() {
 device_sample() {
   local kinds
   declare -gA SMI_VENDOR=() SMI_MEM_BASE=()
+  SMI_FAILED_VENDOR=''
   device_kinds_into kinds
   case $kinds in
-    nvidia) smi_sample ;;
+    nvidia)
+      smi_sample || {
+        SMI_FAILED_VENDOR=nvidia
+        return 1
+      }
+      ((SMI_APPS_OK)) || SMI_FAILED_VENDOR=nvidia
+      ;;
     ascend)
       smi_reset
+      SMI_FAILED_VENDOR=ascend
       npu_sample || return 1
       SMI_APPS_OK=$NPU_APPS_OK
+      ((SMI_APPS_OK)) && SMI_FAILED_VENDOR=''
       ;;
     *)
+      SMI_FAILED_VENDOR=nvidia
       smi_sample || return 1
       local gpu_apps=$SMI_APPS_OK gpu_error=$SMI_ERROR
+      SMI_FAILED_VENDOR=ascend
       npu_sample || return 1
       SMI_APPS_OK=$((gpu_apps && NPU_APPS_OK))
       SMI_ERROR=${gpu_error:-$SMI_ERROR}
+      if ((! gpu_apps)); then
+        SMI_FAILED_VENDOR=nvidia
+      elif ((SMI_APPS_OK)); then
+        SMI_FAILED_VENDOR=''
+      fi
       ;;
   esac
+  return 0
 }

@@ -81,29 +81,29 @@ textfile_write_idle() {
   declare -F ledger_samples_into >/dev/null && ledger_samples_into held_s idle_held_s
   # shellcheck disable=SC2153 # THRESHOLD is a config key set by config_load
   printf -v threshold '%d.%02d' "$((THRESHOLD / 100))" "$((THRESHOLD % 100))"
-  textfile_family out gpuguard_gpu_utilization_ratio gauge 'GPU utilization, 0-1 (absent under MIG).' "$util"
-  textfile_family out gpuguard_gpu_memory_used_bytes gauge 'GPU memory in use.' "$used"
-  textfile_family out gpuguard_gpu_memory_total_bytes gauge 'GPU memory in all.' "$total"
-  textfile_family out gpuguard_gpu_power_watts gauge 'GPU power draw.' "$power"
-  textfile_family out gpuguard_gpu_processes gauge 'Compute processes on the GPU.' "$procs"
+  textfile_family out gpuguard_gpu_utilization_ratio gauge 'GPU utilization (an Ascend NPU: its AICore), 0-1 (absent under MIG).' "$util"
+  textfile_family out gpuguard_gpu_memory_used_bytes gauge 'GPU memory (an Ascend NPU: its HBM or DDR) in use.' "$used"
+  textfile_family out gpuguard_gpu_memory_total_bytes gauge 'GPU memory (an Ascend NPU: its HBM or DDR) in all.' "$total"
+  textfile_family out gpuguard_gpu_power_watts gauge 'GPU or NPU power draw.' "$power"
+  textfile_family out gpuguard_gpu_processes gauge 'Compute processes on the GPU or NPU.' "$procs"
   textfile_family out gpuguard_gpu_idle_cycles gauge 'Consecutive idle-but-occupied cycles.' "$cycles"
   textfile_family out gpuguard_gpu_idle gauge '1 while the idle-but-occupied alert fires.' "$idle"
-  textfile_family out gpuguard_gpu_power_limit_watts gauge 'GPU power limit in force.' "$limit"
+  textfile_family out gpuguard_gpu_power_limit_watts gauge 'GPU power limit in force (none for an NPU: npu-smi info gives none).' "$limit"
   textfile_family out gpuguard_gpu_spin_cycles gauge \
     'Cycles of this idle streak at high utilization and idle-floor power (spinning).' "$spin"
   textfile_family out gpuguard_gpu_stuck gauge '1 while the stuck (spinning) alert fires.' "$stuck"
-  textfile_family out gpuguard_gpu_fault gauge '1 when nvidia-smi prints a device fault for the GPU (reset needed, unknown error).' "$fault"
-  textfile_family out gpuguard_gpu_degraded gauge '1 while the GPU degraded alert fires.' "$degraded"
-  textfile_family out gpuguard_process_gpu_memory_bytes gauge 'GPU memory held by a compute process.' "$pmem"
+  textfile_family out gpuguard_gpu_fault gauge '1 when nvidia-smi prints a device fault for the GPU (reset needed, unknown error), or npu-smi a Health other than OK for the NPU.' "$fault"
+  textfile_family out gpuguard_gpu_degraded gauge '1 while the GPU (or NPU) degraded alert fires.' "$degraded"
+  textfile_family out gpuguard_process_gpu_memory_bytes gauge 'GPU (or NPU) memory held by a compute process.' "$pmem"
   textfile_family out gpuguard_gpu_held_seconds_total counter \
     'GPU-seconds held by jobs of the user (LEDGER_NAMES: name, hash or none).' "$held_s"
   textfile_family out gpuguard_gpu_idle_held_seconds_total counter \
     'GPU-seconds held by jobs of the user while idle or stuck (LEDGER_NAMES: name, hash or none).' "$idle_held_s"
   textfile_family out gpuguard_idle_threshold_ratio gauge 'Utilization under which a held GPU counts as idle.' \
     "{} $threshold"
-  textfile_family out gpuguard_monitor_up gauge '1 when the last nvidia-smi sample succeeded.' \
+  textfile_family out gpuguard_monitor_up gauge '1 when the last sample of the device tools (nvidia-smi, npu-smi) succeeded.' \
     "{} $((MON_FAILS == 0 ? 1 : 0))"
-  textfile_family out gpuguard_monitor_consecutive_failures gauge 'Failed nvidia-smi samples in a row.' "{} $MON_FAILS"
+  textfile_family out gpuguard_monitor_consecutive_failures gauge 'Failed samples of the device tools (nvidia-smi, npu-smi) in a row.' "{} $MON_FAILS"
   textfile_family out gpuguard_monitor_last_success_timestamp_seconds gauge 'Time of the last good sample.' \
     "{} ${MON_LAST_OK:-0}"
   textfile_family out gpuguard_monitor_last_cycle_timestamp_seconds gauge 'Time of the last cycle.' "{} $now"

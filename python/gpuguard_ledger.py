@@ -45,6 +45,9 @@ import gpuguard_messages_zh
 from gpuguard_files import write_atomic
 
 TABLES = {"en": gpuguard_messages_en.MESSAGES, "zh": gpuguard_messages_zh.MESSAGES}
+# "en-npu", "zh-npu": the digest of an Ascend box (its event says "vendor":
+# "ascend", lib/ledger.sh) reads NPU-hours, as the alert helper's NPU groups
+NPU_TABLES = {"en": gpuguard_messages_en.NPU_MESSAGES, "zh": gpuguard_messages_zh.NPU_MESSAGES}
 DAY_RE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 TOP_USERS = 10
 TOP_INCIDENTS = 3
@@ -244,6 +247,8 @@ def digest_event(day, now, env):
 # ---------------------------------------------------------------- render --
 
 def _msg(lang, key, **fields):
+    if lang.endswith("-npu"):
+        return NPU_TABLES[lang[:-4]][key].format(**fields)
     return TABLES[lang][key].format(**fields)
 
 

@@ -130,3 +130,8 @@ MESSAGES = {
 NPU_MESSAGES = {key: text.replace("GPU", "NPU").replace("nvidia-smi", "npu-smi")
                 for key, text in MESSAGES.items()}
 NPU_MESSAGES["degraded_hint"] = "Check: npu-smi info -t health -i CARD (the card of device {index}: npu-smi info -m maps them); npu-smi info; dmesg. A reset needs the NPU idle: stop its jobs first"
+# NCCL and Xid are NVIDIA's: an NPU job talks through HCCL, whose logs
+# ASCEND_GLOBAL_LOG_LEVEL turns up, and npu-smi reports a chip's health.
+NPU_MESSAGES["idle_hint"] = "Check: py-spy dump --pid {pid} (where is it stuck?); ASCEND_GLOBAL_LOG_LEVEL=1 for HCCL's logs (a dead rank?); data loader workers alive?"
+NPU_MESSAGES["stuck_hint"] = "Check: py-spy dump --native --pid {pid} (which call waits?); rerun with ASCEND_GLOBAL_LOG_LEVEL=1 for HCCL's logs; check the other ranks (one dead or slow rank makes the rest spin)"
+NPU_MESSAGES["monitor_hint"] = "Idle alerts are paused until it recovers; check the driver (npu-smi info -t health -i CARD; dmesg)."

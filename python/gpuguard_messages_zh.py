@@ -115,3 +115,8 @@ MESSAGES = {
 NPU_MESSAGES = {key: text.replace("GPU", "NPU").replace("nvidia-smi", "npu-smi")
                 for key, text in MESSAGES.items()}
 NPU_MESSAGES["degraded_hint"] = "排查：npu-smi info -t health -i 卡号（设备 {index} 所在的卡：npu-smi info -m 列出对应关系）；npu-smi info；dmesg。重置需要该 NPU 空闲：先停掉上面的任务"
+# NCCL and Xid are NVIDIA's: an NPU job talks through HCCL, whose logs
+# ASCEND_GLOBAL_LOG_LEVEL turns up, and npu-smi reports a chip's health.
+NPU_MESSAGES["idle_hint"] = "排查：py-spy dump --pid {pid}（卡在哪里？）；ASCEND_GLOBAL_LOG_LEVEL=1 打开 HCCL 日志（有 rank 掉线？）；数据加载进程是否还活着？"
+NPU_MESSAGES["stuck_hint"] = "排查：py-spy dump --native --pid {pid}（卡在哪个调用？）；用 ASCEND_GLOBAL_LOG_LEVEL=1 重跑，查看 HCCL 日志；检查其他 rank（一个 rank 挂掉或变慢，其余 rank 都会自旋等待）"
+NPU_MESSAGES["monitor_hint"] = "空闲告警暂停，直到恢复；检查驱动（npu-smi info -t health -i 卡号；dmesg）。"

@@ -89,7 +89,8 @@ def _parse_gpus(text, out):
             # an Ascend NPU chip (lib/npu.sh): NPU-<card>-<chip>
             out.add(part.lower())
         else:
-            raise _UsageError("--gpu needs a whole number (GPU index) or a GPU UUID (got '%s')" % text)
+            raise _UsageError("--gpu needs a whole number (GPU or NPU index), a GPU UUID or an NPU id such as"
+                              " NPU-0-0 (got '%s')" % text)
 
 
 def _parse_args(args, now):
@@ -127,9 +128,28 @@ def _num(text):
     return v if not math.isnan(v) and abs(v) < 1e12 else None
 
 
+# An Ascend NPU's key among the devices (lib/npu.sh numbers its chips from
+# 0 as nvidia-smi numbers GPUs): its index plus this, so that GPU 0 and NPU
+# 0 of a mixed box keep a section each.
+_NPU_KEY_BASE = 1 << 20
+
+
+def _device_key(index, uuid):
+    """The report's key of a device: its index (an NPU's offset by
+    _NPU_KEY_BASE)."""
+    return index + (_NPU_KEY_BASE if str(uuid or "").startswith("NPU-") else 0)
+
+
+def _device_word(uuid):
+    """"NPU" for an Ascend chip (lib/npu.sh keys it NPU-<card>-<chip>), else
+    "GPU": what the report calls a device in its titles."""
+    return "NPU" if str(uuid or "").startswith("NPU-") else "GPU"
+
+
 def _read_gpu_history(state_dir, since=None):
-    """By GPU index: {"uuid", "rows": [(ts, util, used, total, power, idle,
-    holders {pid: MiB})]}; unreadable rows are skipped."""
+    """By device key (_device_key): {"uuid", "index", "rows": [(ts, util,
+    used, total, power, idle, holders {pid: MiB})]}; unreadable rows are
+    skipped."""
     gpus = {}
     for path in (os.path.join(state_dir, "gpu-history.tsv.1"), os.path.join(state_dir, "gpu-history.tsv")):
         try:
@@ -151,7 +171,7 @@ def _read_gpu_history(state_dir, since=None):
                     pid, _, used = h.partition(":")
                     if pid.isdigit():
                         holders[int(pid)] = _num(used)
-                g = gpus.setdefault(int(p[1]), {"uuid": p[2], "rows": []})
+                g = gpus.setdefault(_device_key(int(p[1]), p[2]), {"uuid": p[2], "index": int(p[1]), "rows": []})
                 g["uuid"] = p[2]
                 g["rows"].append((ts, _num(p[3]), _num(p[4]), _num(p[5]), _num(p[6]),
                                   int(p[7]) if p[7].isdigit() else 0, holders))
@@ -334,7 +354,9 @@ def _job_identity(events):
                     d[k] = str(v)
 
     for e in events:
-        gpu = e.get("gpu") if e.get("event") == "gpu_idle" and isinstance(e.get("gpu"), int) else None
+        # the device's key (_device_key), an NPU's apart from a GPU's
+        gpu = _device_key(e["gpu"], e.get("uuid")) if e.get("event") == "gpu_idle" and isinstance(
+            e.get("gpu"), int) else None
         if e.get("event") == "gpu_memory_leak":
             note(e.get("pid"), name=e.get("name"))
         for p in e.get("processes") or []:
@@ -473,6 +495,8 @@ def _build(state_dir, opts, params, now):
         pev = [e for e in events if e.get("event") == "gpu_memory_leak" and e.get("pid") == pid
                and (e.get("key") in (None, key)) and p["t0"] - 3600 <= e["ts"] <= p["t1"] + 3600]
         p.update(key=key, pid=pid, rows=rows, gpu=gpu, events=pev,
+                 device=_device_word(gpus[gpu]["uuid"]) if gpu in gpus else "GPU",
+                 index=gpus[gpu]["index"] if gpu in gpus else gpu,
                  verdict=_series_verdict(st, pev, p["judged"], p["slope_h"], params["threshold"]),
                  who=_series_who(key, pid, start, ident, identities))
         procs.append(p)
@@ -573,7 +597,7 @@ def _filtered(gpus, procs, opts):
         gpus = {i: g for i, g in gpus.items() if i in keep or any(
             set(r[6]) & opts["pids"] for r in g["rows"])}
     if opts["gpus"]:
-        wanted = {i for i, g in gpus.items() if i in opts["gpus"] or str(g["uuid"]).lower() in opts["gpus"]}
+        wanted = {i for i, g in gpus.items() if g["index"] in opts["gpus"] or str(g["uuid"]).lower() in opts["gpus"]}
         gpus = {i: g for i, g in gpus.items() if i in wanted}
         procs = [p for p in procs if p["gpu"] in wanted]
     return gpus, procs
@@ -817,20 +841,22 @@ def _gpu_section(idx, g, events, procs):
         cap = "capacity %s MiB" % _mib(totals[-1])
     else:
         cap = ""
-    mine = [e for e in events if (e.get("event") == "gpu_idle" and (e.get("gpu") == idx or e.get("uuid") == g["uuid"]))
+    mine = [e for e in events if (e.get("event") == "gpu_idle"
+                                  and (e.get("uuid") == g["uuid"] or (not e.get("uuid") and e.get("gpu") == g["index"])))
             or e.get("event") == "monitor_degraded"
             or (e.get("event") == "gpu_memory_leak" and any(p["gpu"] == idx and e in p["events"] for p in procs))]
     for e in mine:
         c.marker(e, e["_id"], 8, c.top - 8, e["_text"])
     peak = max((r[1] for r in rows if r[1] is not None), default=None)
     name = html.escape(g.get("name") or "")
-    head = ('<section class="gpu" id="gpu-%d"><h2>GPU %d <small>%s %s · %s</small></h2>'
+    word = _device_word(g["uuid"])
+    head = ('<section class="gpu" id="gpu-%d"><h2>%s %d <small>%s %s · %s</small></h2>'
             '<p class="legend"><span class="sw util"></span>utilization <span class="sw mem"></span>memory used '
             '<span class="sw idle1"></span>idle but occupied <span class="sw idle2"></span>idle alert firing '
             '<span class="mk firing">▼</span>alert <span class="mk resolved">▼</span>resolved · %s · peak %s%%</p>'
-            % (idx, idx, html.escape(g["uuid"]), name, cap or "capacity unknown", _span_text(t1 - t0),
+            % (idx, word, g["index"], html.escape(g["uuid"]), name, cap or "capacity unknown", _span_text(t1 - t0),
                "?" if peak is None else "%d" % peak))
-    return head + c.svg("GPU %d utilization and memory" % idx) + "</section>"
+    return head + c.svg("%s %d utilization and memory" % (word, g["index"])) + "</section>"
 
 
 def _span_text(s):
@@ -930,12 +956,13 @@ def _proc_section(n, p):
     if cap is not None and not cap_in and slope_h > 0:
         cap_note = " · capacity %s MiB is above the chart" % _mib(cap)
     trend = "trend %+.0f MiB/h%s" % (slope_h, "" if p["judged"] else " (not judged by the detector: a fit for the eye)")
-    head = ('<section class="proc" id="%s"><h2 title="%s"><span class="verdict v-%s">%s</span> %s <small>GPU %s</small></h2>'
+    head = ('<section class="proc" id="%s"><h2 title="%s"><span class="verdict v-%s">%s</span> %s <small>%s %s</small></h2>'
             '%s<p class="legend"><span class="sw raw"></span>memory <span class="sw floor"></span>%s floors '
             '<span class="sw trend"></span>%s <span class="sw proj"></span>projection%s · projected OOM: %s · '
             '%d samples over %s, %s → %s MiB</p>'
             % (p["anchor"], html.escape(_proc_title(p)), _vclass(p["verdict"]), html.escape(p["verdict"]),
-               html.escape(_proc_label(p)), "?" if p["gpu"] is None else p["gpu"], _cmd_line(p), _span_text(p["bucket"]),
+               html.escape(_proc_label(p)), p.get("device", "GPU"), "?" if p["gpu"] is None else p["index"], _cmd_line(p),
+               _span_text(p["bucket"]),
                html.escape(trend), cap_note, html.escape(oom), len(rows), _span_text(t1 - t0),
                _mib(rows[0][1]), _mib(rows[-1][1])))
     return head + c.svg("memory of " + _proc_label(p)) + "</section>"
@@ -1035,9 +1062,10 @@ def _render(gpus, procs, events, host, now, opts, ledger_html=""):
     for n, e in enumerate(alerts):
         e["_id"] = "alert-%d" % (n + 1)
         if e["event"] == "gpu_idle":
-            e["_text"] = "%s idle %s: GPU %s, util %s%%, %s cycles" % (
-                _tlabel(e["ts"]), e.get("state"), e.get("gpu"), e.get("utilization"), e.get("idle_cycles"))
-            target = "gpu-%s" % e.get("gpu")
+            e["_text"] = "%s idle %s: %s %s, util %s%%, %s cycles" % (
+                _tlabel(e["ts"]), e.get("state"), _device_word(e.get("uuid")), e.get("gpu"), e.get("utilization"),
+                e.get("idle_cycles"))
+            target = "gpu-%s" % _device_key(e.get("gpu") if isinstance(e.get("gpu"), int) else -1, e.get("uuid"))
         elif e["event"] == "gpu_memory_leak":
             job = e.get("job") if isinstance(e.get("job"), dict) else {}
             e["_text"] = "%s leak %s: pid %s %s, %+.0f MiB/h" % (
@@ -1060,14 +1088,15 @@ def _render(gpus, procs, events, host, now, opts, ledger_html=""):
                _filters_text(opts))]
     out.append("<h2 id='summary'>Processes</h2>")
     if procs:
-        out.append("<table id='summary-table'><tr><th>verdict</th><th>job</th><th>GPU</th><th>growth MiB/h</th>"
-                   "<th>since</th><th>projected OOM</th></tr>")
+        kinds = {p.get("device", "GPU") for p in procs}
+        out.append("<table id='summary-table'><tr><th>verdict</th><th>job</th><th>%s</th><th>growth MiB/h</th>"
+                   "<th>since</th><th>projected OOM</th></tr>" % (kinds.pop() if len(kinds) == 1 else "device"))
         for p in procs:
             out.append("<tr class='row-%s'><td><span class='verdict v-%s'>%s</span></td><td><a href='#%s' title='%s'>%s</a></td>"
                        "<td class='n'>%s</td><td class='n'>%+.0f%s</td><td>%s</td><td>%s</td></tr>"
                        % (_vclass(p["verdict"]), _vclass(p["verdict"]), html.escape(p["verdict"]),
                           p["anchor"], html.escape(_proc_title(p)), html.escape(_proc_label(p)),
-                          "?" if p["gpu"] is None else p["gpu"],
+                          "?" if p["gpu"] is None else p["index"],
                           p["slope_h"], "" if p["judged"] else "*", _tlabel(p["t0"]), html.escape(_oom_text(p))))
         out.append("</table>")
         if not all(p["judged"] for p in procs):
@@ -1088,7 +1117,9 @@ def _render(gpus, procs, events, host, now, opts, ledger_html=""):
     else:
         out.append("<p>No alert in this period.</p>")
     out.append(ledger_html)
-    out.append("<h2>GPUs</h2>")
+    words = {_device_word(g["uuid"]) for g in gpus.values()}
+    out.append("<h2>%s</h2>" % {frozenset(["NPU"]): "NPUs", frozenset(["GPU", "NPU"]): "GPUs and NPUs"}.get(
+        frozenset(words), "GPUs"))
     if not gpus:
         out.append("<p>No GPU history%s: the idle watchdog (<code>yichuidingyin.sh</code>) records it every cycle "
                    "in gpu-history.tsv.</p>" % (" matches the filters" if opts["gpus"] or opts["pids"] else ""))
@@ -1165,7 +1196,8 @@ def _filters_text(opts):
     if opts["pids"]:
         f.append("pid " + ",".join(map(str, sorted(opts["pids"]))))
     if opts["gpus"]:
-        f.append("GPU " + ",".join(map(str, sorted(opts["gpus"]))))
+        # the option's own name: an index names a GPU or an NPU alike
+        f.append("--gpu " + ",".join(map(str, sorted(opts["gpus"]))))
     return " (" + "; ".join(f) + ")" if f else ""
 
 

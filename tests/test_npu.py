@@ -30,6 +30,12 @@ SCENARIO_310P3 = {
     "steps": [{"chips": [{"power": "NA", "temp": 51, "used": 1529}, {"power": "NA", "temp": 49, "used": 1411}],
                "procs": []}],
 }
+# Huawei's reference for the Atlas 200I A2 (310B; its name printed "xxx")
+SCENARIO_310B = {
+    "layout": "310b", "version": "25.2.0",
+    "chips": [{"card": 0, "chip": 0, "device": 0, "name": "xxx", "bus": "NA", "total": 10810, "hugepages_pages": 15}],
+    "steps": [{"chips": [{"power": 10.4, "temp": 66, "used": 957, "aicore": 0, "hugepages_used": 15}]}],
+}
 A3_BUS = ["9D", "9F", "99", "9B", "95", "97", "91", "93", "8D", "8F", "89", "8B", "85", "87", "81", "83"]
 A3_VALUES = [(232.5, 52, 17, 53444), ("-", 51, 17, 52948), (226.9, 51, 17, 53200), ("-", 52, 17, 52940),
              (175.3, 52, 0, 3128), ("-", 52, 0, 2888), (170.6, 51, 0, 3122), ("-", 51, 0, 2888),
@@ -59,6 +65,7 @@ def double(scenario, tmp_path, *args):
     (SCENARIO_910B3, "info-910b3-25.2.0-one-process.txt"),
     (SCENARIO_310P3, "info-310p3-25.2.0-two-chips.txt"),
     (SCENARIO_A3, "info-ascend910-a3-25.2.3-busy.txt"),
+    (SCENARIO_310B, "info-310b-25.2.0-docs.txt"),
 ])
 def test_double_answers_byte_for_byte_like_the_recordings(tmp_path, scenario, recording):
     r = double(scenario, tmp_path)
@@ -66,7 +73,21 @@ def test_double_answers_byte_for_byte_like_the_recordings(tmp_path, scenario, re
     assert r.stdout == (FIXTURES / recording).read_text()
 
 
-def parse(text):
+def test_double_answers_usages_and_version_like_the_reference(tmp_path):
+    """`npu-smi info -t usages -i 0` and `npu-smi -v` as Huawei's reference
+    prints them (the 310B's usage figures of another moment than its table)."""
+    usages = dict(SCENARIO_310B, steps=[{"chips": [{"used": 3783, "mem_rate": 35, "aicore": 0, "ctrlcpu": 1}]}])
+    r = double(usages, tmp_path, "info", "-t", "usages", "-i", "0")
+    assert r.returncode == 0 and r.stdout == (FIXTURES / "usages-310b-25.2.0-one-chip.txt").read_text()
+    for version in ("25.2.0", "23.0.rc3"):
+        r = double(dict(SCENARIO_310B, version=version), tmp_path, "-v")
+        assert r.stdout == (FIXTURES / ("version-%s.txt" % version)).read_text()
+    # a card that is not there fails, as a busy driver does
+    r = double(usages, tmp_path, "info", "-t", "usages", "-i", "3")
+    assert r.returncode != 0 and r.stdout.strip()
+
+
+def parse(text, locale="C.UTF-8"):
     """The SMI_* arrays lib/npu.sh fills from a text of `npu-smi info`."""
     script = r'''
 set -uo pipefail
@@ -80,7 +101,8 @@ for id in "${SMI_UUIDS[@]}"; do
 done
 for pid in "${!SMI_PIDS_MEM[@]}"; do echo "pid $pid ${SMI_PIDS_MEM[$pid]} ${SMI_PID_UUIDS[$pid]}"; done
 '''
-    r = subprocess.run(["bash", "-c", script], cwd=ROOT, input=text, capture_output=True, text=True, check=False)
+    r = subprocess.run(["bash", "-c", script], cwd=ROOT, input=text, capture_output=True, text=True, check=False,
+                       env={"PATH": "/usr/bin:/bin", "LC_ALL": locale})
     lines = r.stdout.splitlines()
     head = dict(kv.split("=") for kv in lines[0].split())
     chips = {f[0]: f[1:] for f in (line.split("|") for line in lines[1:] if "|" in line)}
@@ -103,6 +125,13 @@ def test_310p_recording_reads_each_chip_of_the_card_with_unknown_power():
     assert chips["NPU-2-1"] == ["1", "0", "1411", "43693", "", "Ascend 310P3", "", "0"]
 
 
+def test_310b_reference_reads_its_chip_without_a_process_table():
+    rc, apps, chips, pids = parse((FIXTURES / "info-310b-25.2.0-docs.txt").read_text())
+    # the chip is read; no process table, so idle alerts wait (apps=0)
+    assert rc == 0 and apps == 0 and pids == {}
+    assert chips["NPU-0-0"] == ["0", "0", "957", "10810", "10.4", "Ascend xxx", "", "0"]
+
+
 def test_older_npu_smi_23_and_a3_dash_power_and_a_process_on_two_chips():
     rc, apps, chips, _ = parse((FIXTURES / "info-910b2-23.0.7-no-processes.txt").read_text())
     assert rc == 0 and apps == 1 and chips["NPU-7-0"][2:5] == ["3347", "65536", "93.8"]
@@ -119,6 +148,17 @@ def test_a_process_name_with_blanks_or_a_bar_is_read_whole():
     assert rc == 0 and pids == {1333928: (37709, ["NPU-2-0"])} and chips["NPU-2-0"][-1] == "1"
 
 
+def test_a_byte_order_mark_and_crlf_are_a_good_reading():
+    """An answer that went through a Windows-side tool (a BOM, CRLF line
+    ends) reads the same chips: the mark is one character in a UTF-8
+    locale, three bytes in C."""
+    text = "\ufeff" + (FIXTURES / "info-910b3-25.2.0-one-process.txt").read_text().replace("\n", "\r\n")
+    for locale in ("C.UTF-8", "C"):
+        rc, apps, chips, pids = parse(text, locale)
+        assert rc == 0 and apps == 1 and len(chips) == 8, locale
+        assert chips["NPU-2-0"][2:4] == ["41052", "65536"] and pids == {1333928: (37709, ["NPU-2-0"])}
+
+
 @pytest.mark.parametrize("text, why", [
     ("NPU 0: AICore 0% HBM 3408/65536\n", "a line outside the table"),
     ("\n".join((FIXTURES / "info-910b3-25.2.0-one-process.txt").read_text().splitlines()[:7]) + "\n", "cut"),
@@ -129,6 +169,15 @@ def test_a_process_name_with_blanks_or_a_bar_is_read_whole():
 def test_unknown_or_cut_layouts_fail_the_parse(text, why):
     rc, _, _, _ = parse(text)
     assert rc == 1, why
+
+
+def rendered(events, lang):
+    """The text of the digest the alert helper sends for these events."""
+    import sys
+    sys.path.insert(0, str(ROOT / "python"))
+    import gpuguard_render
+    title, sections = gpuguard_render.render_digest(events, lang, env={})
+    return " ".join([title] + [head + " " + " ".join(lines) for head, lines in sections])
 
 
 # ------------------------------------------------ watchdog, by device kind --
@@ -149,6 +198,8 @@ class Devices:
     # a held idle device, a busy one, a released one (910B figures from the
     # recordings: ~95 W and 3.4 GB with nothing on it, ~230 W at work)
     def step(self, state):
+        if isinstance(state, dict):
+            return state
         if self.kind == "nvidia":
             return {"idle": {"gpus": [idle_gpu()], "apps": [app(1410)]},
                     "busy": {"gpus": [busy_gpu()], "apps": [app(1410)]},
@@ -165,6 +216,19 @@ class Devices:
         procs = [{"card": 0, "chip": 0, "pid": 1410, "name": "python3", "mem": 37709}] \
             if state in ("idle", "busy") else []
         return {"chips": [chip], "procs": procs}
+
+    def holding(self, pid, mem, util=90):
+        """A step where PID holds MEM MiB on the device, at UTIL %: an H200
+        at work (~400 W) or a 910B at work (~230 W, its 3.4 GB reserve)."""
+        if self.kind == "nvidia":
+            return {"gpus": [{"utilization.gpu": util, "memory.used": 500 + mem, "power.draw": 400.0}],
+                    "apps": [app(pid, mem=mem)]}
+        return {"chips": [{"aicore": util, "used": 3400 + mem, "power": 230.0, "temp": 50}],
+                "procs": [{"card": 0, "chip": 0, "pid": pid, "name": "python3", "mem": mem}]}
+
+    @property
+    def word(self):
+        return "NPU" if self.kind == "ascend" else "GPU"
 
     def write(self, states):
         steps = [self.step(s) for s in states]
@@ -228,7 +292,12 @@ def test_a_failing_or_unknown_npu_smi_never_alerts_idle(box, fault):
     events = box.events()
     assert [e for e in events if e["event"] == "gpu_idle"] == []
     (degraded,) = [e for e in events if e["event"] == "monitor_degraded"]
-    assert "npu-smi" in degraded["error"]
+    assert "npu-smi" in degraded["error"] and degraded["vendor"] == "ascend"
+    # the alert names the NPU's tool and hints, never nvidia-smi, Xid or GPU
+    for lang in ("en", "zh"):
+        text = rendered([degraded], lang)
+        assert "npu-smi" in text and "NPU" in text, text
+        assert "nvidia-smi" not in text and "Xid" not in text and "GPU" not in text, text
     if fault in ("garbage", "cut"):
         # the unknown layout is named with the version npu-smi reports
         assert "npu-smi version: 25.2.0" in degraded["error"]
@@ -257,6 +326,26 @@ def test_dash_and_na_fields_are_unknown_never_idle(box):
     assert [e for e in box.events() if e["event"] == "gpu_idle"] == []
 
 
+def test_aicore_missing_from_the_table_is_asked_of_npu_smi_usages(box):
+    """A chip whose row shows AICore "-" is judged by `npu-smi info -t
+    usages -i CARD`'s Aicore Usage Rate, asked only for its card and only
+    then; a usages call that fails leaves it unknown, never idle."""
+    devices = Devices(box, "ascend")
+    dash = {"chips": [{"aicore": "-", "usage_aicore": 0, "used": 41052, "power": 92.3, "temp": 32}],
+            "procs": [{"card": 0, "chip": 0, "pid": 1410, "name": "python3", "mem": 37709}]}
+    devices.write(["idle"] + [dash] * 3 + [dict(dash, usages_fault="error")] * 4)
+    for t in range(4):
+        box.once(now=t)
+    assert idle_states(box) == [(0, "firing")]
+    calls = (box.tmp / "npu.log").read_text().splitlines()
+    assert calls == ["info"] + ["info", "info -t usages -i 0"] * 3
+    # usages fails: the chip's utilization is unknown, so the streak stops
+    # growing and nothing resolves or fires again
+    for t in range(4, 8):
+        box.once(now=t)
+    assert idle_states(box) == [(0, "firing")]
+
+
 def test_mixed_box_one_gpu_one_npu_watched_in_one_cycle(box):
     """auto: both tools answer; one cycle samples both, each idle device
     fires once and says what it is."""
@@ -276,49 +365,97 @@ def test_mixed_box_one_gpu_one_npu_watched_in_one_cycle(box):
     assert (box.tmp / "npu.log").read_text().splitlines() == ["info"] * 3
     prom = (box.tmp / "gpuguard_idle.prom").read_text()
     assert 'uuid="NPU-0-0",vendor="ascend"' in prom and 'vendor="nvidia"' in prom
+    # status lists both (GPU 0 and NPU 0 apart), under a neutral heading
+    r = box.run("status", cmd="bin/gpuguard")
+    lines = r.stdout.splitlines()
+    assert lines[0].split()[0] == "DEV"
+    assert [line.split()[0] for line in lines if line.split()[0] in ("0", "npu0")] == ["0", "npu0"]
+    # the report keeps a section each: index 0 names two devices here
+    out = box.tmp / "r.html"
+    r = box.run("report", "--out", str(out), cmd="bin/gpuguard", env={"GPUGUARD_NOW": "600"})
+    assert r.returncode == 0, r.stderr
+    html = out.read_text()
+    assert "<h2>GPUs and NPUs</h2>" in html and "<h2>NPU 0 <small>NPU-0-0" in html
+    assert "<h2>GPU 0 <small>GPU-" in html
+    assert "idle firing: NPU 0" in html and "idle firing: GPU 0" in html
 
 
-def test_status_lists_npus(box):
-    devices = Devices(box, "ascend")
-    devices.write(["idle"] * 3)
+def test_status_lists_each_device_and_its_holder(box, devices):
+    devices.write([devices.holding(1410, 37709, util=0)] * 3)
     r = box.run("status", cmd="bin/gpuguard")
     assert r.returncode == 0, r.stderr
-    row = [line for line in r.stdout.splitlines() if line.startswith("npu0")]
-    assert row and "41052/65536" in row[0]
+    lines = r.stdout.splitlines()
+    # the table's first column says what the box has; an NPU's row reads npu0
+    assert lines[0].split()[0] == devices.word
+    label, used, total = ("npu0", 3400 + 37709, 65536) if devices.kind == "ascend" else ("0", 500 + 37709, 143771)
+    row = [line for line in lines if line.split()[0] == label]
+    assert row and "%d/%d" % (used, total) in row[0].replace(" ", "")
+    assert any(line.split()[:2] == ["pid", "1410"] for line in lines)
+    if devices.kind == "ascend":
+        assert "GPU" not in r.stdout
     r = box.run("status", "--json", cmd="bin/gpuguard")
-    (chip,) = json.loads(r.stdout)["gpus"]
-    assert chip["vendor"] == "ascend" and chip["uuid"] == "NPU-0-0" and chip["memory_used_mib"] == 41052
+    (dev,) = json.loads(r.stdout)["gpus"]
+    assert dev["vendor"] == devices.kind and dev["memory_used_mib"] == used
+    assert dev["processes"][0]["pid"] == 1410
 
 
 def test_alert_text_says_npu_for_an_npu(box):
-    import sys
-    sys.path.insert(0, str(ROOT / "python"))
-    import gpuguard_render
     devices = Devices(box, "ascend")
     devices.write(["idle"] * 3)
     for t in range(3):
         box.once(now=t)
     events = [e for e in box.events() if e["event"] == "gpu_idle"]
     for lang in ("en", "zh"):
-        title, sections = gpuguard_render.render_digest(events, lang, env={})
-        text = " ".join([title] + [head + " " + " ".join(lines) for head, lines in sections])
-        assert "NPU 0" in text and "GPU 0" not in text
+        text = rendered(events, lang)
+        assert "NPU 0" in text and "GPU" not in text and "NCCL" not in text, text
+
+
+def test_every_npu_message_says_npu_and_npu_smi():
+    """The NPU wording of both languages: no GPU, nvidia-smi, NCCL or Xid
+    left in a line an NPU alert may carry; the same keys and placeholders
+    as the GPU wording."""
+    import re
+    import sys
+    sys.path.insert(0, str(ROOT / "python"))
+    import gpuguard_messages_en
+    import gpuguard_messages_zh
+    for mod in (gpuguard_messages_en, gpuguard_messages_zh):
+        assert set(mod.NPU_MESSAGES) == set(mod.MESSAGES)
+        for key, text in mod.NPU_MESSAGES.items():
+            assert not re.search(r"GPU|nvidia-smi|NCCL|Xid", text), (key, text)
+            assert set(re.findall(r"{\w+", text)) == set(re.findall(r"{\w+", mod.MESSAGES[key])), key
+
+
+def test_an_npu_box_daily_digest_counts_npu_hours(box):
+    """The ledger's daily digest of an Ascend box says NPU-hours (its event
+    carries the vendor); the held idle chip is its worst incident."""
+    devices = Devices(box, "ascend")
+    devices.write(["idle"] * 12)
+    day0 = 1796169600                     # 2026-12-02 00:00 UTC
+    env = {"TZ": "UTC", "CHECK_INTERVAL": "600", "LEDGER_DIGEST_AT": "09:00"}
+    for n in range(11):                   # 08:00-09:40, idle and held
+        box.once(now=day0 + 8 * 3600 + 600 * n, env=env)
+    box.once(now=day0 + 86400 + 9 * 3600, env=env)
+    (digest,) = [e for e in box.events() if e["event"] == "ledger_digest"]
+    assert digest["vendor"] == "ascend"
+    en, zh = rendered([digest], "en"), rendered([digest], "zh")
+    assert "NPU ledger 2026-12-02" in en and "NPU-hours" in en and "GPU" not in en
+    assert "NPU 占用日报 2026-12-02" in zh and "NPU 时" in zh and "GPU" not in zh
 
 
 # ------------------------------------------------------------ leak watcher --
 
+@pytest.mark.slow
 @pytest.mark.parametrize("per_step", [64, 0])
-def test_leak_watcher_catches_a_leak_on_an_npu_and_not_steady_memory(box, tmp_path, per_step):
-    """gpu-leak-watch samples through the same layer: a process whose HBM
-    grows 64 MB a minute on a 910B is a leak; a steady one is not."""
+def test_leak_watcher_catches_a_leak_and_not_steady_memory(box, tmp_path, devices, per_step):
+    """gpu-leak-watch samples through the same layer: a process whose memory
+    grows 64 MB a minute on an H200 or a 910B is a leak; a steady one is
+    not; the alert names the kind of device."""
     import test_leak
-    devices = Devices(box, "ascend")
     job = test_leak.Job(tmp_path)
     try:
         pid = job.child()
-        devices.write([{"chips": [{"aicore": 90, "used": 3400 + 3000 + per_step * i, "power": 230.0, "temp": 50}],
-                        "procs": [{"card": 0, "chip": 0, "pid": pid, "name": "python3",
-                                   "mem": 3000 + per_step * i}]} for i in range(40)])
+        devices.write([devices.holding(pid, 3000 + per_step * i) for i in range(40)])
         test_leak.watch_cycles(box, ["--pid", str(job.proc.pid)], 30)
     finally:
         job.stop()
@@ -328,7 +465,12 @@ def test_leak_watcher_catches_a_leak_on_an_npu_and_not_steady_memory(box, tmp_pa
         return
     (event,) = leaks
     assert event["state"] == "firing" and event["pid"] == job.proc.pid
-    assert event["free_memory_mib"] < 65536
+    assert 0 < event["free_memory_mib"] < (65536 if devices.kind == "ascend" else 143771)
+    assert event.get("vendor", "nvidia") == devices.kind
+    # the leak alert says which memory, in both languages
+    other = {"GPU": "NPU", "NPU": "GPU"}[devices.word]
+    assert devices.word + " memory" in rendered([event], "en") and other not in rendered([event], "en")
+    assert devices.word in rendered([event], "zh") and other not in rendered([event], "zh")
 
 
 def test_doctor_checks_npu_smi_and_names_each_chip(box, tmp_path):
@@ -341,15 +483,20 @@ def test_doctor_checks_npu_smi_and_names_each_chip(box, tmp_path):
     assert "nvidia-smi" not in r.stdout
 
 
-def test_report_covers_npu_history(box, tmp_path):
-    devices = Devices(box, "ascend")
+def test_report_covers_the_device_history_and_its_idle_alert(box, tmp_path, devices):
     devices.write(["idle"] * 4)
     for t in range(4):
         box.once(now=1796206508 + 60 * t)
     out = tmp_path / "r.html"
-    r = box.run("report", "--out", str(out), "--gpu", "NPU-0-0", cmd="bin/gpuguard",
+    r = box.run("report", "--out", str(out), "--gpu", "0", cmd="bin/gpuguard",
                 env={"GPUGUARD_NOW": str(1796206508 + 300)})
     assert r.returncode == 0, r.stderr
     html = out.read_text()
-    # the chip's history: its section, with the HBM capacity npu-smi gave
-    assert "NPU-0-0  · capacity 65,536 MiB" in html
+    # the device's history: its section, titled by its kind, with the
+    # capacity its tool gave (a 910B's HBM, an H200's memory)
+    word = devices.word
+    assert "<h2>%s 0 <small>" % word in html and "<h2>%ss</h2>" % word in html
+    assert "capacity %s MiB" % ("65,536" if devices.kind == "ascend" else "143,771") in html
+    assert "idle firing: %s 0" % word in html
+    if devices.kind == "ascend":
+        assert "<h2>NPU 0 <small>NPU-0-0" in html and "GPU 0" not in html
