@@ -881,7 +881,8 @@ lowprio_disk_blocker() {
 # --explain or --dry-run). Fills LP_DISKS, LP_DISK_MECH, LP_DISK_EFFECT,
 # LP_GOV_CAP and LP_SET's io_max and io_weight.
 lowprio_disk_plan() {
-  local home=$PWD majmin blocker adaptive=${LP_IO_ADAPTIVE_USER:-$LP_DISK_ADAPTIVE}
+  local home=$PWD majmin blocker adaptive
+  adaptive=$(lowprio_disk_adaptive)
   local -a lines=()
   declare -ga LP_DISK_NONE=()
   if [[ -n $LP_ATTACH ]]; then
@@ -906,10 +907,10 @@ lowprio_disk_plan() {
       LP_DISK_EFFECT[$majmin]="the job may saturate the disk; services beside it wait"
     elif [[ -n $LP_DISK_WEIGHT && $LP_MECHANISM != cgroup-v1 ]] && cg_iocost_enabled "$majmin"; then
       lowprio_disk_iocost "$majmin"
-      if [[ $adaptive == on && $LP_MECHANISM == cgroup-v2 && -n $LP_DISK_WPCT ]]; then
+      if [[ $adaptive == on ]]; then
         lowprio_disk_fallback "$majmin" lines adaptive
       fi
-    elif [[ $adaptive == on && $LP_MECHANISM == cgroup-v2 && -n $LP_DISK_WPCT ]]; then
+    elif [[ $adaptive == on ]]; then
       lowprio_disk_fallback "$majmin" lines adaptive
     else
       lowprio_disk_fallback "$majmin" lines
@@ -935,12 +936,27 @@ lowprio_disk_iocost() {
   LP_DISK_EFFECT[$majmin]="work-conserving: $alone while nobody else uses the disk; while another cgroup needs it and the disk misses its latency targets, the job gets about $LP_DISK_WEIGHT/$((LP_DISK_WEIGHT + 100)) of it"
 }
 
+# Prints "on" when the adaptive io.max can bound the job here: the tier or
+# --io-adaptive asks for it, the tier gives a write fraction, and the job
+# runs in a cgroup v2 leaf of lowprio-run's own, which the governor writes
+# while lowprio-run waits for the job (not --attach: lowprio-run returns).
+lowprio_disk_adaptive() {
+  if [[ ${LP_IO_ADAPTIVE_USER:-$LP_DISK_ADAPTIVE} == on && -n $LP_DISK_WPCT &&
+    $LP_MECHANISM == cgroup-v2 && -z $LP_ATTACH ]]; then
+    echo on
+  else
+    echo off
+  fi
+}
+
 # Why the static io.max is what bounds the job on a disk (the adaptive one
 # needs a cgroup v2 leaf of lowprio-run's own, which it writes while the
 # job runs; iocost needs --setup-disk).
 lowprio_disk_static_why() {
   local adaptive=${LP_IO_ADAPTIVE_USER:-$LP_DISK_ADAPTIVE}
-  if [[ $adaptive == on && $LP_MECHANISM == systemd ]]; then
+  if [[ $adaptive == on && -n $LP_ATTACH ]]; then
+    printf 'static: --attach leaves no governor beside the job; '
+  elif [[ $adaptive == on && $LP_MECHANISM == systemd ]]; then
     printf 'static: systemd owns the cgroup tree here, so no adaptive cap; '
   elif [[ $adaptive == on && $LP_MECHANISM == cgroup-v1 ]]; then
     printf 'static: no adaptive cap on cgroup v1; '
