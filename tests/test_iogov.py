@@ -146,11 +146,14 @@ def test_the_cap_is_lifted_only_after_the_others_have_been_quiet(tmp_path):
                                                               "%s rbps=max wbps=max" % DEV]
 
 
-def service_io(t, svc, done=[0]):
+SERVICE_IOS = [0]
+
+
+def service_io(t, svc):
     """The service does 100 more 4 KiB I/Os (whenever the governor looks,
     they are news). True, for wait_for."""
-    done[0] += 100
-    t.io(svc, done[0] * 4096, done[0])
+    SERVICE_IOS[0] += 100
+    t.io(svc, SERVICE_IOS[0] * 4096, SERVICE_IOS[0])
     return True
 
 
