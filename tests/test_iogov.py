@@ -4,6 +4,7 @@ step against fake cgroup trees and a fake /sys/block/DEV/stat; its loop and
 its life beside a job run for real (a fake v2 root; a real one where this
 machine has cgroup v2 with the io controller)."""
 import os
+import re
 import signal
 import subprocess
 import time
@@ -448,3 +449,27 @@ def test_under_systemd_the_scope_gets_io_accounting_and_no_static_cap(tmp_path):
     # on a hybrid host (cgroup v1) systemd's static cap, said so
     r = lowprio(["--dry-run", "--", "true"], tmp_path, env=dict(env, LOWPRIO_CGROUP_MODE="v1"), cwd=tmp_path)
     assert "IOWriteBandwidthMax=/dev/block/%s\\ %d" % (majmin, (1 << 30) * 8 // 100) in r.stdout   # %q's quoting
+
+
+@pytest.mark.slow
+def test_disk_adaptive_bench_dry_run_gives_the_goal_table_and_leaves_nothing(tmp_path):
+    """bench/h200/disk_adaptive.sh's dry run (no root: a fake cgroup root,
+    small jobs): every row, the goal table with a verdict per goal, and its
+    work folder removed."""
+    require(disk_of(tmp_path) is not None and os.path.isdir("/var/tmp") and disk_of("/var/tmp") is not None,
+            "/var/tmp on a block device (the bench's work folder)")
+    out = tmp_path / "out"
+    r = subprocess.run(["bash", str(ROOT / "bench/h200/disk_adaptive.sh"), str(out)], cwd=ROOT, text=True,
+                       capture_output=True, timeout=300, env=dict(os.environ, DRY_RUN="1"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    table = (out / "disk_adaptive.md").read_text()
+    rows = [line.split(" | ")[:2] for line in table.splitlines() if line.startswith("| ")]
+    for want in (["| idle", "ckpt"], ["| plain", "read"], ["| default", "direct8"], ["| default onset", "ckpt"],
+                 ["| offline", "ckpt"], ["| default at 5 %", "ckpt"]):
+        assert want in rows, table
+    goals = [line for line in table.splitlines() if line.startswith(("| service ", "| job"))]
+    assert len(goals) >= 8 and all(line.endswith(("| yes |", "| **no** |")) for line in goals)
+    log = (out / "disk_adaptive.log").read_text()
+    assert "adaptive io.max: writes <= " in log and "the cap went on" in log
+    (work,) = set(re.findall(r"^== kernel [^;]*; (/var/tmp/gg-disk-adaptive\.\w+) on ", log, re.MULTILINE))
+    assert not os.path.exists(work)
