@@ -17,10 +17,10 @@
 # LOWPRIO_GOV_FLOOR_BPS (1 MiB) per second: the H200 probe service (a 4 KiB
 # write+fsync and a 4 KiB read every 20 ms) does 100 I/Os per second, a log
 # shipper's trickle or an atime update a few. The root cgroup's own I/O
-# (the file system's journal, kernel threads) is not counted: the journal
-# commits for the job's own files would otherwise keep the cap on.
-# I/O no cgroup beside the job accounts for (processes in the root cgroup,
-# cgroups a container does not show) is seen in the disk's totals
+# (the file system's journal, kernel threads) is not among them: the
+# journal commits for the job's own files would otherwise keep the cap on.
+# I/O no cgroup beside the job accounts for (the root cgroup's, cgroups a
+# container does not show) is seen in the disk's totals
 # (/sys/block/DEV/stat): disk - job - the cgroups beside it. Those totals
 # count requests as they complete (after merging and splitting) and the
 # job's io.stat counts them as they are issued, so the difference wobbles
