@@ -120,6 +120,25 @@ cg_io_max_write() {
   { printf '%s\n' "$2" >"$1/io.max"; } 2>/dev/null
 }
 
+# The same under systemd, which owns the job's scope there: one
+# `systemctl set-property --runtime` (the user's manager for a non-root
+# caller) on the scope $1 for disk $2 with the fields $3 ("wbps=N rbps=N";
+# a field left out, or "max", lifts that limit). It forks: the governor
+# calls it only when the cap goes on or off, not at every look.
+cg_systemd_io_max_set() {
+  local unit=$1 dev=/dev/block/$2 kv w=infinity r=infinity
+  local -a mgr=()
+  ((EUID == 0)) || mgr=(--user)
+  for kv in $3; do
+    case $kv in
+      wbps=*) w=${kv#*=} ;;
+      rbps=*) r=${kv#*=} ;;
+    esac
+  done
+  timeout 10 systemctl "${mgr[@]}" set-property --runtime "$unit" \
+    "IOWriteBandwidthMax=$dev $w" "IOReadBandwidthMax=$dev $r" >/dev/null 2>&1
+}
+
 # Lists the controllers available to children of the v2 parent.
 cg_v2_controllers() {
   local list=''
@@ -816,6 +835,8 @@ cg_systemd_command_into() {
   fi
   [[ -n ${set_ref[pids_max]:-} ]] && cmd_ref+=(-p "TasksMax=${set_ref[pids_max]}")
   [[ -n ${set_ref[io_weight]:-} ]] && cmd_ref+=(-p "IOWeight=${set_ref[io_weight]}")
+  # the adaptive io.max's governor reads the scope's io.stat
+  [[ -n ${set_ref[io_accounting]:-} ]] && cmd_ref+=(-p IOAccounting=yes)
   if [[ -n ${set_ref[io_max]:-} ]]; then
     local line dev kv
     while read -r line; do

@@ -17,21 +17,25 @@
 # LOWPRIO_GOV_FLOOR_BPS (1 MiB) per second: the H200 probe service (a 4 KiB
 # write+fsync and a 4 KiB read every 20 ms) does 100 I/Os per second, a log
 # shipper's trickle or an atime update a few. The root cgroup's own I/O
-# (the file system's journal, kernel threads) is not counted: the journal
-# commits for the job's own files would otherwise keep the cap on.
-# I/O no cgroup beside the job accounts for (processes in the root cgroup,
-# cgroups a container does not show) is seen in the disk's totals
+# (the file system's journal, kernel threads) is not among them: the
+# journal commits for the job's own files would otherwise keep the cap on.
+# I/O no cgroup beside the job accounts for (the root cgroup's, cgroups a
+# container does not show) is seen in the disk's totals
 # (/sys/block/DEV/stat): disk - job - the cgroups beside it. Those totals
 # count requests as they complete (after merging and splitting) and the
 # job's io.stat counts them as they are issued, so the difference wobbles
 # by the job's requests in flight: it counts only above
-# LOWPRIO_GOV_HIDDEN_BPS (32 MiB/s) and half the job's own rate.
+# LOWPRIO_GOV_HIDDEN_BPS (32 MiB/s) and half the job's own rate, and only
+# while the job's own io.stat can be read (else its own I/O would count).
 #
 # The loop forks nothing (builtins only: read, printf, arithmetic, globs),
 # and sleeps in `read -t` on a pipe nobody writes to. Its one write is
-# cg_io_max_write (lib/cgroup.sh). It exits when the job's cgroup is gone
-# or empty, or on TERM (lowprio-run sends it when the job ends), and then
-# prints one line: "GOV CAPPED_USEC SWITCHES ELAPSED_USEC".
+# cg_io_max_write (lib/cgroup.sh); where systemd owns the job's scope,
+# cg_systemd_io_max_set instead, which runs systemctl: only when the cap
+# goes on or off. Under systemd it first finds the scope systemd-run made
+# (UNIT.scope) in the job's /proc/PID/cgroup. It exits when the job's
+# cgroup is gone or empty, or on TERM (lowprio-run sends it when the job
+# ends), and then prints one line: "GOV CAPPED_USEC SWITCHES ELAPSED_USEC".
 
 # Sums a disk's line of a cgroup's io.stat: bytes read and written into the
 # variable named $3, I/Os into $4. Returns 1 when the file cannot be read
@@ -110,13 +114,13 @@ iogov_populated() {
 #   IOGOV_DISK_PREV (the disk's bytes), IOGOV_CAPPED (0/1), IOGOV_SWITCHES, IOGOV_CAPPED_USEC, IOGOV_LAST_T,
 #   IOGOV_LAST_BUSY_T, IOGOV_QUIET_USEC
 iogov_step() {
-  local now=${EPOCHREALTIME/[.,]/} dt c b n ob=0 on=0 jb=0 lb=0 disk=0 prev busy=''
+  local now=${EPOCHREALTIME/[.,]/} dt c b n ob=0 on=0 jb=0 lb=0 disk=0 prev busy='' known=0
   local -a nbs
   dt=$((now - IOGOV_LAST_T))
   ((dt > 0)) || dt=1
   if iogov_iostat_into "$IOGOV_LEAF/io.stat" "$IOGOV_DEV" b n; then
     prev=${IOGOV_PREV[$IOGOV_LEAF]:-}
-    [[ -n $prev ]] && jb=$((b - ${prev% *}))
+    [[ -n $prev ]] && jb=$((b - ${prev% *})) known=1
     IOGOV_PREV[$IOGOV_LEAF]="$b $n"
   fi
   iogov_neighbours_into "$IOGOV_LEAF" "$IOGOV_ROOT" nbs
@@ -142,7 +146,7 @@ iogov_step() {
     busy="$((on * 1000000 / dt)) I/Os per second beside the job"
   elif ((ob * 1000000 >= IOGOV_FLOOR_BPS * dt)); then
     busy="$((ob * 1000000 / dt)) bytes per second beside the job"
-  elif ((disk - jb - lb - ob > 0)) &&
+  elif ((known && disk - jb - lb - ob > 0)) &&
     (((disk - jb - lb - ob) * 1000000 >= IOGOV_HIDDEN_BPS * dt && 2 * (disk - jb - lb - ob) >= jb + lb)); then
     busy="$(((disk - jb - lb - ob) * 1000000 / dt)) bytes per second on the disk from no cgroup beside the job"
   fi
@@ -150,20 +154,46 @@ iogov_step() {
   IOGOV_LAST_T=$now
   if [[ -n $busy ]]; then
     IOGOV_LAST_BUSY_T=$now
-    if ((! IOGOV_CAPPED)) && cg_io_max_write "$IOGOV_LEAF" "$IOGOV_DEV $IOGOV_CAP"; then
+    if ((! IOGOV_CAPPED)) && iogov_write "$IOGOV_CAP"; then
       IOGOV_CAPPED=1 IOGOV_SWITCHES=$((IOGOV_SWITCHES + 1))
     fi
   elif ((IOGOV_CAPPED && now - IOGOV_LAST_BUSY_T >= IOGOV_QUIET_USEC)); then
-    cg_io_max_write "$IOGOV_LEAF" "$IOGOV_DEV rbps=max wbps=max" && IOGOV_CAPPED=0
+    iogov_write "rbps=max wbps=max" && IOGOV_CAPPED=0
   fi
   return 0
 }
 
-# Sets up the governor's state. Arguments: $1 the job's leaf, $2 the cgroup
-# root, $3 the disk's stat file (empty: none), $4 MAJ:MIN, $5 the cap
-# ("wbps=N rbps=N").
+# Writes the job's io.max fields for the disk ($1: the cap, or
+# "rbps=max wbps=max"): to its leaf, or through systemd to its scope.
+iogov_write() {
+  if [[ -n $IOGOV_UNIT ]]; then
+    cg_systemd_io_max_set "$IOGOV_UNIT.scope" "$IOGOV_DEV" "${1//=max/=infinity}"
+  else
+    cg_io_max_write "$IOGOV_LEAF" "$IOGOV_DEV $1"
+  fi
+}
+
+# Under systemd: sets IOGOV_LEAF to the scope systemd-run made for the job
+# (a path ending in /UNIT.scope in the job's /proc/PID/cgroup, IOGOV_PROC).
+# Returns 1 while the job is not in it yet, 2 when the job is gone.
+iogov_find_scope() {
+  local _fs_line _fs_path=''
+  [[ -e $IOGOV_PROC ]] || return 2
+  { while read -r _fs_line; do
+    [[ $_fs_line == 0::* ]] && _fs_path=${_fs_line#0::}
+  done <"$IOGOV_PROC"; } 2>/dev/null || return 2
+  [[ $_fs_path == */"$IOGOV_UNIT".scope ]] || return 1
+  IOGOV_LEAF=$IOGOV_ROOT$_fs_path
+}
+
+# Sets up the governor's state. Arguments: $1 the job's leaf (empty under
+# systemd: found from $7), $2 the cgroup root, $3 the disk's stat file
+# (empty: none), $4 MAJ:MIN, $5 the cap ("wbps=N rbps=N"); under systemd
+# $6 the scope's unit name (without .scope) and $7 the job's
+# /proc/PID/cgroup.
 iogov_init() {
   declare -g IOGOV_LEAF=$1 IOGOV_ROOT=$2 IOGOV_STAT=$3 IOGOV_DEV=$4 IOGOV_CAP=$5
+  declare -g IOGOV_UNIT=${6:-} IOGOV_PROC=${7:-}
   declare -gA IOGOV_PREV=()
   declare -g IOGOV_DISK_PREV=''
   declare -g IOGOV_CAPPED=0 IOGOV_SWITCHES=0 IOGOV_CAPPED_USEC=0
@@ -191,8 +221,16 @@ iogov_run() {
   local nap
   exec {nap}<> <(:)
   while ((! IOGOV_STOP)); do
-    iogov_populated "$IOGOV_LEAF"
-    state=$?
+    state=1
+    if [[ -z $IOGOV_LEAF ]]; then
+      iogov_find_scope
+      state=$?
+      ((state == 2)) && break
+    fi
+    if [[ -n $IOGOV_LEAF ]]; then
+      iogov_populated "$IOGOV_LEAF"
+      state=$?
+    fi
     ((state == 2)) && break
     if ((state == 0)); then
       seen=1
@@ -205,8 +243,8 @@ iogov_run() {
     fi
     read -r -t "$period" -u "$nap" _
   done
-  if ((IOGOV_CAPPED)) && [[ -d $IOGOV_LEAF ]]; then
-    cg_io_max_write "$IOGOV_LEAF" "$IOGOV_DEV rbps=max wbps=max"
+  if ((IOGOV_CAPPED)) && [[ -n $IOGOV_LEAF && -d $IOGOV_LEAF ]]; then
+    iogov_write "rbps=max wbps=max"
     IOGOV_CAPPED_USEC=$((IOGOV_CAPPED_USEC + ${EPOCHREALTIME/[.,]/} - IOGOV_LAST_T))
   fi
   exec {nap}<&-

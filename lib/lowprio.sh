@@ -587,11 +587,19 @@ lowprio_run() {
 # runs on at full speed there.
 lowprio_gov_start() {
   local majmin fd stat name
-  [[ $LP_MECHANISM == cgroup-v2 && -n ${CG_LEAF:-} && -d $CG_LEAF ]] || return 0
+  local -a where
+  case $LP_MECHANISM in
+    # systemd: the governor finds the scope in the job's /proc/PID/cgroup
+    systemd) where=("" "$CG_ROOT") ;;
+    cgroup-v2) where=("${CG_LEAF:-}" "$CG_ROOT") ;;
+    *) return 0 ;;
+  esac
+  [[ $LP_MECHANISM == systemd || -d ${where[0]} ]] || return 0
   for majmin in "${!LP_GOV_CAP[@]}"; do
     stat=''
     name=$(disk_name "$majmin") && [[ -r /sys/block/$name/stat ]] && stat=/sys/block/$name/stat
-    if exec {fd}< <(iogov_run "$CG_LEAF" "$CG_ROOT" "${LOWPRIO_GOV_DISKSTAT:-$stat}" "$majmin" "${LP_GOV_CAP[$majmin]}"); then
+    if exec {fd}< <(iogov_run "${where[@]}" "${LOWPRIO_GOV_DISKSTAT:-$stat}" "$majmin" "${LP_GOV_CAP[$majmin]}" \
+      "$([[ $LP_MECHANISM == systemd ]] && printf '%s' "$CG_NAME")" "/proc/$LP_CHILD/cgroup"); then
       LP_GOV_PID[$majmin]=$! LP_GOV_FD[$majmin]=$fd
     else
       gg_log warn "disk $majmin: the adaptive io.max could not start: the job runs uncapped there"
@@ -881,7 +889,8 @@ lowprio_disk_blocker() {
 # --explain or --dry-run). Fills LP_DISKS, LP_DISK_MECH, LP_DISK_EFFECT,
 # LP_GOV_CAP and LP_SET's io_max and io_weight.
 lowprio_disk_plan() {
-  local home=$PWD majmin blocker adaptive=${LP_IO_ADAPTIVE_USER:-$LP_DISK_ADAPTIVE}
+  local home=$PWD majmin blocker adaptive
+  adaptive=$(lowprio_disk_adaptive)
   local -a lines=()
   declare -ga LP_DISK_NONE=()
   if [[ -n $LP_ATTACH ]]; then
@@ -906,10 +915,10 @@ lowprio_disk_plan() {
       LP_DISK_EFFECT[$majmin]="the job may saturate the disk; services beside it wait"
     elif [[ -n $LP_DISK_WEIGHT && $LP_MECHANISM != cgroup-v1 ]] && cg_iocost_enabled "$majmin"; then
       lowprio_disk_iocost "$majmin"
-      if [[ $adaptive == on && $LP_MECHANISM == cgroup-v2 && -n $LP_DISK_WPCT ]]; then
+      if [[ $adaptive == on ]]; then
         lowprio_disk_fallback "$majmin" lines adaptive
       fi
-    elif [[ $adaptive == on && $LP_MECHANISM == cgroup-v2 && -n $LP_DISK_WPCT ]]; then
+    elif [[ $adaptive == on ]]; then
       lowprio_disk_fallback "$majmin" lines adaptive
     else
       lowprio_disk_fallback "$majmin" lines
@@ -935,13 +944,29 @@ lowprio_disk_iocost() {
   LP_DISK_EFFECT[$majmin]="work-conserving: $alone while nobody else uses the disk; while another cgroup needs it and the disk misses its latency targets, the job gets about $LP_DISK_WEIGHT/$((LP_DISK_WEIGHT + 100)) of it"
 }
 
+# Prints "on" when the adaptive io.max can bound the job here: the tier or
+# --io-adaptive asks for it, the tier gives a write fraction, and the job
+# runs in a cgroup v2 leaf of lowprio-run's own or a systemd scope on
+# cgroup v2, which the governor writes while lowprio-run waits for the job
+# (not --attach: lowprio-run returns at once).
+lowprio_disk_adaptive() {
+  if [[ ${LP_IO_ADAPTIVE_USER:-$LP_DISK_ADAPTIVE} == on && -n $LP_DISK_WPCT && -z $LP_ATTACH ]] &&
+    [[ $LP_MECHANISM == cgroup-v2 || ($LP_MECHANISM == systemd && $CG_MODE == v2) ]]; then
+    echo on
+  else
+    echo off
+  fi
+}
+
 # Why the static io.max is what bounds the job on a disk (the adaptive one
 # needs a cgroup v2 leaf of lowprio-run's own, which it writes while the
 # job runs; iocost needs --setup-disk).
 lowprio_disk_static_why() {
   local adaptive=${LP_IO_ADAPTIVE_USER:-$LP_DISK_ADAPTIVE}
-  if [[ $adaptive == on && $LP_MECHANISM == systemd ]]; then
-    printf 'static: systemd owns the cgroup tree here, so no adaptive cap; '
+  if [[ $adaptive == on && -n $LP_ATTACH ]]; then
+    printf 'static: --attach leaves no governor beside the job; '
+  elif [[ $adaptive == on && $LP_MECHANISM == systemd ]]; then
+    printf 'static: systemd on cgroup v1 here, so no adaptive cap; '
   elif [[ $adaptive == on && $LP_MECHANISM == cgroup-v1 ]]; then
     printf 'static: no adaptive cap on cgroup v1; '
   elif [[ $adaptive == off ]]; then
@@ -1009,6 +1034,7 @@ lowprio_disk_fallback() {
   fi
   if [[ $mode == adaptive ]]; then
     LP_GOV_CAP[$majmin]=$kv
+    [[ $LP_MECHANISM == systemd ]] && LP_SET[io_accounting]=yes
     LP_DISK_MECH[$majmin]="adaptive io.max: $text, $why"
     LP_DISK_EFFECT[$majmin]="work-conserving: full speed while no other cgroup uses the disk; within about ${LOWPRIO_GOV_PERIOD:-0.5} s of another's first I/O (${LOWPRIO_GOV_FLOOR_IOPS:-20} I/Os or 1 MiB per second or more; other lowprio-run jobs do not count) the cap above, lifted ${LOWPRIO_GOV_QUIET:-3} s after its last; --report says how long it was capped"
     [[ -n $iocost ]] && LP_DISK_EFFECT[$majmin]+="; beside it, iocost: ${iocost_effect:-}"

@@ -4,6 +4,7 @@ step against fake cgroup trees and a fake /sys/block/DEV/stat; its loop and
 its life beside a job run for real (a fake v2 root; a real one where this
 machine has cgroup v2 with the io controller)."""
 import os
+import re
 import signal
 import subprocess
 import time
@@ -146,11 +147,14 @@ def test_the_cap_is_lifted_only_after_the_others_have_been_quiet(tmp_path):
                                                               "%s rbps=max wbps=max" % DEV]
 
 
-def service_io(t, svc, done=[0]):
+SERVICE_IOS = [0]
+
+
+def service_io(t, svc):
     """The service does 100 more 4 KiB I/Os (whenever the governor looks,
     they are news). True, for wait_for."""
-    done[0] += 100
-    t.io(svc, done[0] * 4096, done[0])
+    SERVICE_IOS[0] += 100
+    t.io(svc, SERVICE_IOS[0] * 4096, SERVICE_IOS[0])
     return True
 
 
@@ -379,3 +383,93 @@ grep -c "^$3 .*wbps=[0-9]" "$leaf/io.max"
     assert r.returncode == 1, r.stderr              # grep -c found no cap line at the end
     first, last = r.stdout.splitlines()
     assert first.startswith(majmin + " ") and "wbps=" in first and last == "0"
+
+
+# ------------------------------------------------------------- systemd ----
+
+def test_under_systemd_the_governor_finds_the_jobs_scope_and_caps_it_through_systemctl(tmp_path):
+    """Where systemd owns the tree, the job's cgroup is the scope
+    systemd-run made (UNIT.scope): the governor finds it in the job's
+    /proc/PID/cgroup once the job is in it, and sets and lifts the cap with
+    `systemctl set-property --runtime` (systemd stays the one writer)."""
+    t = Tree(tmp_path, leaf="user.slice/gpuguard-lowprio-9.scope")
+    svc = t.root / "system.slice"
+    t.io(svc, 0, 0)
+    proc = tmp_path / "proc-cgroup"
+    proc.write_text("0::/user.slice/session-2.scope\n")
+    log = tmp_path / "systemctl.log"
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "systemctl").write_text('#!/bin/sh\nprintf "%%s|" "$@" >> %s\necho >> %s\n' % (log, log))
+    (fake / "systemctl").chmod(0o755)
+    script = LIBS + """
+iogov_init "" "$1" "$2" %s "%s" gpuguard-lowprio-9 "$3"
+iogov_find_scope; echo "before: $? ${IOGOV_LEAF:-none}"
+echo "0::/user.slice/gpuguard-lowprio-9.scope" > "$3"
+iogov_find_scope; echo "after: $? $IOGOV_LEAF"
+iogov_step
+%s
+iogov_step
+sleep 0.3
+iogov_step
+rm "$3"; iogov_find_scope; echo "gone: $?"
+""" % (DEV, CAP, write_io(svc / "io.stat", 409600, 100))
+    r = subprocess.run(["bash", "-c", script, "_", str(t.root), str(t.stat), str(proc)], cwd=ROOT,
+                       env=dict(os.environ, LOWPRIO_GOV_QUIET="0.2", PATH="%s:%s" % (fake, os.environ["PATH"])),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert r.stdout.splitlines() == ["before: 1 none", "after: 0 %s" % t.leaf, "gone: 2"]
+    user = [] if os.geteuid() == 0 else ["--user"]
+    calls = [line.rstrip("|").split("|") for line in log.read_text().splitlines()]
+    assert calls == [user + ["set-property", "--runtime", "gpuguard-lowprio-9.scope",
+                             "IOWriteBandwidthMax=/dev/block/%s 104857600" % DEV,
+                             "IOReadBandwidthMax=/dev/block/%s 268435456" % DEV],
+                     user + ["set-property", "--runtime", "gpuguard-lowprio-9.scope",
+                             "IOWriteBandwidthMax=/dev/block/%s infinity" % DEV,
+                             "IOReadBandwidthMax=/dev/block/%s infinity" % DEV]]
+    assert t.io_max() is None                     # nothing written past systemd
+
+
+def test_under_systemd_the_scope_gets_io_accounting_and_no_static_cap(tmp_path):
+    disk = disk_of(tmp_path)
+    require(disk is not None, "the test's folder on a block device")
+    majmin, name = disk
+    root = fake_root(tmp_path)
+    (tmp_path / "state").mkdir()
+    sectors = open("/sys/class/block/%s/size" % name).read().strip()
+    (tmp_path / "state" / "disk-bandwidth").write_text("%s %s %s 1073741824 2147483648 0\n" % (majmin, name, sectors))
+    env = {"LOWPRIO_CGROUP_ROOT": str(root), "LOWPRIO_CGROUP_MODE": "v2", "LOWPRIO_SYSTEMD": "1",
+           "LOWPRIO_PROC_CGROUP": str(tmp_path / "proc-cgroup")}
+    r = lowprio(["--dry-run", "--", "true"], tmp_path, env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert " -p IOAccounting=yes " in r.stdout and "BandwidthMax" not in r.stdout
+    r = lowprio(["--explain"], tmp_path, env=env, cwd=tmp_path)
+    assert "disk %s (%s; the job's folder, the state folder): adaptive io.max: writes <= 81 MiB/s" % (name, majmin) \
+        in r.stdout
+    # on a hybrid host (cgroup v1) systemd's static cap, said so
+    r = lowprio(["--dry-run", "--", "true"], tmp_path, env=dict(env, LOWPRIO_CGROUP_MODE="v1"), cwd=tmp_path)
+    assert "IOWriteBandwidthMax=/dev/block/%s\\ %d" % (majmin, (1 << 30) * 8 // 100) in r.stdout   # %q's quoting
+
+
+@pytest.mark.slow
+def test_disk_adaptive_bench_dry_run_gives_the_goal_table_and_leaves_nothing(tmp_path):
+    """bench/h200/disk_adaptive.sh's dry run (no root: a fake cgroup root,
+    small jobs): every row, the goal table with a verdict per goal, and its
+    work folder removed."""
+    require(disk_of(tmp_path) is not None and os.path.isdir("/var/tmp") and disk_of("/var/tmp") is not None,
+            "/var/tmp on a block device (the bench's work folder)")
+    out = tmp_path / "out"
+    r = subprocess.run(["bash", str(ROOT / "bench/h200/disk_adaptive.sh"), str(out)], cwd=ROOT, text=True,
+                       capture_output=True, timeout=300, env=dict(os.environ, DRY_RUN="1"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    table = (out / "disk_adaptive.md").read_text()
+    rows = [line.split(" | ")[:2] for line in table.splitlines() if line.startswith("| ")]
+    for want in (["| idle", "ckpt"], ["| plain", "read"], ["| default", "direct8"], ["| default onset", "ckpt"],
+                 ["| offline", "ckpt"], ["| default at 5 %", "ckpt"]):
+        assert want in rows, table
+    goals = [line for line in table.splitlines() if line.startswith(("| service ", "| job"))]
+    assert len(goals) >= 8 and all(line.endswith(("| yes |", "| **no** |")) for line in goals)
+    log = (out / "disk_adaptive.log").read_text()
+    assert "adaptive io.max: writes <= " in log and "the cap went on" in log
+    (work,) = set(re.findall(r"^== kernel [^;]*; (/var/tmp/gg-disk-adaptive\.\w+) on ", log, re.MULTILINE))
+    assert not os.path.exists(work)

@@ -25,7 +25,7 @@
 # the plain job alone: the adaptive cap must stay off then.
 # Rows: idle; plain; default (batch tier: adaptive io.max, 8 % of the
 # measured write bandwidth, 25 % of the read one, while others use the
-# disk); default at 4 % (a tiers file with wbps=4%: the cap's trade-off);
+# disk); default at 5 % (a tiers file with wbps=5%: the cap's trade-off);
 # offline (2 % / 10 %); default after `lowprio-run --setup-disk` (iocost's
 # io.weight 10 beside the adaptive cap; put back at the end, also on
 # failure) where the kernel has iocost.
@@ -65,7 +65,7 @@ main() {
   echo "== kernel $(uname -r); $WORK on $(findmnt -no SOURCE,FSTYPE --target "$WORK"); disk $DISK ($(bench_sched_of "$DISK")), write cache: $(cat "$(readlink -f "/sys/dev/block/$DISK")/queue/write_cache" 2>/dev/null)"
   echo "== io.cost.qos before: ${QOS_BEFORE:-none}; io.cost.model: ${MODEL_BEFORE:-none}; mechanism: ${LOWPRIO_MECHANISM}"
   disk_job_script >"$WORK/job.sh"
-  sed 's/^\(batch .*\)wbps=[0-9]*%/\1wbps=4%/' "$ROOT_DIR/etc/lowprio-tiers.conf" >"$WORK/tiers-4pct.conf"
+  sed 's/^\(batch .*\)wbps=[0-9]*%/\1wbps=5%/' "$ROOT_DIR/etc/lowprio-tiers.conf" >"$WORK/tiers-5pct.conf"
   python3 "$HELPER" io 0.1 "$WORK" >/dev/null
   dd if=/dev/urandom of="$WORK/dataset" bs=1M count="$DATASET_MIB" status=none
   sync
@@ -78,7 +78,7 @@ main() {
   ad_config default "ckpt direct8 read" "$LP" --report --
   ad_row "default onset" ckpt onset "$LP" --report --
   ad_config "offline" ckpt "$LP" --tier offline --report --
-  LOWPRIO_TIERS=$WORK/tiers-4pct.conf ad_config "default at 4 %" ckpt "$LP" --report --
+  LOWPRIO_TIERS=$WORK/tiers-5pct.conf ad_config "default at 5 %" ckpt "$LP" --report --
   if ((! DRY)) && [[ -f $CG/io.cost.qos ]]; then
     "$LP" --setup-disk "$DISK"
     ad_config "default + iocost" ckpt "$LP" --report --
