@@ -38,7 +38,7 @@ lowprio_init() {
 # never stops a job from starting): same columns as etc/lowprio-tiers.conf.
 LP_BUILTIN_TIERS='system -5 best-effort:0 200 - -
 online 0 best-effort:4 100 - -
-batch 15 idle idle 60 weight=10,wbps=8%,rbps=25%,adaptive=on
+batch 15 idle idle 60 weight=10,wbps=12%,rbps=10%,adaptive=on
 offline 19 idle idle - weight=1,wbps=2%,rbps=10%,adaptive=on'
 
 # Loads a tier from the tiers table into the plan.

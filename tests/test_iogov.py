@@ -272,7 +272,7 @@ cat "$leaf/io.max"
 @pytest.mark.slow
 def test_lowprio_run_caps_the_job_while_a_service_uses_the_disk_and_the_governor_dies_with_it(tmp_path):
     """No flag: the start line names the adaptive io.max and its figures
-    (8 % of the measured write speed, 25 % of the read speed); the cap goes
+    (12 % of the measured write speed, 10 % of the read speed); the cap goes
     on while another cgroup does I/O; --report says how long and how often;
     the governor is gone when lowprio-run returns."""
     disk = disk_of(tmp_path)
@@ -286,7 +286,7 @@ def test_lowprio_run_caps_the_job_while_a_service_uses_the_disk_and_the_governor
     r = lowprio(["--report", "--", "bash", "-c", JOB, "_", str(root), majmin], tmp_path, env=env, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     w, rd = (int(x) for x in (tmp_path / "state" / "disk-bandwidth").read_text().split()[3:5])
-    assert r.stdout == "%s wbps=%d rbps=%d\n" % (majmin, w * 8 // 100, rd * 25 // 100)
+    assert r.stdout == "%s wbps=%d rbps=%d\n" % (majmin, w * 12 // 100, rd * 10 // 100)
     (line,) = [x for x in r.stderr.splitlines() if " disk: " in x]
     assert "%s %s: adaptive io.max: writes <= " % (name, majmin) in line
     assert "only while another cgroup uses the disk" in line
@@ -309,7 +309,7 @@ def test_explain_and_dry_run_describe_the_adaptive_cap(tmp_path):
            "LOWPRIO_PROC_CGROUP": str(tmp_path / "proc-cgroup")}
     r = lowprio(["--explain"], tmp_path, env=env, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    assert "disk %s (%s; the job's folder, the state folder): adaptive io.max at 8 %% of the disk's write " \
+    assert "disk %s (%s; the job's folder, the state folder): adaptive io.max at 12 %% of the disk's write " \
         "bandwidth, only while another cgroup uses the disk" % (name, majmin) in r.stdout
     assert not (tmp_path / "state" / "disk-bandwidth").exists()          # --explain measures nothing
     (tmp_path / "state").mkdir()
@@ -320,7 +320,7 @@ def test_explain_and_dry_run_describe_the_adaptive_cap(tmp_path):
         "(10 % of 2.0 GiB/s), only while another cgroup uses the disk" in r.stdout
     assert "  expected effect: work-conserving: full speed while no other cgroup uses the disk" in r.stdout
     r = lowprio(["--io-adaptive", "off", "--explain"], tmp_path, env=env, cwd=tmp_path)
-    assert "io.max fallback: writes <= 81 MiB/s (8 % of the measured 1.0 GiB/s)" in r.stdout
+    assert "io.max fallback: writes <= 122 MiB/s (12 % of the measured 1.0 GiB/s)" in r.stdout
     assert "not work-conserving" in r.stdout
 
 
@@ -444,11 +444,11 @@ def test_under_systemd_the_scope_gets_io_accounting_and_no_static_cap(tmp_path):
     assert r.returncode == 0, r.stderr
     assert " -p IOAccounting=yes " in r.stdout and "BandwidthMax" not in r.stdout
     r = lowprio(["--explain"], tmp_path, env=env, cwd=tmp_path)
-    assert "disk %s (%s; the job's folder, the state folder): adaptive io.max: writes <= 81 MiB/s" % (name, majmin) \
+    assert "disk %s (%s; the job's folder, the state folder): adaptive io.max: writes <= 122 MiB/s" % (name, majmin) \
         in r.stdout
     # on a hybrid host (cgroup v1) systemd's static cap, said so
     r = lowprio(["--dry-run", "--", "true"], tmp_path, env=dict(env, LOWPRIO_CGROUP_MODE="v1"), cwd=tmp_path)
-    assert "IOWriteBandwidthMax=/dev/block/%s\\ %d" % (majmin, (1 << 30) * 8 // 100) in r.stdout   # %q's quoting
+    assert "IOWriteBandwidthMax=/dev/block/%s\\ %d" % (majmin, (1 << 30) * 12 // 100) in r.stdout   # %q's quoting
 
 
 @pytest.mark.slow
@@ -465,7 +465,7 @@ def test_disk_adaptive_bench_dry_run_gives_the_goal_table_and_leaves_nothing(tmp
     table = (out / "disk_adaptive.md").read_text()
     rows = [line.split(" | ")[:2] for line in table.splitlines() if line.startswith("| ")]
     for want in (["| idle", "ckpt"], ["| plain", "read"], ["| default", "direct8"], ["| default onset", "ckpt"],
-                 ["| offline", "ckpt"], ["| default at 5 %", "ckpt"]):
+                 ["| offline", "ckpt"], ["| default at 8 %", "ckpt"], ["| default at 16 %", "ckpt"]):
         assert want in rows, table
     goals = [line for line in table.splitlines() if line.startswith(("| service ", "| job"))]
     assert len(goals) >= 8 and all(line.endswith(("| yes |", "| **no** |")) for line in goals)

@@ -897,13 +897,13 @@ def test_default_tier_caps_the_disk_from_its_measured_bandwidth_where_iocost_is_
     (leaf,) = root.glob("gpuguard-lowprio-*")
     assert not (leaf / "io.max").exists()
     (line,) = [x for x in r.stderr.splitlines() if " disk: " in x]
-    assert "%s %s: adaptive io.max: writes <= %s (8 %% of the measured " % (name, majmin, rate_text(w * 8 // 100)) \
+    assert "%s %s: adaptive io.max: writes <= %s (12 %% of the measured " % (name, majmin, rate_text(w * 12 // 100)) \
         in line and "only while another cgroup uses the disk" in line
     # cached: the second job starts without measuring; the static cap
     r = run(["--io-adaptive", "off", "--", "true"], env=env, cwd=tmp_path)
     assert r.returncode == 0 and "measured disk" not in r.stderr
     leaf = max(root.glob("gpuguard-lowprio-*"), key=lambda p: p.stat().st_mtime)
-    assert (leaf / "io.max").read_text() == "%s wbps=%d rbps=%d\n" % (majmin, w * 8 // 100, rd * 25 // 100)
+    assert (leaf / "io.max").read_text() == "%s wbps=%d rbps=%d\n" % (majmin, w * 12 // 100, rd * 10 // 100)
     (line,) = [x for x in r.stderr.splitlines() if " disk: " in x]
     assert "%s %s: io.max fallback: writes <= " % (name, majmin) in line
     assert "offers no io.cost.qos" in line
@@ -1140,7 +1140,7 @@ def test_real_mechanism_choice_on_a_loop_device(tmp_path, loop_disk):
         r = run(["--", "sh", "-c", JOB_IO_FILES], env=REAL_ENV, cwd=mnt)
         assert r.returncode == 0, r.stderr
         w, _ = cached_bandwidth(tmp_path, majmin)
-        want = w * 8 // 100
+        want = w * 12 // 100
         assert ("w %s %d" % (majmin, want)) in r.stdout or ("%s rbps=" % majmin in r.stdout
                                                              and "wbps=%d" % want in r.stdout), r.stdout
         assert "io.max fallback: writes <= " in r.stderr

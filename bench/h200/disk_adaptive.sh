@@ -23,17 +23,18 @@
 #                  look (0.5 s) and the disk drains what was queued
 # Each job kind also runs alone (ALONE_N passes, median) as a fraction of
 # the plain job alone: the adaptive cap must stay off then.
-# Rows: idle; plain; default (batch tier: adaptive io.max, 8 % of the
-# measured write bandwidth, 25 % of the read one, while others use the
-# disk); default at 5 % (a tiers file with wbps=5%: the cap's trade-off);
-# offline (2 % / 10 %); default after `lowprio-run --setup-disk` (iocost's
-# io.weight 10 beside the adaptive cap; put back at the end, also on
-# failure) where the kernel has iocost.
+# Rows: idle; plain; default (batch tier: adaptive io.max, 12 % of the
+# measured write bandwidth, 10 % of the read one, while others use the
+# disk); default at each share of ALT_PCTS (a tiers file with another
+# wbps: the cap's trade-off); offline (2 % / 10 %); with WITH_IOCOST=1,
+# default after `lowprio-run --setup-disk` (iocost's io.weight 10 beside
+# the adaptive cap; put back at the end, also on failure).
 # Writes under OUTDIR: disk_adaptive.md (the tables), disk_adaptive.tsv
 # (raw rows), disk_adaptive.log (everything, lowprio-run's lines too).
 # About 4-5 minutes; no row starts after TIME_BUDGET_S (270) s.
-# Environment: IO_S (8), WARM_S (2), LEAD_S (1), LOAD_S (1), ALONE_N (2),
-# CKPT_MIB (1000), DATASET_MIB (2048), TIME_BUDGET_S, DRY_RUN=1 (no root: a
+# Environment: IO_S (10), WARM_S (2), LEAD_S (1), LOAD_S (1), ALONE_N (3),
+# CKPT_MIB (1000), DATASET_MIB (2048), ALT_PCTS (8 16), WITH_IOCOST (0),
+# TIME_BUDGET_S, DRY_RUN=1 (no root: a
 # fake cgroup tree, small sizes, the plumbing and the tables only).
 
 AD_HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -65,7 +66,10 @@ main() {
   echo "== kernel $(uname -r); $WORK on $(findmnt -no SOURCE,FSTYPE --target "$WORK"); disk $DISK ($(bench_sched_of "$DISK")), write cache: $(cat "$(readlink -f "/sys/dev/block/$DISK")/queue/write_cache" 2>/dev/null)"
   echo "== io.cost.qos before: ${QOS_BEFORE:-none}; io.cost.model: ${MODEL_BEFORE:-none}; mechanism: ${LOWPRIO_MECHANISM}"
   disk_job_script >"$WORK/job.sh"
-  sed 's/^\(batch .*\)wbps=[0-9]*%/\1wbps=5%/' "$ROOT_DIR/etc/lowprio-tiers.conf" >"$WORK/tiers-5pct.conf"
+  local pct
+  for pct in $ALT_PCTS; do
+    sed "s/^\(batch .*\)wbps=[0-9]*%/\1wbps=$pct%/" "$ROOT_DIR/etc/lowprio-tiers.conf" >"$WORK/tiers-${pct}pct.conf"
+  done
   python3 "$HELPER" io 0.1 "$WORK" >/dev/null
   dd if=/dev/urandom of="$WORK/dataset" bs=1M count="$DATASET_MIB" status=none
   sync
@@ -73,13 +77,18 @@ main() {
   "$LP" --explain | grep -A1 '^disk ' | sed 's/^/   /'
   OUT_TSV=$out/disk_adaptive.tsv
   : >"$OUT_TSV"
+  # the dataset's and the measurement's writeback done before the idle floor
+  sync
+  ((DRY)) || sleep 3
   ad_row idle ckpt first
   ad_config plain "ckpt direct8 read"
   ad_config default "ckpt direct8 read" "$LP" --report --
   ad_row "default onset" ckpt onset "$LP" --report --
   ad_config "offline" ckpt "$LP" --tier offline --report --
-  LOWPRIO_TIERS=$WORK/tiers-5pct.conf ad_config "default at 5 %" ckpt "$LP" --report --
-  if ((! DRY)) && [[ -f $CG/io.cost.qos ]]; then
+  for pct in $ALT_PCTS; do
+    LOWPRIO_TIERS=$WORK/tiers-${pct}pct.conf ad_config "default at $pct %" ckpt "$LP" --report --
+  done
+  if ((! DRY)) && ((WITH_IOCOST)) && [[ -f $CG/io.cost.qos ]]; then
     "$LP" --setup-disk "$DISK"
     ad_config "default + iocost" ckpt "$LP" --report --
     "$LP" --setup-disk --undo "$DISK"
@@ -95,10 +104,15 @@ ad_params() {
     IO_S=${IO_S:-2} WARM_S=${WARM_S:-1} LEAD_S=${LEAD_S:-0.5} LOAD_S=${LOAD_S:-0.5} ALONE_N=${ALONE_N:-1}
     CKPT_MIB=${CKPT_MIB:-8} DATASET_MIB=${DATASET_MIB:-16}
   else
-    IO_S=${IO_S:-8} WARM_S=${WARM_S:-2} LEAD_S=${LEAD_S:-1} LOAD_S=${LOAD_S:-1} ALONE_N=${ALONE_N:-2}
+    IO_S=${IO_S:-10} WARM_S=${WARM_S:-2} LEAD_S=${LEAD_S:-1} LOAD_S=${LOAD_S:-1} ALONE_N=${ALONE_N:-3}
     CKPT_MIB=${CKPT_MIB:-1000} DATASET_MIB=${DATASET_MIB:-2048}
   fi
   TIME_BUDGET_S=${TIME_BUDGET_S:-270}
+  # the cap's trade-off: the batch tier's write cap at these other shares
+  ALT_PCTS=${ALT_PCTS:-8 16}
+  # 1: also the default beside --setup-disk's iocost (bench/RESULTS.md §8b
+  # measured iocost itself: it slows the service's reads)
+  WITH_IOCOST=${WITH_IOCOST:-0}
   # lowprio-run's own cgroup leaf: the governor needs one (systemd-run's
   # scope would be systemd's to write)
   export LOWPRIO_MECHANISM=${LOWPRIO_MECHANISM:-cgroup-v2}
@@ -137,11 +151,20 @@ ad_config() {
   done
 }
 
+# Bytes the job's cgroup (lowprio-run's leaf below it included: io.stat
+# counts descendants) wrote on the disk so far; empty where there is no
+# io.stat (the dry run's fake tree).
+ad_wbytes() {
+  [[ -r $JOB/io.stat ]] || return 0
+  awk -v d="$DISK" '$1 == d { for (i = 2; i <= NF; i++) if ($i ~ /^wbytes=/) { sub(/^wbytes=/, "", $i); w = $i } }
+    END { if (w != "") print w }' "$JOB/io.stat"
+}
+
 # One row: the job kind alone ALONE_N times (median MiB/s; ckpt only, the
 # others once), then beside the service in the order $3 (first | onset).
 # Appends to the TSV the columns of disk_default.sh's rows.
 ad_row() {
-  local label=$1 kind=$2 order=$3 i alone=- beside=- wrote=- charged=- job='' probe io secs
+  local label=$1 kind=$2 order=$3 i alone=- beside=- wrote=- charged=- job='' probe io secs w0='' w1=''
   shift 3
   if ((SECONDS - AD_START > TIME_BUDGET_S)); then
     echo "== $label / $kind skipped: the time budget ($TIME_BUDGET_S s) has passed"
@@ -150,7 +173,6 @@ ad_row() {
   local -a rates=()
   if [[ $label != idle ]]; then
     local n=$ALONE_N
-    [[ $kind == ckpt ]] || n=1
     [[ $order == onset ]] && n=0
     for ((i = 0; i < n; i++)); do
       rm -f "$WORK/job.rate"
@@ -164,6 +186,7 @@ ad_row() {
   if [[ $label == idle ]]; then
     io=$(bench_in "$SVC" python3 "$HELPER" io "$IO_S" "$WORK")
   elif [[ $order == first ]]; then
+    w0=$(ad_wbytes)
     bench_in "$SVC" python3 "$HELPER" io "$IO_S" "$WORK" >"$WORK/probe.out" &
     probe=$!
     sleep "$LEAD_S"
@@ -175,16 +198,25 @@ ad_row() {
       "$WORK/job.sh" "$secs" "$WORK" "$kind" "$CKPT_MIB" "$DISK" "$CG" 2>>"$WORK/lp.err" &
     job=$!
     wait "$probe"
+    w1=$(ad_wbytes)
     io=$(<"$WORK/probe.out")
   else
     bench_in "$JOB" "$@" bash "$WORK/job.sh" $((WARM_S + IO_S + 1)) "$WORK" "$kind" "$CKPT_MIB" "$DISK" "$CG" 2>>"$WORK/lp.err" &
     job=$!
     sleep "$WARM_S"
+    w0=$(ad_wbytes)
     io=$(bench_in "$SVC" python3 "$HELPER" io "$IO_S" "$WORK")
+    w1=$(ad_wbytes)
   fi
   if [[ -n $job ]]; then
     wait "$job"
     [[ -r $WORK/job.rate ]] && beside=$(<"$WORK/job.rate")
+    # what reached the disk in the job's name while the service ran (its
+    # cgroup's io.stat, writeback included): a pass of a checkpoint that
+    # outlasts the probe says nothing about the rate the cap left it
+    if [[ -n $w0 && -n $w1 ]] && ((w1 > w0)); then
+      beside=$(awk -v a="$w0" -v b="$w1" -v s="$IO_S" 'BEGIN { printf "%.0f\n", (b - a) / 1048576 / s }')
+    fi
     [[ -r $WORK/job.wb ]] && read -r wrote charged <"$WORK/job.wb"
   fi
   ad_lines beside
