@@ -89,8 +89,11 @@ def test_daemon_reads_two_loops_instead_of_two_calls_a_cycle(box):
     assert any(c.startswith("--query-gpu=timestamp,") and c.endswith("-lms 1000") for c in loops)
     assert any(c.startswith("--query-compute-apps=timestamp,") and c.endswith("-lms 1000") for c in loops)
     # the first cycle asks the one-shot way (it tells how many GPUs a
-    # sample of the loop must hold); every later one reads the loop
-    assert len(one_shot_calls(box)) == 2, box.smi_calls()
+    # sample of the loop must hold); every later one reads the loop (on a
+    # loaded machine the loop's first sample may come after the second
+    # cycle began, which then asks the one-shot way too: 8 cycles without
+    # the loops would make 16 calls)
+    assert 2 <= len(one_shot_calls(box)) <= 4, box.smi_calls()
     assert "nvidia-smi loop" not in err, err
     assert [(e["gpu"], e["state"]) for e in events(box, "gpu_idle")] == [(0, "firing")]
     assert no_loops_left(box)
@@ -106,7 +109,7 @@ def test_idle_gpu_fires_after_exactly_max_idle_cycles_of_the_loop(box):
     assert flags[first:first + 4] == [1, 1, 1, 2], flags
     (firing,) = events(box, "gpu_idle")
     assert firing["state"] == "firing" and firing["idle_cycles"] == 4
-    assert len(one_shot_calls(box)) == 2
+    assert 2 <= len(one_shot_calls(box)) <= 4       # (see above: 24 without the loops)
 
 
 def test_stalled_loop_gives_way_to_one_shot_calls_and_is_restarted(box):
@@ -166,7 +169,7 @@ def test_released_gpu_with_a_silent_process_loop_resolves(box):
     idle = events(box, "gpu_idle")
     assert [e["state"] for e in idle] == ["firing", "resolved"]
     assert idle[-1]["reason"] == "released"
-    assert len(loop_calls(box)) == 2 and len(one_shot_calls(box)) == 2
+    assert len(loop_calls(box)) == 2 and 2 <= len(one_shot_calls(box)) <= 4
 
 
 def test_hidden_processes_cost_one_check_then_read_from_the_loop(box):
