@@ -73,21 +73,28 @@ CMD_POS = r"(^|[;&|({`]|\$\(|\b(?:then|do|else|exec|time|nice|env|xargs|command|
 SMI_HOME = "lib/smi.sh"
 
 
-def smi_violations(files):
+def tool_violations(files, home, tool, var):
+    """Places outside `home` that run the device tool `tool` (by name, or
+    through its override variable `var`)."""
     hits = []
     for rel, text in files:
-        if rel == SMI_HOME:
+        if rel == home:
             continue
         if rel.endswith(".py"):
             for n, code in python_code(text):
                 if re.search(r"(subprocess|Popen|os\.system|os\.exec\w*|os\.spawn\w*|os\.popen|check_output|"
-                             r"check_call)\b.*(nvidia-smi|NVIDIA_SMI)", code):
+                             r"check_call)\b.*(%s|%s)" % (tool, var), code):
                     hits.append(f"{rel}:{n}")
             continue
         for n, code in shell_code(text):
-            if re.search(CMD_POS + r"nvidia-smi(\s|$|[;)|&`])", unquoted(code)) and "command -v" not in code or re.search(CMD_POS + r"\"?\$\{?NVIDIA_SMI\b", code):
+            if re.search(CMD_POS + tool + r"(\s|$|[;)|&`])", unquoted(code)) and "command -v" not in code or \
+                    re.search(CMD_POS + r"\"?\$\{?" + var + r"\b", code):
                 hits.append(f"{rel}:{n}")
     return hits
+
+
+def smi_violations(files):
+    return tool_violations(files, SMI_HOME, "nvidia-smi", "NVIDIA_SMI")
 
 
 def test_only_smi_sh_runs_nvidia_smi():
@@ -104,21 +111,7 @@ NPU_HOME = "lib/npu.sh"
 def npu_violations(files):
     """npu-smi (Ascend NPUs) is run only from lib/npu.sh, as nvidia-smi is
     only from lib/smi.sh."""
-    hits = []
-    for rel, text in files:
-        if rel == NPU_HOME:
-            continue
-        if rel.endswith(".py"):
-            for n, code in python_code(text):
-                if re.search(r"(subprocess|Popen|os\.system|os\.exec\w*|os\.spawn\w*|os\.popen|check_output|"
-                             r"check_call)\b.*(npu-smi|NPU_SMI)", code):
-                    hits.append(f"{rel}:{n}")
-            continue
-        for n, code in shell_code(text):
-            if re.search(CMD_POS + r"npu-smi(\s|$|[;)|&`])", unquoted(code)) and "command -v" not in code or \
-                    re.search(CMD_POS + r"\"?\$\{?NPU_SMI\b", code):
-                hits.append(f"{rel}:{n}")
-    return hits
+    return tool_violations(files, NPU_HOME, "npu-smi", "NPU_SMI")
 
 
 def test_only_npu_sh_runs_npu_smi():
