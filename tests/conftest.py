@@ -282,6 +282,18 @@ def user_environ(**extra):
     return env
 
 
+def disk_of(path):
+    """The whole disk's MAJ:MIN and name for a path, or None (tmpfs...)."""
+    st = os.stat(path)
+    majmin = "%d:%d" % (os.major(st.st_dev), os.minor(st.st_dev))
+    if os.major(st.st_dev) == 0 or not os.path.exists("/sys/dev/block/" + majmin):
+        return None
+    sysdir = os.path.realpath("/sys/dev/block/" + majmin)
+    if os.path.exists(os.path.join(sysdir, "partition")):
+        sysdir = os.path.dirname(sysdir)
+    return open(os.path.join(sysdir, "dev")).read().strip(), os.path.basename(sysdir)
+
+
 def wait_for(pred, timeout=15.0, step=0.05):
     end = time.time() + timeout
     while time.time() < end:

@@ -10,7 +10,7 @@ import subprocess
 import time
 
 import pytest
-from conftest import ROOT, require, user_environ, wait_for
+from conftest import ROOT, disk_of, require, user_environ, wait_for
 
 DEV = "253:0"
 CAP = "wbps=104857600 rbps=268435456"
@@ -210,17 +210,6 @@ def test_the_governor_waits_for_the_job_to_enter_and_stops_on_term(tmp_path):
 
 
 # ------------------------------------------------------- with lowprio-run --
-
-def disk_of(path):
-    st = os.stat(path)
-    majmin = "%d:%d" % (os.major(st.st_dev), os.minor(st.st_dev))
-    if os.major(st.st_dev) == 0 or not os.path.exists("/sys/dev/block/" + majmin):
-        return None
-    sysdir = os.path.realpath("/sys/dev/block/" + majmin)
-    if os.path.exists(os.path.join(sysdir, "partition")):
-        sysdir = os.path.dirname(sysdir)
-    return open(os.path.join(sysdir, "dev")).read().strip(), os.path.basename(sysdir)
-
 
 def fake_root(tmp_path):
     root = tmp_path / "cgroup"

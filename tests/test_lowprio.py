@@ -9,7 +9,7 @@ import sys
 import time
 
 import pytest
-from conftest import ROOT, recording_wrapper, require, user_environ, wait_for
+from conftest import ROOT, disk_of, recording_wrapper, require, user_environ, wait_for
 
 CPUS = os.cpu_count()
 V1 = "/sys/fs/cgroup/cpu"
@@ -841,18 +841,6 @@ def test_real_attach_demotes_every_thread_and_descendant():
 
 
 # ------------------------------------------------------------ the disk ----
-
-def disk_of(path):
-    """The whole disk's MAJ:MIN and name for a path, or None (tmpfs...)."""
-    st = os.stat(path)
-    majmin = "%d:%d" % (os.major(st.st_dev), os.minor(st.st_dev))
-    if os.major(st.st_dev) == 0 or not os.path.exists("/sys/dev/block/" + majmin):
-        return None
-    sysdir = os.path.realpath("/sys/dev/block/" + majmin)
-    if os.path.exists(os.path.join(sysdir, "partition")):
-        sysdir = os.path.dirname(sysdir)
-    return open(os.path.join(sysdir, "dev")).read().strip(), os.path.basename(sysdir)
-
 
 def cached_bandwidth(tmp_path, majmin):
     for line in (tmp_path / "state" / "disk-bandwidth").read_text().splitlines():
