@@ -100,6 +100,8 @@ DEFAULTS = {
     "record_h": 3.0,            # a leak's records: at least one (effective) per this many hours
     "records_z": 1.645,         # ... and the floors under them trend (one-sided alpha 0.05)
     "fast_rise_share": 0.25,    # fast tier: effective rises in at least this share of the minutes
+    "young_long_h": 12.0,       # a young window this long may judge its own pace (long_steady) ...
+    "young_long_ratio": 0.7,    # ... its last third growing at least this share of its first
 }
 MAX_FINES = 120
 
@@ -889,6 +891,20 @@ class Series:
         slack = 0.1 * top
         return all(b <= a + slack for a, b in zip(after, after[1:]))
 
+    def long_steady(self, incs, span):
+        """True when a window of 12 h or more, young as it is, still grows
+        in its last third by at least 0.7 of its first third: over that
+        span a creep that will stop (fragmentation, a cache filling, time
+        constants of 2-8 h) has lost more than half its rate, while a leak
+        in lumpy records (a large-pool leak under a spread of batch sizes,
+        a record every hour or two) keeps its pace. Such a leak from the
+        job's start has no hours before a 12 h window until 18 h in."""
+        k = len(incs) // 3
+        if span < self.p["young_long_h"] or k < 6:
+            return False
+        first = sum(incs[:k])
+        return first > 0 and sum(incs[-k:]) >= self.p["young_long_ratio"] * first
+
     def records_verdict(self, xs, raw):
         """(leaking, slope, z, trend, span_h) from the floor's records.
 
@@ -981,6 +997,13 @@ class Series:
                 z /= math.sqrt(infl)
             if growth >= p["min_growth"] and beta >= p["threshold"] and z >= p["z_min"] \
                     and not self.decelerating(lows_x, lows_y, beta):
+                # lows that come back to where the job's lows already were
+                # (a wander in a band, an MoE's expert load) are no
+                # growth: a leak's lows stand above every earlier one
+                prior = lows_y[:-w]
+                if prior and median(lows_y[-2:]) - max(prior) < p["min_growth"]:
+                    best = (False, beta, z, "back to a low held before", span)
+                    continue
                 return True, beta, z, "steady (cycle lows)", span
             if beta > best[1]:
                 best = (False, beta, z, "flat", span)
@@ -1082,7 +1105,12 @@ class Series:
             return False, rate, 0.0, "not held"
         j = max(0, i - 1 - (n - i))
         free = self.last.get("free")
-        if 2 * (i - 1 - j) < n - i and (free is None or free > 24.0 * rate) and not steady_records(incs):
+        # (the test sees the records without the one-time jumps: a new
+        # batch shape in the first third would hide a steady pace, one in
+        # the last third would fake it)
+        small_incs = [d if d < big else 0.0 for d in incs]
+        if 2 * (i - 1 - j) < n - i and (free is None or free > 24.0 * rate) \
+                and not steady_records(small_incs) and not self.long_steady(small_incs, span):
             # no hours before the window to tell a creep that will slow
             # down (fragmentation, a cache filling) from a leak's pace;
             # one that fills the GPU within a day is not waited for
