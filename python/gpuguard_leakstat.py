@@ -806,9 +806,21 @@ class Series:
             if k < len(steps) and k <= p["stair_min"]:
                 break
             rate = self.stair_rate(xs, steps[-k:])
-            if rate is not None:
+            if rate is not None and self.stairs_kept(steps[-k:]):
                 return rate
         return None
+
+    def stairs_kept(self, steps):
+        """True when the floor still holds what the steps added: a step
+        leak's level after k steps is k steps above where it began. An
+        evaluation that raises the pool by the same amount every few
+        hours, given back at the next checkpoint's empty_cache(), makes up-
+        shifts alike in size and pace too, but the level comes back down
+        between them."""
+        raw = self.stair_raw
+        first = steps[0][0]
+        before = median(raw[max(0, first - 6):first])
+        return median(raw[-3:]) - before >= 0.5 * sum(size for _, size in steps)
 
     def stair_rate(self, xs, steps):
         sizes = [s for _, s in steps]
@@ -1252,6 +1264,7 @@ class Series:
             ys, ups, rate, split = raw, [], None, None      # flat: nothing to test
         else:
             ys, ups = self.level_shifts(raw)
+            self.stair_raw = raw
             rate = self.staircase(xs, ups) if ups else None
             split = self.phase_split(raw[-36:]) if self.njumps >= 6 else None
         if not raw or max(raw) - min(raw) < p["min_growth"]:
