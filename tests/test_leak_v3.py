@@ -72,3 +72,47 @@ def test_lumpy_leak_from_the_first_minute_is_caught_within_a_day():
     assert first, "no alert"
     assert first[0]["ts"] - rows[0][0] < 24 * 3600
     assert first[0]["severity"] != "critical"
+
+
+def _step_leak_rows(gap_at_step):
+    """A 60 GB job on an H200, sampled every 60 s for 30 h, that keeps a
+    2 GB tensor every 6 h from hour 2 on; the watcher is away for six
+    minutes across step number `gap_at_step` (None: never away)."""
+    rows, t0, pid = [], 1796200000.0, 4242
+    steps = [2 * 3600 + k * 6 * 3600 for k in range(5)]
+    gap = None if gap_at_step is None else (steps[gap_at_step] - 180, steps[gap_at_step] + 180)
+    for i in range(30 * 60):
+        t = i * 60.0
+        if gap and gap[0] <= t < gap[1]:
+            continue
+        level = 60000 + 2048 * sum(1 for s in steps if t >= s) + (i * 7919 % 5) * 20
+        rows.append((t0 + t, pid, float(level)))
+    return rows
+
+
+def test_a_step_taken_while_the_watcher_was_away_is_not_a_restart():
+    """The job's level is 2 GB higher after a six-minute gap because the
+    leak took a step meanwhile. A restart would have come back at or
+    under the old level and then moved with its warm-up; this one stays
+    where it landed. Cutting the series there (as before) threw the first
+    steps away, and the staircase never had three: no alert in 30 h."""
+    for gap_at in (None, 2):
+        events = leak.replay_rows(_step_leak_rows(gap_at), leakstat.params_from({}), gpu_total=143771)
+        fired = [e for e in events if e["state"] == "firing"]
+        assert fired, "no alert with the watcher away across step %s" % gap_at
+        assert fired[0]["ts"] - 1796200000.0 < 21 * 3600, fired[0]
+
+
+def test_a_restart_during_a_gap_still_starts_a_new_segment():
+    """The same job restarted during a ten-minute gap and came back 2 GB
+    lower, warming up: the level a leak never lowers. No alert from the
+    jump between the two runs."""
+    rows, t0, pid = [], 1796200000.0, 4242
+    for i in range(20 * 60):
+        t = i * 60.0
+        if 10 * 3600 <= t < 10 * 3600 + 600:
+            continue
+        level = 62000 if t < 10 * 3600 else 60000 + min(2000.0, (t - 10 * 3600 - 600) / 60 * 100)
+        rows.append((t0 + t, pid, float(level + (i * 7919 % 5) * 20)))
+    events = leak.replay_rows(rows, leakstat.params_from({}), gpu_total=143771)
+    assert [e for e in events if e["state"] == "firing"] == []

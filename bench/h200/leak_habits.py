@@ -21,6 +21,13 @@ and Linear blocks in bf16 autocast, random data, about 2-4 GiB each):
                  every 200 steps
   e dyn_shapes   healthy: sequence lengths drawn at random each step, now
                  and then a new longest one
+  f frag_churn   healthy: beside training, buffers of random sizes kept for
+                 random lifetimes (a prefetch queue): the pool fragments
+                 and creeps with nothing leaked
+  g adapter_lru  healthy: LoRA adapters (40-160 MiB) loaded at random
+                 times, the least recently used evicted past 12
+  h adapter_noevict  leaking twin of g: never evicted (the leak starts
+                 when the cap is passed)
 Time is stretched: a second of the run is --stretch seconds of the job
 (default 60: a 4-minute run reads as 4 hours), as the timestamps say
 (T0 = 1796200000 + stretched seconds since the start).  The rate of a leak
@@ -30,7 +37,8 @@ the curve the detector reads.
 The sampler reads each child's used memory once a second from NVML
 (nvidia-ml-py), or from nvidia-smi through lib/smi.sh when NVML is missing,
 or, with --dry-run, the children's resident memory from /proc (CPU run).
-At most 8 files go to --out: five CSVs, manifest.json, log.txt.
+At most 8 files go to --out: one CSV per habit (--habits picks up to six),
+manifest.json, log.txt.
 """
 import argparse
 import json
@@ -52,7 +60,12 @@ HABITS = {
     "c": ("metrics_list", True, "losses.append(loss) and per-token losses appended on the GPU each step"),
     "d": ("ckpt_cache", False, "checkpoint copies to CPU, no_grad evaluation, empty_cache() after them"),
     "e": ("dyn_shapes", False, "random sequence lengths, a new longest one now and then"),
+    "f": ("frag_churn", False, "buffers of random sizes kept for random lifetimes beside training: the pool fragments"),
+    "g": ("adapter_lru", False, "adapters loaded at random times, the least recently used evicted past 12"),
+    "h": ("adapter_noevict", True, "adapters loaded at random times, never evicted"),
 }
+ADAPTER_CAP = 12        # adapters kept by g (h keeps every one)
+ADAPTERS_PER_H = 3.0    # new adapters an hour of the job's (stretched) time
 STARTUP_S = 40          # CUDA init and the model's first steps, inside --minutes
 SMALL = {"width": 128, "tokens": 1024, "pace": 10.0}       # --dry-run on a CPU
 FULL = {"width": 1024, "tokens": 32768, "pace": 15.0}
@@ -60,7 +73,7 @@ FULL = {"width": 1024, "tokens": 32768, "pace": 15.0}
 
 # --------------------------------------------------------------- child --
 
-def _child(habit, seconds, device, events_path, size):
+def _child(habit, seconds, device, events_path, size, stretch=60.0):
     """One habit's training loop for `seconds`; appends its events (JSON
     lines: evaluations, checkpoints, allocated memory) to events_path."""
     import torch
@@ -94,6 +107,7 @@ def _child(habit, seconds, device, events_path, size):
     note("start", pid=os.getpid())
     start = time.time()
     next_eval, next_ckpt, step = start + 30, start + 40, 0
+    side = _SideMemory(habit, rnd, torch, dev, note, stretch, start)
     while time.time() < start + seconds:
         seq = _seq_len(habit, rnd, state)
         loss_tok = forward(16 * seq if habit == "e" else tokens, seq)   # e: 16 rows of any length
@@ -120,10 +134,62 @@ def _child(habit, seconds, device, events_path, size):
                 note("checkpoint")
             if cuda:
                 torch.cuda.empty_cache()
+        side.step(now)
         if step % 100 == 0:
             note("steps", step=step)
         _pace(start, step, pace)
     note("end", step=step)
+
+
+class _SideMemory:
+    """What f, g and h keep beside the training step.
+
+    f: each step allocates a buffer of a random size (1-96 MiB, a long
+    tail) and keeps it for a random number of steps (a prefetch queue, a
+    rolling KV or feature cache): the caching allocator splits its
+    segments around the long-lived ones and maps new segments for large
+    requests that no free block fits, so the pool creeps with nothing
+    leaked; the creep should slow as the pool holds free blocks of every
+    size. g and h: adapters (LoRA weights of 40, 80 or 160 MiB) arrive at
+    random times, ADAPTERS_PER_H an hour of the job's time, after a hot
+    set of 4 at the start; g evicts the least recently used past
+    ADAPTER_CAP (the freed block serves the next adapter of its size), h
+    never evicts: the leak starts when the cap is passed."""
+
+    def __init__(self, habit, rnd, torch, dev, note, stretch, start):
+        self.habit, self.rnd, self.torch, self.dev, self.note = habit, rnd, torch, dev, note
+        self.keep, self.adapters, self.loaded, self.passed = [], [], 0, False
+        self.next_load = start
+        self.per_s = ADAPTERS_PER_H * stretch / 3600.0      # adapters a wall second
+        self.hot = 4
+
+    def step(self, now):
+        if self.habit == "f":
+            self._churn()
+        elif self.habit in "gh":
+            while now >= self.next_load:
+                self._load()
+                gap = 1.0 if self.hot > 0 else self.rnd.expovariate(self.per_s)
+                self.hot -= 1
+                self.next_load += gap
+
+    def _churn(self):
+        mib = min(96.0, self.rnd.lognormvariate(1.5, 1.0))
+        n = int(mib * MIB // 2)
+        self.keep.append((self.rnd.randint(1, 60), self.torch.empty(n, dtype=self.torch.bfloat16, device=self.dev)))
+        self.keep = [(left - 1, t) for left, t in self.keep if left > 1]
+
+    def _load(self):
+        mib = self.rnd.choice([40, 80, 80, 160])
+        self.adapters.append(self.torch.ones(int(mib * MIB // 2), dtype=self.torch.bfloat16, device=self.dev))
+        self.loaded += 1
+        if len(self.adapters) > ADAPTER_CAP:
+            if self.habit == "g":
+                del self.adapters[0]
+            elif not self.passed:
+                self.passed = True
+                self.note("cap_passed", loaded=self.loaded)
+        self.note("adapter", loaded=self.loaded, held=len(self.adapters), mib=mib)
 
 
 def _seq_len(habit, rnd, state):
@@ -270,13 +336,13 @@ def make_sampler(kind):
 
 # -------------------------------------------------------------- parent --
 
-def _start_children(habits, seconds, device, work, size_name):
+def _start_children(habits, seconds, device, work, size_name, stretch):
     kids = {}
     for h in habits:
         events = os.path.join(work, h + ".jsonl")
         log = open(os.path.join(work, h + ".log"), "w")
         cmd = [sys.executable, os.path.abspath(__file__), "--child", h, "--seconds", str(seconds),
-               "--device", device, "--events", events, "--size", size_name]
+               "--device", device, "--events", events, "--size", size_name, "--stretch", str(stretch)]
         kids[h] = {"proc": subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), "events": events,
                    "log": log, "rows": []}
         time.sleep(1.0)         # staggered: the PIDs appear in the order of the habits
@@ -343,8 +409,9 @@ def _label(h, kid, start, stretch, sampler, device):
            "exit": kid["proc"].returncode, "recorded_unix_start": round(start, 1)}
     # the leak starts at the first evaluation (a) or the first step (c); its
     # rate is what the child had allocated from then to its last note
-    marks = ("eval",) if h == "a" else ("first_step", "steps", "end")
-    first = next((e for e in ev if e["event"] in marks), None)
+    marks = {"a": ("eval",), "h": ("cap_passed", "adapter")}.get(h, ("first_step", "steps", "end"))
+    # (h: from the load that passed the cap to the last load)
+    first = next((e for e in ev if e["event"] in marks[:1 if h == "h" else None]), None)
     last = next((e for e in reversed(ev) if e["event"] in marks), None)
     if leak:        # from the first evaluation (a) or the first steps (c); else the first sample
         begin = first["t"] if first else start + ((kid["rows"][0][0] - T0) / stretch if kid["rows"] else 0)
@@ -398,7 +465,7 @@ def run(a):
         start = time.time()
         deadline = start + a.minutes * 60 - 15
         before = set(sampler.sample([]))
-        kids = _start_children(a.habits, seconds, device, work, "small" if a.dry_run else "full")
+        kids = _start_children(a.habits, seconds, device, work, "small" if a.dry_run else "full", a.stretch)
         try:
             _record(kids, sampler, start, deadline, a.stretch, before)
         finally:
@@ -416,11 +483,11 @@ def run(a):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description="record five PyTorch memory habits, one process each, on GPU 0")
+    ap = argparse.ArgumentParser(description="record PyTorch memory habits, one process each, on GPU 0")
     ap.add_argument("--out", help="the output directory ($OUT)")
     ap.add_argument("--minutes", type=float, default=4.0, help="wall-clock length of the whole run (default 4)")
     ap.add_argument("--stretch", type=float, default=60.0, help="job seconds per wall second (default 60)")
-    ap.add_argument("--habits", default="abcde", help="which habits (default abcde)")
+    ap.add_argument("--habits", default="abcde", help="which habits, letters of abcdefgh (default abcde)")
     ap.add_argument("--sampler", default="auto", choices=["auto", "nvml", "smi"])
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--dry-run", action="store_true", help="on the CPU, resident memory as the sampler")
@@ -430,15 +497,15 @@ def main(argv=None):
     ap.add_argument("--size", default="full", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.child:
-        _child(a.child, a.seconds, a.device, a.events, SMALL if a.size == "small" else FULL)
+        _child(a.child, a.seconds, a.device, a.events, SMALL if a.size == "small" else FULL, a.stretch)
         return 0
     problem = None
     if not a.out:
         problem = "--out DIR is required"
     elif not 1 <= a.minutes <= 30 or a.stretch <= 0:
         problem = "--minutes must be 1-30 and --stretch positive"
-    elif not a.habits or any(h not in HABITS for h in a.habits) or len(set(a.habits)) != len(a.habits):
-        problem = "--habits takes letters of abcde, each once"
+    elif not a.habits or len(a.habits) > 6 or any(h not in HABITS for h in a.habits) or len(set(a.habits)) != len(a.habits):
+        problem = "--habits takes up to six letters of %s, each once" % "".join(HABITS)
     if problem:
         print("leak_habits.py: %s" % problem, file=sys.stderr)
         return 2
