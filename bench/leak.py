@@ -348,7 +348,7 @@ def _summary(kinds):
 
 
 def _h200_row(work):
-    """The real H200 recordings (tests/fixtures/h200/*/manifest.json, time
+    """The real GPU recordings (tests/fixtures/h200/*/manifest.json: H200s and an H100, time
     stretched as recorded), as one corpus."""
     import json
     import shutil
@@ -430,7 +430,7 @@ def goals_table(settings):
         os.makedirs(h)
         kinds = _h200_row(h)
         if kinds:
-            print("| real H200 recordings (tests/fixtures/h200) | 3 of the last 4 | %s | %s | %d | %s | %s |"
+            print("| real GPU recordings (tests/fixtures/h200: H200, H100) | 3 of the last 4 | %s | %s | %d | %s | %s |"
                   % _summary(kinds))
     print()
 

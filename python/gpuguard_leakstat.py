@@ -101,6 +101,9 @@ DEFAULTS = {
     "fast_rise_share": 0.25,    # fast tier: effective rises in at least this share of the minutes
     "young_long_h": 12.0,       # a young window this long may judge its own pace (long_steady) ...
     "young_long_ratio": 0.7,    # ... its last third growing at least this share of its first
+    "early_skip_h": 1.5,        # slowed_since_start: a warm-up's tail (time constants up to 20
+                                # minutes) is over this long after the skipped half hour
+                                # (at 1.0 a warm-up's last eval phase still counted: issue-12 l_eval 0)
 }
 MAX_FINES = 120
 
@@ -913,6 +916,28 @@ class Series:
         slack = 0.1 * top
         return all(b <= a + slack for a, b in zip(after, after[1:]))
 
+    def slowed_since_start(self, whole, until, big, rate):
+        """True when the window's pace is under decel_ratio of the pace the
+        records kept over the first half of the segment before it (from
+        early_skip_h into the segment, when a warm-up that outlasted the
+        skipped half hour is over, and two hours before the window at
+        least; one-time jumps left out). A pool
+        that creeps (fragmentation, a cache filling) sets its records ever
+        more rarely from the job's start, and it often holds still for an
+        hour on the way: the settled() cut then starts the windows there
+        and hides the faster hours before, so the chunk test above sees a
+        young, steady window. A leak keeps its pace from the start, and one
+        that starts later has a flat first half."""
+        wx, wrec = whole
+        t0 = wx[0] + self.p["early_skip_h"]
+        if until - t0 < 2.0:
+            return False
+        half = t0 + (until - t0) / 2.0
+        grown = sum(d for k in range(1, len(wx)) if t0 < wx[k] <= half
+                    for d in (wrec[k] - wrec[k - 1],) if 0 < d < big)
+        early = grown / (half - t0)
+        return early > self.p["threshold"] and rate < self.p["decel_ratio"] * early
+
     def long_steady(self, incs, span):
         """True when a window of 12 h or more, young as it is, still grows
         in its last third by at least 0.7 of its first third: over that
@@ -927,7 +952,16 @@ class Series:
         first = sum(incs[:k])
         return first > 0 and sum(incs[-k:]) >= self.p["young_long_ratio"] * first
 
-    def records_verdict(self, xs, raw):
+    def records(self, raw):
+        """The running maximum of the floors, where a jump up that comes
+        back down within two hours sets no record (excursions)."""
+        rec, top = [], raw[0]
+        for v, away in zip(raw, self.excursions(raw)):
+            top = v if v > top and not away else top
+            rec.append(top)
+        return rec
+
+    def records_verdict(self, xs, raw, whole=None):
         """(leaking, slope, z, trend, span_h) from the floor's records.
 
         The caching allocator only grows its pool when a step needs more
@@ -940,15 +974,18 @@ class Series:
         window is judged on the running maximum of the floor: its growth
         without one-time jumps, spread over at least min_rises records that
         keep coming in the window's second half, at the threshold's rate or
-        faster, and held by the floor at the end."""
+        faster, and held by the floor at the end. `whole` is the segment's
+        (xs, floors) from its start, when a long warm-up was cut from xs
+        (settled): a creep's early pace is judged there."""
         n = len(raw)
         if n < 2:
             return False, 0.0, 0.0, "flat", 0.0
-        rec, top = [], raw[0]
-        for v, away in zip(raw, self.excursions(raw)):
-            top = v if v > top and not away else top
-            rec.append(top)
-        out = self.record_windows(xs, raw, rec)
+        rec = self.records(raw)
+        if whole is None or len(whole[0]) == n:
+            whole = (xs, rec)
+        else:
+            whole = (whole[0], self.records(whole[1]))
+        out = self.record_windows(xs, raw, rec, whole)
         if out[0] or (self.noise or 0.0) >= self.p["noise_min"]:
             return out
         cyc = self.cycle_lows(xs, raw)
@@ -1066,7 +1103,7 @@ class Series:
                 held = raw[a]
         return away
 
-    def record_windows(self, xs, raw, rec):
+    def record_windows(self, xs, raw, rec, whole):
         """records_verdict's windows over one record series."""
         p = self.p
         bh = p["bucket_s"] / 3600.0
@@ -1076,14 +1113,14 @@ class Series:
             i = window_start(xs, w, bh, 1)
             if i is None:
                 break
-            ok, rate, z, trend = self.record_window(xs, raw, rec, i)
+            ok, rate, z, trend = self.record_window(xs, raw, rec, i, whole)
             if ok:
                 return True, rate, z, trend, end - xs[i - 1]
             if rate > best[1] or best[4] == 0:
                 best = (False, rate, z, trend, end - xs[i - 1])
         return best
 
-    def record_window(self, xs, raw, rec, i):
+    def record_window(self, xs, raw, rec, i, whole):
         """(leaking, rate, z, trend) of the records from index i on (i >= 1)."""
         p = self.p
         n = len(raw)
@@ -1137,7 +1174,7 @@ class Series:
             # down (fragmentation, a cache filling) from a leak's pace;
             # one that fills the GPU within a day is not waited for
             return False, rate, 0.0, "young"
-        if self.decelerating(xs[j:], rec[j:], rate):
+        if self.decelerating(xs[j:], rec[j:], rate) or self.slowed_since_start(whole, xs[i - 1], big, rate):
             return False, rate, 0.0, "decelerating/saturating"
         _, ry = reduce_points(xs[i - 1:], raw[i - 1:])
         z = mann_kendall_z(ry)
@@ -1304,13 +1341,14 @@ class Series:
             # above keeps the whole segment: a run of steps after an unlike
             # one needs one more)
             settled = self.settled(seg)
+            whole = (xs, raw)
             if len(settled) < len(seg):
                 cut = len(seg) - len(settled)
                 xs, ys = xs[cut:], [y - ys[cut] + raw[cut] for y in ys[cut:]]
             if (self.noise or 0.0) < p["noise_min"]:
                 # (a noisy series' floors are the tail of its noise: the
                 # noisy tier below judges its levels)
-                leaking, slope, z, trend, span = self.records_verdict(xs, raw[len(raw) - len(xs):])
+                leaking, slope, z, trend, span = self.records_verdict(xs, raw[len(raw) - len(xs):], whole)
             held, since = seg, xs[-1] - span
         if leaking and trend != "steps" and not self.above_held(held, since):
             leaking, trend = False, "back to a level held before"

@@ -72,17 +72,20 @@ def test_real_leak_under_empty_cache_eval_and_checkpoints_is_caught(tmp_path):
     assert firing[0]["severity"] != "critical", firing[0]
 
 
-HABITS = ROOT / "tests" / "fixtures" / "h200" / "habits-2026-12-04"
+HABIT_DIRS = sorted((ROOT / "tests" / "fixtures" / "h200").glob("habits-*"))
+HABITS = [(d, name) for d in HABIT_DIRS for name in sorted(json.loads((d / "manifest.json").read_text()))]
 
 
-@pytest.mark.parametrize("name", sorted(json.loads((HABITS / "manifest.json").read_text())))
-def test_recorded_habits_leaks_caught_healthy_quiet(tmp_path, name):
-    """Five habits recorded on the H200 (stretched 60x as recorded): the
-    graph kept by `val += loss` and the losses appended on the GPU are
-    caught after they start, never as a page; `loss.item()`, checkpoint
-    copies with empty_cache() and new longest sequences stay quiet."""
-    label = json.loads((HABITS / "manifest.json").read_text())[name]
-    events, summary = replay(tmp_path, HABITS / name)
+@pytest.mark.parametrize("folder,name", HABITS, ids=["%s/%s" % (d.name, n) for d, n in HABITS])
+def test_recorded_habits_leaks_caught_healthy_quiet(tmp_path, folder, name):
+    """PyTorch habits recorded on the GPU box (stretched as recorded): the
+    graph kept by `val += loss`, the losses appended on the GPU and
+    adapters loaded without eviction are caught after they start, never as
+    a page; `loss.item()`, checkpoint copies with empty_cache(), new
+    longest sequences, a pool fragmented by buffers of random sizes and
+    lifetimes, and adapters evicted past a cap stay quiet."""
+    label = json.loads((folder / "manifest.json").read_text())[name]
+    events, summary = replay(tmp_path, folder / name)
     firing = [e for e in events if e["state"] == "firing"]
     if not label["leak"]:
         assert firing == [], summary

@@ -116,3 +116,29 @@ def test_a_restart_during_a_gap_still_starts_a_new_segment():
         rows.append((t0 + t, pid, float(level + (i * 7919 % 5) * 20)))
     events = leak.replay_rows(rows, leakstat.params_from({}), gpu_total=143771)
     assert [e for e in events if e["state"] == "firing"] == []
+
+
+def test_a_ramp_that_slows_from_the_jobs_start_is_not_a_leak():
+    """A pool that creeps from the job's start and saturates (the tidy
+    bench's 'ramp': 1-4 GiB with a time constant of 1-8 h) holds still for
+    an hour on the way; the windows then start there and see a young,
+    steady pace. Its records kept a faster pace over the segment's first
+    hours, and a leak keeps its own: slowed_since_start tells them
+    apart. Seed 0 was flagged before the rule."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import leak as bench_leak
+    _, _, _, res = bench_leak.run_case(("ramp", None, 0))
+    assert res["gpuguard"] == 0, res
+
+
+@pytest.mark.skipif(not (CORPUS_B / "manifest.json").is_file(), reason="../shared/leak-corpus-b is not beside the repo")
+def test_a_kv_cache_filling_for_six_hours_is_not_a_leak():
+    """corpus-b kvcache_6h_5: a KV cache filling to 6.7 GB with a time
+    constant of 2.9 h for six hours. Its last hours still rise at 270
+    MiB/h, a third of what the records did in its first hours; it was
+    flagged (a warning at 6.6 h) before slowed_since_start."""
+    lab = json.loads((CORPUS_B / "manifest.json").read_text())["kvcache_6h_5.csv"]
+    with open(CORPUS_B / "kvcache_6h_5.csv", newline="") as f:
+        rows = [(float(r["timestamp"]), int(r["pid"]), float(r["used_memory_mib"])) for r in csv.DictReader(f)]
+    events = leak.replay_rows(rows, leakstat.params_from({}), gpu_total=lab["total_mib"])
+    assert [e for e in events if e["state"] == "firing"] == []
