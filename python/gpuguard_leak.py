@@ -479,6 +479,15 @@ def _feed_line(cyc, parts, lines):
         cyc.member_events.setdefault(key if root_key is None else root_key, []).append(ev)
 
 
+def _ranks_rising(members):
+    """How many ranks of a tree grow now: firing, or leaking at their last
+    evaluation (at least the one that fired). Ranks of one job run the
+    same code on alike shapes, so one rank growing while its peers stay
+    flat is a leak's signature, and all of them growing in step is more
+    often new data shapes; the alert says which (gpuguard_render.py)."""
+    return max(1, sum(1 for s in members if s.firing or s.streak & 1))
+
+
 def _tree_alerts(cyc, stdout):
     """Per watched tree: one firing or resolved event when its alerting
     changed, and its status line (the worst verdict of it and its ranks)."""
@@ -507,6 +516,8 @@ def _tree_alerts(cyc, stdout):
             if "leaking_pid" not in ev and members:
                 top = max(members, key=lambda s: s.last.get("slope") or 0.0)
                 ev.update({"leaking_pid": top.pid, "rank": meta.get(top.key, {}).get("rank")})
+            if len(members) >= 2:
+                ev["ranks_rising"] = [_ranks_rising(members), len(members)]
             _with_job(cyc.state_dir, key, ev, series)
             _emit_event(stdout, pid, ev)
         elif m.get("alerting") and not alerting:

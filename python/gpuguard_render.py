@@ -541,6 +541,22 @@ def _oom_clock(event, seconds):
         return None
 
 
+def _peer_lines(rising, lang):
+    """What the ranks of a tree say about its alert (`ranks_rising`: [how
+    many grow, how many ranks]): one rank growing alone, all in step, or
+    some. Nothing for a single process or an older event."""
+    if not isinstance(rising, list) or len(rising) != 2:
+        return []
+    k, n = _as_int(rising[0]), _as_int(rising[1])
+    if k is None or n is None or n < 2 or not 1 <= k <= n:
+        return []
+    if k == 1:
+        return [_msg(lang, "leak_peers_flat", peers=n - 1)]
+    if k == n:
+        return [_msg(lang, "leak_ranks_in_step", n=n)]
+    return [_msg(lang, "leak_ranks_some", k=k, n=n)]
+
+
 def _leak_render(e, lang, env):
     """(what, lines) for one gpu_memory_leak event: the rate, since when,
     the projected OOM as a duration and a clock time, the detector's
@@ -593,6 +609,7 @@ def _leak_render(e, lang, env):
             lines.append(_msg(lang, "leak_rank", rank=_defuse(rank)[:16], pid=_as_int(leaking), root=pid))
         else:
             lines.append(_msg(lang, "leak_member", pid=_as_int(leaking), root=pid))
+    lines += _peer_lines(e.get("ranks_rising"), lang)
     lines += _job_lines([e], lang, env)
     if e.get("loss_plateau") is not None:
         lines.append(_msg(lang, "leak_plateau" if e["loss_plateau"] else "leak_falling"))

@@ -550,6 +550,23 @@ def test_leak_verdict_fields_render_rate_since_oom_clock_confidence_and_rank(utc
     assert render._render(leak(severity="warning"), "en", {})[0].startswith("[gpuguard ALERT]")
 
 
+def test_leak_alert_says_whether_the_ranks_grow_alone_or_in_step(utc):
+    """A tree's alert carries how many of its ranks grow: one alone is a
+    leak's signature, all in step more often new data shapes, some are
+    counted. A single process (no ranks_rising) says nothing of peers."""
+    def text(lang, **kw):
+        return "\n".join(render._render(leak(**kw), lang, {})[1])
+    assert "Its 7 peer ranks stay flat: one rank growing alone is a leak's signature" in text("en", ranks_rising=[1, 8])
+    assert "其余 7 个 rank 保持平稳" in text("zh", ranks_rising=[1, 8])
+    assert "All 8 ranks grow in step: more often new data shapes" in text("en", ranks_rising=[8, 8])
+    assert "全部 8 个 rank 同步增长" in text("zh", ranks_rising=[8, 8])
+    assert "3 of the 8 ranks are growing" in text("en", ranks_rising=[3, 8])
+    assert "8 个 rank 中有 3 个在增长" in text("zh", ranks_rising=[3, 8])
+    for bad in (None, [1], [0, 8], [9, 8], ["x", 8], [1, 1]):
+        t = text("en", ranks_rising=bad)
+        assert "peer ranks" not in t and "in step" not in t and "ranks are growing" not in t, bad
+
+
 def test_leak_beyond_the_warning_horizon_is_a_trend_note_not_a_page(env, sink):
     note = leak(severity="info", slope_mib_per_hour=60.0, free_memory_mib=18000, projected_oom_hours=300.0,
                 confidence=0.62,

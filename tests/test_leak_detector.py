@@ -376,9 +376,11 @@ def test_state_file_is_named_after_the_instance(tmp_path):
     assert r.stdout.split() == ["10", "0", "0"]
 
 
-def test_data_parallel_tree_names_the_leaking_rank(tmp_path):
-    """8 ranks: the tree's sum hides one rank's 300 MiB/h among the others'
-    empty_cache dips; each rank is analysed, and the alert names rank 5."""
+def _ddp_events(tmp_path, leaking):
+    """The alerts on a tree of 8 ranks sampled every minute for 10 hours;
+    the ranks in `leaking` grow by 300 MiB/h from 2 h on, in 20 MiB blocks,
+    and each rank's floor drops by 40 % for one sample in seven
+    (empty_cache)."""
     t0 = 1796206508
     events = []
     for i in range(10 * 60):
@@ -386,7 +388,7 @@ def test_data_parallel_tree_names_the_leaking_rank(tmp_path):
         lines = []
         total = 0
         for r in range(8):
-            used = 30000 + (300 * max(0, i - 120) // 60 // 20 * 20 if r == 5 else 0)
+            used = 30000 + (300 * max(0, i - 120) // 60 // 20 * 20 if r in leaking else 0)
             if (i + r) % 7 == 0:
                 used = int(used * 0.6)          # empty_cache dip
             total += used
@@ -395,10 +397,27 @@ def test_data_parallel_tree_names_the_leaking_rank(tmp_path):
         events += [line for line in check(tmp_path, lines) if line.startswith("event\t")]
     assert events, "no alert"
     _, state, pid, payload = events[0].split("\t", 3)
-    ev = json.loads(payload)
-    assert state == "firing" and pid == "10" and ev["pid"] == 10
-    assert ev["leaking_pid"] == 16 and ev["rank"] == "5"
+    assert state == "firing" and pid == "10"
+    return t0, json.loads(payload)
+
+
+def test_data_parallel_tree_names_the_leaking_rank(tmp_path):
+    """8 ranks: the tree's sum hides one rank's 300 MiB/h among the others'
+    empty_cache dips; each rank is analysed, and the alert names rank 5
+    and says its 7 peers stay flat."""
+    t0, ev = _ddp_events(tmp_path, {5})
+    assert ev["pid"] == 10 and ev["leaking_pid"] == 16 and ev["rank"] == "5"
     assert ev["ts"] >= t0 + 120 * 60
+    assert ev["ranks_rising"] == [1, 8]
+
+
+def test_ranks_growing_in_step_are_said_to_be_in_step(tmp_path):
+    """All 8 ranks grow alike (new shapes reach every rank, and so does a
+    leak in the training step): the alert still comes, naming a rank, and
+    says that all 8 grow in step."""
+    _, ev = _ddp_events(tmp_path, set(range(8)))
+    assert ev["pid"] == 10 and ev["rank"] is not None
+    assert ev["ranks_rising"] == [8, 8]
 
 
 def test_rules_exempt_servers_and_set_thresholds(tmp_path):
