@@ -411,6 +411,7 @@ def goals_table(settings):
     import tempfile
 
     import leakcorpus_c
+    import leakcorpus_d
     print("## Leak detector v3: goals and trade-off\n")
     print("| corpus | slow-tier verdict held | recall | healthy flagged | critical on healthy | median delay h "
           "| false alerts / 100 healthy job-days |")
@@ -422,6 +423,10 @@ def goals_table(settings):
         for label, first in (("corpus C seeds 0-5", 0), ("corpus C seeds 100-105 (held out)", 100)):
             d = os.path.join(work, "c%d" % first)
             leakcorpus_c.generate(d, 6, first=first)
+            corpora.append((label, d))
+        for label, first in (("corpus D seeds 0-5 (written blind)", 0), ("corpus D seeds 100-105", 100)):
+            d = os.path.join(work, "d%d" % first)
+            leakcorpus_d.generate(d, 6, first=first)
             corpora.append((label, d))
         for label, d in corpora:
             for name, values in settings:

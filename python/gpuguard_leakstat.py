@@ -106,6 +106,9 @@ DEFAULTS = {
                                 # (at 1.0 a warm-up's last eval phase still counted: issue-12 l_eval 0)
 }
 MAX_FINES = 120
+LOWS_CYCLES = 3.0   # lows_refute: the lows of at least this many of the job's cycles
+LOWS_SHARE = 0.25   # ... must rise at this share of the pace claimed, or they refute it
+LOWS_CLAIM = 8.0    # ... when the pace claims at least this many level steps between them
 
 
 # ------------------------------------------------------------ statistics --
@@ -316,6 +319,17 @@ def unpack(text):
     base = int(first)
     flat[0::2] = [base + int(x) for x in flat[0::2]]
     return flat
+
+
+def cycle_length(releases, start):
+    """The job's own cycle in hours: the median interval between its
+    releases; with one release, the time from the segment's start (hour
+    `start`) to it; an hour with none."""
+    if not releases:
+        return 1.0
+    if len(releases) == 1:
+        return max(1.0, releases[0][0] - start)
+    return median([b[0] - a[0] for a, b in zip(releases, releases[1:])])
 
 
 def severity_for(oom_h, params):
@@ -739,6 +753,38 @@ class Series:
             if max(hour) - min(hour) < still:
                 return seg[j:] if vals[j] - min(vals[:j]) >= p["min_growth"] else seg
         return seg
+
+    def releases(self, seg):
+        """(hour, floor) of each release in the segment: a bucket floor more
+        than step_mib under the one before it. A leak never lowers the
+        floor; empty_cache() after a checkpoint or an evaluation does, and
+        so does the allocator itself when cudaMalloc fails near the GPU's
+        capacity (it frees its cached blocks and tries again: DeepSpeed's
+        "pytorch allocator cache flushes"). Either way the pool then holds
+        what is live."""
+        bh = self.p["bucket_s"] / 3600.0
+        step = self.p["step_mib"]
+        return [(b * bh, v) for (_, u), (b, v) in zip(seg, seg[1:]) if v < u - step]
+
+    def lows_refute(self, releases, now, span, rate):
+        """True when the floors right after the releases of the last
+        max(span, LOWS_CYCLES cycles) hours stay level while the window
+        claims a pace that would have lifted them well beyond their
+        scatter (four scatters, and min_growth). After a release the pool
+        holds what is live, so a leak lifts those lows cycle after cycle
+        at its own pace; a pool that only refills what the release gave
+        back (a fragmented cache climbing to the GPU's capacity and being
+        flushed, every few hours) comes back to the same low each time."""
+        p = self.p
+        if len(releases) < 2:
+            return False
+        back = max(span, LOWS_CYCLES * (self.last.get("cycle_h") or 1.0))
+        lows = [(x, y) for x, y in releases if x >= now - back]
+        if len(lows) < 2 or lows[-1][0] < now - span:
+            return False
+        ly = [y for _, y in lows]
+        claimed = rate * (lows[-1][0] - lows[0][0])
+        return claimed >= LOWS_CLAIM * p["step_mib"] and max(ly) - min(ly) < LOWS_SHARE * claimed
 
     def above_held(self, seg, since_h):
         """True when the recent floor stands above every level the job held
@@ -1352,6 +1398,10 @@ class Series:
             held, since = seg, xs[-1] - span
         if leaking and trend != "steps" and not self.above_held(held, since):
             leaking, trend = False, "back to a level held before"
+        releases = self.releases(seg)
+        self.last["cycle_h"] = cycle_length(releases, seg[0][0] * p["bucket_s"] / 3600.0 if seg else 0.0)
+        if leaking and "cycle lows" not in trend and self.lows_refute(releases, xs[-1], span, slope):
+            leaking, trend = False, "the lows after each release hold"
         if not leaking and seg and (self.noise or 0.0) >= p["noise_min"]:
             ok = self.noisy_verdict(seg[0][0])
             if ok is not None:
@@ -1527,10 +1577,12 @@ class Series:
                 conf = min(0.99, max(conf, 0.8))
             since = self.last.get("since")
             severity = severity_for(oom, self.p)
-            if severity == "critical" and self.last.get("tier") != "fast" and span_h < 2.0:
-                # a page is earned: evidence over at least two hours (two of
-                # a training job's checkpoint or evaluation cycles); the fast
-                # tier earns it by the minutes its rise kept its pace
+            if severity == "critical" and self.last.get("tier") != "fast" \
+                    and span_h < 2.0 * max(1.0, self.last.get("cycle_h") or 1.0):
+                # a page is earned: evidence over at least two of the job's
+                # own cycles (the interval between its releases; two hours
+                # for a training job's hourly checkpoints or evaluations);
+                # the fast tier earns it by the minutes its rise kept its pace
                 severity = "warning"
             ev.update({"severity": severity, "trend": self.last.get("trend", "steady"),
                        "since_ts": int(since) if since is not None else None,
