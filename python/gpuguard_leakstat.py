@@ -974,10 +974,13 @@ class Series:
         and hides the faster hours before, so the chunk test above sees a
         young, steady window. A leak keeps its pace from the start, and one
         that starts later has a flat first half."""
-        wx, wrec = whole
+        wx = whole[0]
         t0 = wx[0] + self.p["early_skip_h"]
         if until - t0 < 2.0:
             return False
+        if whole[2] is None:
+            whole[2] = self.records(whole[1])
+        wrec = whole[2]
         half = t0 + (until - t0) / 2.0
         grown = sum(d for k in range(1, len(wx)) if t0 < wx[k] <= half
                     for d in (wrec[k] - wrec[k - 1],) if 0 < d < big)
@@ -1027,10 +1030,8 @@ class Series:
         if n < 2:
             return False, 0.0, 0.0, "flat", 0.0
         rec = self.records(raw)
-        if whole is None or len(whole[0]) == n:
-            whole = (xs, rec)
-        else:
-            whole = (whole[0], self.records(whole[1]))
+        # the whole segment's records, made when a window first needs them
+        whole = [xs, raw, rec] if whole is None or len(whole[0]) == n else [whole[0], whole[1], None]
         out = self.record_windows(xs, raw, rec, whole)
         if out[0] or (self.noise or 0.0) >= self.p["noise_min"]:
             return out
@@ -1398,10 +1399,13 @@ class Series:
             held, since = seg, xs[-1] - span
         if leaking and trend != "steps" and not self.above_held(held, since):
             leaking, trend = False, "back to a level held before"
-        releases = self.releases(seg)
-        self.last["cycle_h"] = cycle_length(releases, seg[0][0] * p["bucket_s"] / 3600.0 if seg else 0.0)
-        if leaking and "cycle lows" not in trend and self.lows_refute(releases, xs[-1], span, slope):
-            leaking, trend = False, "the lows after each release hold"
+        if leaking:
+            # (only then: a scan of the segment every bucket cost the 7-day
+            # replay a fifth of its time)
+            releases = self.releases(seg)
+            self.last["cycle_h"] = cycle_length(releases, seg[0][0] * p["bucket_s"] / 3600.0)
+            if "cycle lows" not in trend and self.lows_refute(releases, xs[-1], span, slope):
+                leaking, trend = False, "the lows after each release hold"
         if not leaking and seg and (self.noise or 0.0) >= p["noise_min"]:
             ok = self.noisy_verdict(seg[0][0])
             if ok is not None:
