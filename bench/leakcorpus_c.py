@@ -603,15 +603,22 @@ MAKERS = {
 }
 
 
-def make_trace(kind, seed):
-    """(rows [(ts, pid, used_mib)] sorted by time, label) of one (kind, seed)."""
-    fn, leak = MAKERS[kind]
-    rng = random.Random(zlib.crc32(("%s/%d" % (kind, seed)).encode()))
+def seeded_trace(makers, tag, family, kind, seed):
+    """(rows [(ts, pid, used_mib)] sorted by time, label) of one (kind,
+    seed) of a generator family (its `makers`: kind -> (function, leak)),
+    the random state seeded from TAG + "KIND/SEED" (corpus D's too)."""
+    fn, leak = makers[kind]
+    rng = random.Random(zlib.crc32(("%s%s/%d" % (tag, kind, seed)).encode()))
     rows, label = fn(rng, leak)
     rows = sorted(((T0 + t, pid, v) for t, pid, v in rows), key=lambda r: (r[0], r[1]))
     label.setdefault("leak", False)
-    label.update(kind=kind, seed=seed, family="c%d" % VERSION)
+    label.update(kind=kind, seed=seed, family=family)
     return rows, label
+
+
+def make_trace(kind, seed):
+    """(rows [(ts, pid, used_mib)] sorted by time, label) of one (kind, seed)."""
+    return seeded_trace(MAKERS, "", "c%d" % VERSION, kind, seed)
 
 
 def _write(path, rows):
@@ -622,19 +629,28 @@ def _write(path, rows):
             w.writerow(["%.3f" % t, pid, v])
 
 
-def generate(out, seeds, kinds=None, first=0):
-    """Writes the traces and manifest.json into `out`; returns the manifest."""
+def write_corpus(out, make, kinds, seeds, first=0, check=None):
+    """Writes make(kind, seed)'s trace for each kind and seed, and
+    manifest.json, into `out` (corpus D's too); returns (manifest, the
+    disagreements check(rows, label) found, each "FILE: what")."""
     os.makedirs(out, exist_ok=True)
-    manifest = {}
-    for kind in kinds or KINDS:
+    manifest, problems = {}, []
+    for kind in kinds:
         for seed in range(first, first + seeds):
-            rows, label = make_trace(kind, seed)
+            rows, label = make(kind, seed)
             name = "%s_%d.csv" % (kind, seed)
             _write(os.path.join(out, name), rows)
             manifest[name] = label
+            if check:
+                problems += ["%s: %s" % (name, s) for s in check(rows, label)]
     with open(os.path.join(out, "manifest.json"), "w") as f:
         json.dump(manifest, f, indent=1, sort_keys=True)
-    return manifest
+    return manifest, problems
+
+
+def generate(out, seeds, kinds=None, first=0):
+    """Writes the traces and manifest.json into `out`; returns the manifest."""
+    return write_corpus(out, make_trace, kinds or KINDS, seeds, first)[0]
 
 
 # --------------------------------------------------------------- scoring --
@@ -748,37 +764,56 @@ def table(kinds, title):
     return "\n".join(out)
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description="corpus C: write it, or score a detector on it")
+class _Args(argparse.ArgumentParser):
+    """argparse, with a usage error said in one line (exit 2)."""
+
+    def error(self, message):
+        print("%s: %s" % (self.prog, message), file=sys.stderr)
+        sys.exit(2)
+
+
+def corpus_main(prog, letter, kinds_all, make, check=None, argv=None):
+    """The command line of a generator family (this one's, corpus D's):
+    write DIR, or --score DIR with a detector. `kinds_all` are its kinds,
+    make(kind, seed) makes one trace, check(rows, label) lists where the
+    data disagree with the label (--check)."""
+    ap = _Args(prog=prog, description="corpus %s: write it, or score a detector on it" % letter)
     ap.add_argument("dir", help="the corpus directory")
     ap.add_argument("--seeds", type=int, default=6, help="seeds per kind (default 6)")
     ap.add_argument("--first-seed", type=int, default=0)
     ap.add_argument("--kinds", default="", help="comma-separated kinds (default: all)")
+    if check:
+        ap.add_argument("--check", action="store_true", help="check that the data agree with the labels")
     ap.add_argument("--score", action="store_true", help="score a detector on DIR instead of writing it")
     ap.add_argument("--detector", default=DETECTOR, help="the replay command (default bin/gpu-leak-watch)")
     a = ap.parse_args(argv)
-    kinds = [k for k in a.kinds.split(",") if k] or None
-    unknown = [k for k in kinds or [] if k not in MAKERS]
+    kinds = [k for k in a.kinds.split(",") if k] or kinds_all
+    unknown = [k for k in kinds if k not in kinds_all]
     if unknown or a.seeds < 1 or a.first_seed < 0:
-        print("leakcorpus_c.py: %s" % ("unknown kind %s (kinds: %s)" % (unknown[0], ", ".join(KINDS))
-                                       if unknown else "--seeds must be >= 1 and --first-seed >= 0"),
-              file=sys.stderr)
+        print("%s: %s" % (prog, "unknown kind %s (kinds: %s)" % (unknown[0], ", ".join(kinds_all))
+                          if unknown else "--seeds must be >= 1 and --first-seed >= 0"), file=sys.stderr)
         return 2
     if a.score:
         if not os.path.isfile(os.path.join(a.dir, "manifest.json")):
-            print("leakcorpus_c.py: no manifest.json in %s" % a.dir, file=sys.stderr)
+            print("%s: no manifest.json in %s" % (prog, a.dir), file=sys.stderr)
             return 2
         try:
             man, alerts = replay_all(a.dir, a.detector)
-            print(table(score(man, alerts), "corpus C: %s" % a.dir))
+            print(table(score(man, alerts), "corpus %s: %s" % (letter, a.dir)))
         except (KeyError, ValueError, OSError, RuntimeError) as e:
-            print("leakcorpus_c.py: cannot score %s: %s" % (a.dir, e if str(e) else type(e).__name__),
-                  file=sys.stderr)
+            print("%s: cannot score %s: %s" % (prog, a.dir, e if str(e) else type(e).__name__), file=sys.stderr)
             return 1
         return 0
-    man = generate(a.dir, a.seeds, kinds, a.first_seed)
+    man, problems = write_corpus(a.dir, make, kinds, a.seeds, a.first_seed,
+                                 check if getattr(a, "check", False) else None)
     print("%d traces (%d leaking) in %s" % (len(man), sum(1 for v in man.values() if v["leak"]), a.dir))
-    return 0
+    for s in problems:
+        print("check: %s" % s)
+    return 1 if problems else 0
+
+
+def main(argv=None):
+    return corpus_main("leakcorpus_c.py", "C", KINDS, make_trace, argv=argv)
 
 
 if __name__ == "__main__":

@@ -17,14 +17,9 @@ each is realistic: bench/leakcorpus_d.md.  Deterministic per (kind, seed).
   python3 bench/leakcorpus_d.py DIR [--seeds N] [--first-seed K] [--kinds a,b] [--check]
   python3 bench/leakcorpus_d.py --score DIR [--detector CMD]
 """
-import argparse
-import csv
-import json
 import math
 import os
-import random
 import sys
-import zlib
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import leakcorpus_c  # the sibling corpus's scorer: the same rules for both
@@ -592,38 +587,12 @@ MAKERS = {
 
 def make_trace(kind, seed):
     """(rows [(ts, pid, used_mib)] sorted by time, label) of one (kind, seed)."""
-    fn, leak = MAKERS[kind]
-    rng = random.Random(zlib.crc32(("d/%s/%d" % (kind, seed)).encode()))
-    rows, label = fn(rng, leak)
-    rows = sorted(((T0 + t, pid, v) for t, pid, v in rows), key=lambda r: (r[0], r[1]))
-    label.setdefault("leak", False)
-    label.update(kind=kind, seed=seed, family="d%d" % VERSION)
-    return rows, label
-
-
-def _write(path, rows):
-    with open(path, "w", newline="") as f:
-        w = csv.writer(f, lineterminator="\n")
-        w.writerow(["timestamp", "pid", "used_memory_mib"])
-        for t, pid, v in rows:
-            w.writerow(["%.3f" % t, pid, v])
+    return leakcorpus_c.seeded_trace(MAKERS, "d/", "d%d" % VERSION, kind, seed)
 
 
 def generate(out, seeds, kinds=None, first=0, check=False):
     """Writes the traces and manifest.json into `out`; returns (manifest, problems)."""
-    os.makedirs(out, exist_ok=True)
-    manifest, problems = {}, []
-    for kind in kinds or KINDS:
-        for seed in range(first, first + seeds):
-            rows, label = make_trace(kind, seed)
-            name = "%s_%d.csv" % (kind, seed)
-            _write(os.path.join(out, name), rows)
-            manifest[name] = label
-            if check:
-                problems += ["%s: %s" % (name, s) for s in _check(rows, label)]
-    with open(os.path.join(out, "manifest.json"), "w") as f:
-        json.dump(manifest, f, indent=1, sort_keys=True)
-    return manifest, problems
+    return leakcorpus_c.write_corpus(out, make_trace, kinds or KINDS, seeds, first, _check if check else None)
 
 
 def _win(series, a, b, f=max):
@@ -681,46 +650,8 @@ def _check(rows, lab):
     return bad
 
 
-class _Args(argparse.ArgumentParser):
-    def error(self, message):
-        print("leakcorpus_d.py: %s" % message, file=sys.stderr)
-        sys.exit(2)
-
-
 def main(argv=None):
-    ap = _Args(description="corpus D: write it, or score a detector on it")
-    ap.add_argument("dir", help="the corpus directory")
-    ap.add_argument("--seeds", type=int, default=6, help="seeds per kind (default 6)")
-    ap.add_argument("--first-seed", type=int, default=0)
-    ap.add_argument("--kinds", default="", help="comma-separated kinds (default: all)")
-    ap.add_argument("--check", action="store_true", help="check that the data agree with the labels")
-    ap.add_argument("--score", action="store_true", help="score a detector on DIR instead of writing it")
-    ap.add_argument("--detector", default=leakcorpus_c.DETECTOR, help="the replay command")
-    a = ap.parse_args(argv)
-    kinds = [k for k in a.kinds.split(",") if k] or None
-    unknown = [k for k in kinds or [] if k not in MAKERS]
-    if unknown or a.seeds < 1 or a.first_seed < 0:
-        print("leakcorpus_d.py: %s" % ("unknown kind %s (kinds: %s)" % (unknown[0], ", ".join(KINDS))
-                                       if unknown else "--seeds must be >= 1 and --first-seed >= 0"),
-              file=sys.stderr)
-        return 2
-    if a.score:
-        if not os.path.isfile(os.path.join(a.dir, "manifest.json")):
-            print("leakcorpus_d.py: no manifest.json in %s" % a.dir, file=sys.stderr)
-            return 2
-        try:
-            man, alerts = leakcorpus_c.replay_all(a.dir, a.detector)
-            print(leakcorpus_c.table(leakcorpus_c.score(man, alerts), "corpus D: %s" % a.dir))
-        except (KeyError, ValueError, OSError, RuntimeError) as e:
-            print("leakcorpus_d.py: cannot score %s: %s" % (a.dir, e if str(e) else type(e).__name__),
-                  file=sys.stderr)
-            return 1
-        return 0
-    man, problems = generate(a.dir, a.seeds, kinds, a.first_seed, a.check)
-    print("%d traces (%d leaking) in %s" % (len(man), sum(1 for v in man.values() if v["leak"]), a.dir))
-    for s in problems:
-        print("check: %s" % s)
-    return 1 if problems else 0
+    return leakcorpus_c.corpus_main("leakcorpus_d.py", "D", KINDS, make_trace, _check, argv)
 
 
 if __name__ == "__main__":
