@@ -88,6 +88,7 @@ MESSAGES = {
     "leak_verdict": "Verdict: {trend}, confidence {confidence}",
     "leak_rank": "Leaking: rank {rank}, PID {pid} (of the process tree of PID {root})",
     "leak_member": "Leaking: PID {pid} (of the process tree of PID {root})",
+    "leak_rank_fastest": "Fastest-growing: rank {rank}, PID {pid} (of the process tree of PID {root})",
     "leak_peers_flat": "Its {peers} peer ranks stay flat: one rank growing alone is a leak's signature (they all run the same code on alike shapes)",
     "leak_ranks_in_step": "All {n} ranks grow in step: more often new data shapes (longer sequences, bigger batches) than a leak, though a leak in the training step does the same; look at the data first",
     "leak_ranks_some": "{k} of the {n} ranks are growing",

@@ -76,6 +76,7 @@ MESSAGES = {
     "leak_verdict": "判定：{trend}，置信度 {confidence}",
     "leak_rank": "泄漏者：rank {rank}，PID {pid}（属于 PID {root} 的进程树）",
     "leak_member": "泄漏者：PID {pid}（属于 PID {root} 的进程树）",
+    "leak_rank_fastest": "增长最快：rank {rank}，PID {pid}（属于 PID {root} 的进程树）",
     "leak_peers_flat": "其余 {peers} 个 rank 保持平稳：只有一个 rank 在涨正是泄漏的特征（各 rank 跑的是同样的代码、相近的数据形状）",
     "leak_ranks_in_step": "全部 {n} 个 rank 同步增长：更常见的原因是数据形状变化（更长的序列、更大的 batch），而非泄漏；不过训练步骤本身的泄漏也会如此，先检查数据",
     "leak_ranks_some": "{n} 个 rank 中有 {k} 个在增长",

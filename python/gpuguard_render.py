@@ -541,15 +541,24 @@ def _oom_clock(event, seconds):
         return None
 
 
-def _peer_lines(rising, lang):
-    """What the ranks of a tree say about its alert (`ranks_rising`: [how
-    many grow, how many ranks]): one rank growing alone, all in step, or
-    some. Nothing for a single process or an older event."""
+def _peers(rising):
+    """(how many ranks grow, how many ranks) from a tree's `ranks_rising`,
+    or None for a single process, an older event or a malformed pair."""
     if not isinstance(rising, list) or len(rising) != 2:
-        return []
+        return None
     k, n = _as_int(rising[0]), _as_int(rising[1])
     if k is None or n is None or n < 2 or not 1 <= k <= n:
+        return None
+    return k, n
+
+
+def _peer_lines(peers, lang):
+    """What the ranks of a tree say about its alert: one rank growing
+    alone (a leak's signature), all in step (more often data shapes), or
+    some of them."""
+    if peers is None:
         return []
+    k, n = peers
     if k == 1:
         return [_msg(lang, "leak_peers_flat", peers=n - 1)]
     if k == n:
@@ -603,13 +612,16 @@ def _leak_render(e, lang, env):
         lines.append(_msg(lang, "leak_verdict", trend=trend_text,
                          confidence=f"{confidence * 100:.0f} %" if confidence is not None else unknown))
     leaking = e.get("leaking_pid")
+    peers = _peers(e.get("ranks_rising"))
     if _as_int(leaking) is not None and str(leaking) != str(e.get("pid")):
         rank = e.get("rank")
+        # with every rank growing in step, the one named is the fastest
+        key = "leak_rank_fastest" if peers and peers[0] == peers[1] else "leak_rank"
         if rank is not None and str(rank) != "":
-            lines.append(_msg(lang, "leak_rank", rank=_defuse(rank)[:16], pid=_as_int(leaking), root=pid))
+            lines.append(_msg(lang, key, rank=_defuse(rank)[:16], pid=_as_int(leaking), root=pid))
         else:
             lines.append(_msg(lang, "leak_member", pid=_as_int(leaking), root=pid))
-    lines += _peer_lines(e.get("ranks_rising"), lang)
+    lines += _peer_lines(peers, lang)
     lines += _job_lines([e], lang, env)
     if e.get("loss_plateau") is not None:
         lines.append(_msg(lang, "leak_plateau" if e["loss_plateau"] else "leak_falling"))

@@ -560,6 +560,11 @@ def test_leak_alert_says_whether_the_ranks_grow_alone_or_in_step(utc):
     assert "其余 7 个 rank 保持平稳" in text("zh", ranks_rising=[1, 8])
     assert "All 8 ranks grow in step: more often new data shapes" in text("en", ranks_rising=[8, 8])
     assert "全部 8 个 rank 同步增长" in text("zh", ranks_rising=[8, 8])
+    # all in step: the rank named is the fastest, not "the leaking" one
+    assert "Fastest-growing: rank 3, PID 51003" in text("en", ranks_rising=[8, 8])
+    assert "Leaking: rank" not in text("en", ranks_rising=[8, 8])
+    assert "增长最快：rank 3" in text("zh", ranks_rising=[8, 8])
+    assert "Leaking: rank 3, PID 51003" in text("en", ranks_rising=[3, 8])
     assert "3 of the 8 ranks are growing" in text("en", ranks_rising=[3, 8])
     assert "8 个 rank 中有 3 个在增长" in text("zh", ranks_rising=[3, 8])
     for bad in (None, [1], [0, 8], [9, 8], ["x", 8], [1, 1]):
