@@ -107,8 +107,8 @@ DEFAULTS = {
 }
 MAX_FINES = 120
 LOWS_CYCLES = 3.0   # lows_refute: the lows of at least this many of the job's cycles
-LOWS_SHARE = 0.25   # ... must rise at this share of the pace claimed, or they refute it
-LOWS_CLAIM = 8.0    # ... when the pace claims at least this many level steps between them
+LOWS_SHARE = 0.25   # ... in a band under this share of the growth claimed between them refute it
+LOWS_CLAIM = 8.0    # ... when the claim is at least this many level steps (step_mib)
 
 
 # ------------------------------------------------------------ statistics --
@@ -767,14 +767,17 @@ class Series:
         return [(b * bh, v) for (_, u), (b, v) in zip(seg, seg[1:]) if v < u - step]
 
     def lows_refute(self, releases, now, span, rate):
-        """True when the floors right after the releases of the last
-        max(span, LOWS_CYCLES cycles) hours stay level while the window
-        claims a pace that would have lifted them well beyond their
-        scatter (four scatters, and min_growth). After a release the pool
+        """True when the window has a release of its own and the floors
+        right after the releases of the last max(span, LOWS_CYCLES cycles)
+        hours stay in a band narrower than LOWS_SHARE of the growth the
+        window's pace claims between the first and the last of them, a
+        claim of LOWS_CLAIM level steps at least. After a release the pool
         holds what is live, so a leak lifts those lows cycle after cycle
         at its own pace; a pool that only refills what the release gave
         back (a fragmented cache climbing to the GPU's capacity and being
-        flushed, every few hours) comes back to the same low each time."""
+        flushed, every few hours) comes back to the same low each time.
+        Smaller claims are left alone: the lows scatter with the batch in
+        flight, and a slow leak shows in them only over many cycles."""
         p = self.p
         if len(releases) < 2:
             return False
@@ -967,13 +970,13 @@ class Series:
         records kept over the first half of the segment before it (from
         early_skip_h into the segment, when a warm-up that outlasted the
         skipped half hour is over, and two hours before the window at
-        least; one-time jumps left out). A pool
-        that creeps (fragmentation, a cache filling) sets its records ever
-        more rarely from the job's start, and it often holds still for an
-        hour on the way: the settled() cut then starts the windows there
-        and hides the faster hours before, so the chunk test above sees a
-        young, steady window. A leak keeps its pace from the start, and one
-        that starts later has a flat first half."""
+        least; one-time jumps left out). A pool that creeps (fragmentation,
+        a cache filling) sets its records ever more rarely from the job's
+        start, and it often holds still for an hour on the way: the
+        settled() cut then starts the windows there and hides the faster
+        hours before, so the chunk test above sees a young, steady window.
+        A leak keeps its pace from the start, and one that starts later has
+        a flat first half."""
         wx = whole[0]
         t0 = wx[0] + self.p["early_skip_h"]
         if until - t0 < 2.0:
