@@ -334,7 +334,8 @@ H200_TRACES = os.path.join(ROOT, "tests", "fixtures", "h200")
 
 def _summary(kinds):
     """(recall, healthy flagged, critical on healthy, median delay h,
-    false alerts per 100 healthy job-days) of leakcorpus_c.score()'s counts."""
+    false alerts per 100 healthy job-days, leaks out of memory in the trace
+    paged critical before it) of leakcorpus_c.score()'s counts."""
     import statistics
     pos = [k for k in kinds.values() if k["leak"]]
     neg = [k for k in kinds.values() if not k["leak"]]
@@ -344,7 +345,8 @@ def _summary(kinds):
             "%d/%d" % (sum(k["flagged"] for k in neg), sum(k["n"] for k in neg)),
             sum(k["critical"] for k in neg),
             "%.2f" % statistics.median(delays) if delays else "-",
-            "%.1f" % (100.0 * sum(k["false"] for k in neg) / days) if days else "-")
+            "%.1f" % (100.0 * sum(k["false"] for k in neg) / days) if days else "-",
+            "%d/%d" % (sum(k["paged"] for k in pos), sum(k["ooms"] for k in pos)))
 
 
 def _h200_row(work):
@@ -414,8 +416,8 @@ def goals_table(settings):
     import leakcorpus_d
     print("## Leak detector v3: goals and trade-off\n")
     print("| corpus | slow-tier verdict held | recall | healthy flagged | critical on healthy | median delay h "
-          "| false alerts / 100 healthy job-days |")
-    print("|---|---|---|---|---|---|---|")
+          "| false alerts / 100 healthy job-days | leaks paged critical before their OOM |")
+    print("|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as work:
         corpora = []
         if os.path.isfile(os.path.join(CORPUS_B, "manifest.json")):
@@ -430,12 +432,13 @@ def goals_table(settings):
             corpora.append((label, d))
         for label, d in corpora:
             for name, values in settings:
-                print("| %s | %s | %s | %s | %d | %s | %s |" % ((label, name) + _summary(_score_settings(d, values))))
+                print("| %s | %s | %s | %s | %d | %s | %s | %s |" % ((label, name) + _summary(_score_settings(d, values))))
         h = os.path.join(work, "h200")
         os.makedirs(h)
         kinds = _h200_row(h)
         if kinds:
-            print("| real GPU recordings (tests/fixtures/h200: H200, H100) | 3 of the last 4 | %s | %s | %d | %s | %s |"
+            print("| real GPU recordings (tests/fixtures/h200: H200, H100) | 3 of the last 4 | %s | %s | %d | %s | %s "
+                  "| %s |"
                   % _summary(kinds))
     print()
 

@@ -697,7 +697,11 @@ def replay_all(corpus, detector=DETECTOR, jobs=2):
 
 
 def _judge(lab, al):
-    """(hit delay h or None, false alerts, critical false alerts)."""
+    """(hit delay h or None, false alerts, critical false alerts, paged):
+    paged is None unless the job runs out of memory within the trace (the
+    label's oom_in_trace), then whether a critical alert of the job came
+    before that."""
+    paged = None
     if lab["leak"]:
         start = T0 + lab["start_s"]
         lp = lab.get("leak_pid")
@@ -708,19 +712,26 @@ def _judge(lab, al):
         if first is not None and lab.get("oom_in_trace") and first - T0 > lab["oom_s"]:
             first = None
         delay = (first - start) / 3600 if first is not None else None
+        if lab.get("oom_in_trace"):
+            paged = any(a.get("severity") == "critical" and start <= a["ts"] < T0 + lab["oom_s"] and m
+                        for a, m in zip(al, mine))
     else:
         bad = [a for a in al if a["ts"] >= T0 + lab.get("quiet_after_s", 0)]
         delay = None
-    return delay, len(bad), sum(1 for a in bad if a.get("severity") == "critical")
+    return delay, len(bad), sum(1 for a in bad if a.get("severity") == "critical"), paged
 
 
 def score(man, alerts):
-    """Per-kind counts: n, leak, hit, flagged, false, critical, delays, job-days."""
+    """Per-kind counts: n, leak, hit, flagged, false, critical, delays,
+    job-days, ooms (leaks that run out of memory within the trace) and
+    paged (those of them paged critical before)."""
     kinds = {}
     for name, lab in sorted(man.items()):
         k = kinds.setdefault(lab["kind"], {"n": 0, "leak": lab["leak"], "hit": 0, "flagged": 0, "false": 0,
-                                           "critical": 0, "delays": [], "job_days": 0.0})
-        delay, false, crit = _judge(lab, alerts[name])
+                                           "critical": 0, "delays": [], "job_days": 0.0, "ooms": 0, "paged": 0})
+        delay, false, crit, paged = _judge(lab, alerts[name])
+        k["ooms"] += paged is not None
+        k["paged"] += bool(paged)
         k["n"] += 1
         k["hit"] += delay is not None
         k["flagged"] += false > 0

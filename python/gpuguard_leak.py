@@ -65,6 +65,9 @@ from gpuguard_files import write_atomic
 from gpuguard_history import history_append, identity_read, identity_write
 from gpuguard_leakstat import Series, median, params_from
 
+# the order of alert levels (a standing alert is sent again only upward)
+_LEVEL = {"info": 0, "warning": 1, "critical": 2}
+
 # ---------------------------------------------------------------- replay --
 
 def replay_rows(rows, params, gpu_total=None, out=None):
@@ -504,10 +507,16 @@ def _tree_alerts(cyc, stdout):
         m = meta[key]
         alerting = any(s.firing for s in parts)
         evs = cyc.member_events.get(key, [])
-        if alerting and not m.get("alerting"):
+        # an alert standing on the tree goes out again only when a part's
+        # escalation takes it above the level the tree was sent with
+        # (a rank's escalation, or a rank firing on its own at a higher level)
+        was = m.get("paged") if alerting and m.get("alerting") else None
+        raised = [e for e in evs if was in _LEVEL and e["state"] == "firing"
+                  and _LEVEL.get(e.get("severity"), 0) > _LEVEL[was]]
+        if alerting and (raised or not m.get("alerting")):
             # one alert per tree: a rank's when one fires (it names the
             # rank), else the tree's with its fastest-growing rank named
-            fired = [e for e in evs if e["state"] == "firing"] or \
+            fired = raised or [e for e in evs if e["state"] == "firing"] or \
                 [s.event("firing") for s in parts if s.firing]
             ev = max(fired, key=lambda e: ("leaking_pid" in e, e["slope_mib_per_hour"]))
             ev.setdefault("host", host)
@@ -518,6 +527,12 @@ def _tree_alerts(cyc, stdout):
                 ev.update({"leaking_pid": top.pid, "rank": meta.get(top.key, {}).get("rank")})
             if len(members) >= 2:
                 ev["ranks_rising"] = [_ranks_rising(members), len(members)]
+            if raised:
+                # (the level the tree was sent with, not the rank's own)
+                ev.update({"escalated_from": was, "first_alert_ts": m.get("paged_ts")})
+            else:
+                m["paged_ts"] = ev.get("ts")
+            m["paged"] = ev.get("severity")
             _with_job(cyc.state_dir, key, ev, series)
             _emit_event(stdout, pid, ev)
         elif m.get("alerting") and not alerting:
@@ -527,6 +542,9 @@ def _tree_alerts(cyc, stdout):
             _with_job(cyc.state_dir, key, ev)
             _emit_event(stdout, pid, ev)
         m["alerting"] = alerting
+        if not alerting:
+            m.pop("paged", None)
+            m.pop("paged_ts", None)
         # the tree's verdict: the worst of its own and its ranks'
         slope, firing, sev, oom = max((s.verdict() for s in parts), key=lambda v: (v[1], v[0]))
         cyc.statuses.append("status\t%d\t%.1f\t%d\t%d\t%s\t%s\t%s\n" % (

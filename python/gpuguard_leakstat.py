@@ -321,15 +321,22 @@ def unpack(text):
     return flat
 
 
-def cycle_length(releases, start):
+def cycle_length(releases, start, unit=1.0):
     """The job's own cycle in hours: the median interval between its
     releases; with one release, the time from the segment's start (hour
-    `start`) to it; an hour with none."""
+    `start`) to it, at least `unit`; `unit` with none (an hour: six
+    buckets of the default ten minutes)."""
     if not releases:
-        return 1.0
+        return unit
     if len(releases) == 1:
-        return max(1.0, releases[0][0] - start)
+        return max(unit, releases[0][0] - start)
     return median([b[0] - a[0] for a, b in zip(releases, releases[1:])])
+
+
+# A firing alert is sent again when its evidence earns a higher level than
+# the one it went out with (a trend note that became a warning, a warning
+# whose OOM came near): once per level, never back down.
+_LEVELS = {"info": 0, "warning": 1, "critical": 2}
 
 
 def severity_for(oom_h, params):
@@ -372,7 +379,7 @@ class Series:
         self.meds = []              # [bucket_index, median of its fine floors] (noisy series)
         self.noise = None           # running median successive difference / level
         self.cut = None             # bucket index where the segment starts
-        self.regap = None           # [ts, level, slope] after a gap that did not cut (see feed)
+        self.regap = None           # [ts, level, slope, low, high] after a gap that did not cut (see feed)
         self.dipped = False         # the sample before this one was an empty_cache() dip, dropped
         self.dt = None              # the sampling interval (median of the first intervals)
         self.streak = 0
@@ -581,10 +588,12 @@ class Series:
             self.prev_fed = mib
             return None
         if self.regap is not None:
-            gts, level, slope = self.regap
+            gts, level, slope = self.regap[:3]
+            lo, hi = self.regap[3:5] if len(self.regap) >= 5 else (level, level)
+            grown = slope * (ts - gts) / 3600.0
             if ts - gts > p["bucket_s"]:
                 self.regap = None
-            elif self.restless(mib - level - slope * (ts - gts) / 3600.0):
+            elif self.restless(mib - level - grown) and not lo - p["step_mib"] <= mib - grown <= hi + p["step_mib"]:
                 # the job restarted during the gap: the segment starts there
                 self.regap = None
                 self.cut = int(gts // p["bucket_s"])
@@ -605,7 +614,11 @@ class Series:
             # and dropped dips leave gaps: only a change far beyond it counts)
             noise = self.noise or 0.0
             if noise < p["noise_min"]:
-                restarted = self.moved(mib - self.prev_fed - grown)
+                # (against the floor the job held, not its last sample: a
+                # watcher away from an evaluation's peak finds the job back
+                # at its floor, where it was all along)
+                held = self.held_floor()
+                restarted = self.moved(mib - held - grown)
                 # a restarted job's first sample can land near the old
                 # level by chance; its warm-up leaves it within minutes:
                 # the next bucket's fine floors are held to the same test
@@ -613,8 +626,12 @@ class Series:
                 # longer ones, the job absent, are watched; and not before
                 # the noise is known: a noisy series moves by its noise)
                 long_gap = ts - prev_ts > 2 * gap_check and self.noise is not None
-                # (held to where it landed when higher: a step taken in the gap)
-                self.regap = [ts, max(mib - grown, self.prev_fed), max(0.0, self.last.get("slope") or 0.0)] \
+                # (held to where it landed when higher: a step taken in the
+                # gap; a move back into the levels the job held in the hour
+                # before the gap, its floor to the peak it was at, is its
+                # own cycle going on, not a warm-up)
+                hi = max(self.prev_fed, max((v for _, v in self.floors[-5:]), default=held))
+                self.regap = [ts, max(mib - grown, held), max(0.0, self.last.get("slope") or 0.0), held, hi] \
                     if long_gap and not restarted else None
             elif ts - prev_ts > p["bucket_s"]:
                 level = self.meds[-1][1] if isinstance(self.meds, list) and self.meds else self.prev_fed
@@ -638,6 +655,20 @@ class Series:
             ev = self.close_bucket() or ev
             self.bucket = b
         return ev
+
+    def held_floor(self):
+        """The lowest level the job held in the hour before a gap: the last
+        sample, the fine floors of the bucket it was in and the floors of
+        the five buckets before, in its segment. Where a job's phases come
+        back to each cycle; a restart starts under it."""
+        low = self.prev_fed
+        if self.fine_cur:
+            low = min(low, min(self.fine_cur))
+        cut = self.cut if self.cut is not None else -1
+        for b, v in self.floors[-5:]:
+            if b >= cut and v < low:
+                low = v
+        return low
 
     def moved(self, change):
         """At the first sample after a gap: is the level somewhere else (a
@@ -1406,7 +1437,7 @@ class Series:
             # (only then: a scan of the segment every bucket cost the 7-day
             # replay a fifth of its time)
             releases = self.releases(seg)
-            self.last["cycle_h"] = cycle_length(releases, seg[0][0] * p["bucket_s"] / 3600.0)
+            self.last["cycle_h"] = cycle_length(releases, seg[0][0] * p["bucket_s"] / 3600.0, self.hour())
             if "cycle lows" not in trend and self.lows_refute(releases, xs[-1], span, slope):
                 leaking, trend = False, "the lows after each release hold"
         if not leaking and seg and (self.noise or 0.0) >= p["noise_min"]:
@@ -1420,7 +1451,7 @@ class Series:
             self.last["since"] = (xs[-1] - span) * 3600.0
             self.last["z"] = z
         if self.firing:
-            return self.maybe_resolve(leaking, seg)
+            return self.maybe_resolve(leaking, seg) or (self.escalate("slow") if leaking else None)
         # the last four evaluations as bits: a verdict that flickers on a
         # healthy curve (a wander, a creep near the threshold) passes once
         # or twice; a leak passes most of the time, with a miss now and
@@ -1434,7 +1465,9 @@ class Series:
         """The fast tier, once per fine floor, when the free memory is known."""
         p = self.p
         free = self.last.get("free")
-        if free is None or self.firing:
+        if free is None or (self.firing and self.last.get("paged") == "critical"):
+            # (a firing alert is watched on: a leak that speeds up under a
+            # warning escalates to a page)
             self.fstreak = 0
             return None
         tail = self.fines_tail(10)
@@ -1462,7 +1495,7 @@ class Series:
         if self.fstreak >= p["debounce"] or free / beta < 1.0:
             self.last.update(slope=beta, trend="steady", since=since, z=z,
                              window_s=self.last["ts"] - since)
-            return self.fire("fast")
+            return self.escalate("fast") if self.firing else self.fire("fast")
         return None
 
     def fast_verdict(self, free, cut_f):
@@ -1554,10 +1587,39 @@ class Series:
             return self.event("resolved")
         return None
 
+    def hour(self):
+        """Six buckets in hours: an hour at the default ten-minute bucket
+        (a watcher given shorter buckets, a test's, scales with them)."""
+        return 6.0 * self.p["bucket_s"] / 3600.0
+
     def fire(self, tier):
         self.firing, self.calm, self.streak, self.fstreak = True, 0, 0, 0
         self.last["tier"] = tier
-        return self.event("firing")
+        ev = self.event("firing")
+        self.last["paged"], self.last["paged_ts"] = ev["severity"], ev["ts"]
+        return ev
+
+    def escalate(self, tier):
+        """A firing alert's event again when the evidence of this evaluation
+        earns it a higher level than it was sent with (its OOM came near a
+        warning, a trend note's pace became a warning's); the event says
+        which level it was and since when. Once per level; a severity that
+        falls back is not sent (the alert stands until resolved)."""
+        was = self.last.get("paged")
+        before = self.last.get("tier")
+        self.last["tier"] = tier
+        ev = self.event("firing")
+        if was not in _LEVELS:
+            # a state written before levels were kept: what was sent is
+            # unknown, so nothing is sent again
+            self.last["paged"] = ev["severity"]
+            return None
+        if _LEVELS[ev["severity"]] <= _LEVELS[was]:
+            self.last["tier"] = before
+            return None
+        ev.update({"escalated_from": was, "first_alert_ts": self.last.get("paged_ts")})
+        self.last["paged"] = ev["severity"]
+        return ev
 
     def verdict(self):
         """(slope, firing, severity, oom_h) for status lines and metrics."""
@@ -1566,7 +1628,11 @@ class Series:
         # unrounded: the status line carries it in seconds (a fast leak's
         # 96 s to OOM is not "0.0 h")
         oom = free / slope if free is not None and slope > 0 else None
-        return slope, self.firing, (severity_for(oom, self.p) if self.firing else "none"), oom
+        if not self.firing:
+            return slope, False, "none", oom
+        # the level the alert was sent with (or escalated to): the metrics
+        # and status say what paged, not a projection the page rule refused
+        return slope, True, self.last.get("paged") or severity_for(oom, self.p), oom
 
     def event(self, state):
         slope = round(self.last.get("slope", 0.0) or 0.0, 1)
@@ -1585,7 +1651,7 @@ class Series:
             since = self.last.get("since")
             severity = severity_for(oom, self.p)
             if severity == "critical" and self.last.get("tier") != "fast" \
-                    and span_h < 2.0 * max(1.0, self.last.get("cycle_h") or 1.0):
+                    and span_h < 2.0 * max(self.hour(), self.last.get("cycle_h") or 0.0):
                 # a page is earned: evidence over at least two of the job's
                 # own cycles (the interval between its releases; two hours
                 # for a training job's hourly checkpoints or evaluations);

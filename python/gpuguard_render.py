@@ -605,6 +605,11 @@ def _leak_render(e, lang, env):
         clock = _oom_clock(e, oom_s) if oom_s is not None else None
         lines.append(_msg(lang, "leak_oom_at", oom=oom_text, clock=clock) if clock
                      else _msg(lang, "leak_oom", oom=oom_text))
+    was = e.get("escalated_from")
+    escalated = was in ("info", "warning") and not trend_note
+    if escalated:
+        first = _when(_number(e.get("first_alert_ts")))
+        lines.insert(0, _msg(lang, "leak_escalated", was=_msg(lang, "level_" + was), when=first or unknown))
     trend = e.get("trend")
     confidence = _number(e.get("confidence"))
     if trend or confidence is not None:
@@ -626,7 +631,8 @@ def _leak_render(e, lang, env):
     if e.get("loss_plateau") is not None:
         lines.append(_msg(lang, "leak_plateau" if e["loss_plateau"] else "leak_falling"))
     lines.append(_msg(lang, "leak_hint"))
-    return _msg(lang, "what_leak_trend" if trend_note else "what_leak", pid=pid, name=name), lines
+    what = "what_leak_trend" if trend_note else ("what_leak_escalated" if escalated else "what_leak")
+    return _msg(lang, what, pid=pid, name=name), lines
 
 
 def render_digest(events, lang, env=None):
@@ -834,6 +840,13 @@ def alertmanager_alerts(event, lang="en", now=None, env=None):
     if event.get("event") == "ledger_digest":
         return []               # a daily report, not an alert
     alert = alertmanager_alert(event, lang, now, env)
+    was = event.get("escalated_from")
+    if event.get("event") == "gpu_memory_leak" and _state_class(event) == "firing" and was in _LEAK_ALERTNAMES:
+        # an escalation replaces the alert it was sent as: that one ends
+        # now, so Alertmanager shows one alert for one leak
+        labels = dict(alert["labels"], alertname=_LEAK_ALERTNAMES[was], severity=was)
+        at = time.time() if now is None else now
+        return [alert, dict(alert, labels=labels, endsAt=_iso(max(at, _as_int(event.get("ts")) or at)))]
     if event.get("event") != "gpu_memory_leak" or _state_class(event) != "resolved" or \
             event.get("severity") in _SEVERITY_RANK:
         return [alert]

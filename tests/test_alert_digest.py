@@ -735,3 +735,25 @@ def test_a_leak_resolved_without_severity_ends_the_critical_alert_in_a_real_aler
         am.terminate()
         am.wait(timeout=10)
         server.shutdown()
+
+
+def test_an_escalated_leak_says_it_was_a_warning_and_replaces_it_in_alertmanager(utc):
+    """A leak sent as a warning and sent again as critical when its OOM came
+    near: the title says it is getting worse, the first line when it was
+    sent and as what, in English and Chinese; Alertmanager gets the critical
+    alert and the warning one ended, so one leak is one alert there."""
+    ev = leak(escalated_from="warning", first_alert_ts=LEAK_TS - 6 * 3600, tier="slow")
+    title, lines = render._render(ev, "en", {})
+    assert title == "[gpuguard CRITICAL] node7: PID 51000 python3: GPU memory leak getting worse"
+    assert lines[0] == "Sent as a warning at %s; the memory kept growing and the OOM is nearer now" % \
+        time.strftime("%Y-%m-%d %H:%M", time.gmtime(LEAK_TS - 6 * 3600))
+    title, lines = render._render(ev, "zh", {})
+    assert title.endswith("PID 51000 python3 显存泄漏加剧") and lines[0].startswith("已于 ") and "以警告发出" in lines[0]
+    alerts = render.alertmanager_alerts(ev, now=LEAK_TS + 60)
+    assert [(a["labels"]["alertname"], a["labels"]["severity"]) for a in alerts] == [
+        ("GpuMemoryLeak", "critical"), ("GpuMemoryLeak", "warning")]
+    assert alerts[1]["endsAt"] <= render._iso(LEAK_TS + 60) < alerts[0]["endsAt"]
+    # a first alert (no escalation) reads as before
+    title, lines = render._render(leak(), "en", {})
+    assert title.endswith("PID 51000 python3: GPU memory leak suspected") and not lines[0].startswith("Sent as")
+    assert len(render.alertmanager_alerts(leak(), now=LEAK_TS + 60)) == 1

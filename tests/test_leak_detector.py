@@ -434,3 +434,21 @@ def test_rules_exempt_servers_and_set_thresholds(tmp_path):
     out = check(tmp_path, [tree_line(1796206508, 5000, cmd="python3 -m vllm.entrypoints.api_server")],
                 rules="(?i)vllm ignore\n")
     assert out[0].split("\t")[5] == "none"
+
+
+def test_a_standing_alert_is_sent_again_once_when_it_becomes_critical(tmp_path):
+    """A watched job leaking 1.2 GB/h with 31 GB free, sampled every 2
+    minutes: the alert goes out as a warning (OOM a day away); when the OOM
+    comes within hours it goes out once more, as critical, saying it was a
+    warning, and the status line and metrics say critical from then on."""
+    t0, total = 1796206508, 81559
+    events, status = [], None
+    for i in range(int(24 * 3600 / 120)):
+        used = 50000 + 1200 * i * 120 // 3600
+        out = check(tmp_path, [tree_line(t0 + 120 * i, used, members="11", free=total - used, total=total)])
+        events += [json.loads(line.split("\t", 3)[3]) for line in out if line.startswith("event\t")]
+        status = [line for line in out if line.startswith("status\t")][-1]
+    assert [(e["state"], e["severity"]) for e in events] == [("firing", "warning"), ("firing", "critical")], events
+    first, page = events
+    assert page["escalated_from"] == "warning" and page["first_alert_ts"] == first["ts"] and page["pid"] == 10
+    assert status.split("\t")[5] == "critical"

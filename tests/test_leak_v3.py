@@ -179,3 +179,76 @@ def test_a_leak_under_hourly_releases_is_not_refuted_by_the_lows_before_it():
     events = leak.replay_rows(rows, leakstat.params_from({}), gpu_total=lab["total_mib"])
     first = [e for e in events if e["state"] == "firing"]
     assert first and first[0]["ts"] - rows[0][0] - lab["start_s"] < 3 * 3600, first[:1]
+
+
+def _creep_rows(rate_at, hours, total=81559, start=50000, dt=60):
+    """One process sampled every dt s: start MiB growing at rate_at(h)
+    MiB/h, with a little noise, until it would pass the GPU's capacity."""
+    rows, used = [], float(start)
+    for i in range(int(hours * 3600 / dt)):
+        used += rate_at(i * dt / 3600.0) * dt / 3600.0
+        if used + 30 >= total:
+            break
+        rows.append((1796206508.0 + i * dt, 7, used + (17 * i) % 30))
+    return rows
+
+
+def test_a_warning_is_escalated_once_when_the_oom_comes_near():
+    """1.2 GB/h on an 80 GB GPU with 31 GB free: the first alert is a
+    warning (OOM a day away), and the leak goes on. Before, nothing more
+    came and the job died unpaged at 26 h. Now the alert is sent again as
+    critical, once, hours before the OOM, saying it was a warning and when."""
+    rows = _creep_rows(lambda h: 1200.0, 30)
+    events = leak.replay_rows(rows, leakstat.params_from({}), gpu_total=81559)
+    fired = [e for e in events if e["state"] == "firing"]
+    assert [e["severity"] for e in fired] == ["warning", "critical"], fired
+    first, page = fired
+    assert "escalated_from" not in first
+    assert page["escalated_from"] == "warning" and page["first_alert_ts"] == first["ts"]
+    oom_ts = rows[-1][0]
+    assert 4 * 3600 <= oom_ts - page["ts"] <= 8 * 3600, (oom_ts - page["ts"]) / 3600
+
+
+def test_a_leak_that_speeds_up_under_a_warning_is_paged_by_the_fast_tier():
+    """300 MiB/h (a warning, OOM days away), then from 10 h on 6 GB/h: the
+    standing warning does not hide the fill (OOM 6.4 h after the change):
+    the fast tier escalates it within two hours, hours before the OOM."""
+    rows = _creep_rows(lambda h: 300.0 if h < 10 else 6000.0, 20, start=40000)
+    events = leak.replay_rows(rows, leakstat.params_from({}), gpu_total=81559)
+    fired = [e for e in events if e["state"] == "firing"]
+    assert [e["severity"] for e in fired] == ["warning", "critical"], fired
+    page = fired[1]
+    assert page["escalated_from"] == "warning" and page["tier"] == "fast"
+    assert page["ts"] - rows[0][0] < 12 * 3600 and rows[-1][0] - page["ts"] > 4 * 3600
+
+
+def test_an_alert_on_a_healthy_job_is_never_escalated():
+    """Escalation needs the leak verdict to go on holding: on the healthy
+    kinds of corpus C and corpus D (written blind), seeds 0-2, none of the
+    few alerts raised is sent again at a higher level."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import leakcorpus_d
+    fired_any = 0
+    for mod in (leakcorpus_c, leakcorpus_d):
+        for kind in mod.HEALTHY:
+            for seed in range(3):
+                rows, lab = mod.make_trace(kind, seed)
+                events = leak.replay_rows(rows, leakstat.params_from({}), gpu_total=lab["total_mib"])
+                fired = [e for e in events if e["state"] == "firing"]
+                fired_any += bool(fired)
+                assert [e for e in fired if e.get("escalated_from")] == [], (kind, seed, fired)
+    assert fired_any, "no healthy trace alerted: the test says nothing"
+
+
+def test_a_gap_that_ends_at_the_jobs_floor_after_a_peak_is_not_a_restart():
+    """corpus C cron_leak 105: a watcher sampling from cron is away for 23
+    minutes from an evaluation's peak and finds the job back at its floor,
+    3 GB lower. That was read as a restart and the standing alert was
+    resolved two hours into it; a leak never lowers the floor, and the
+    floor is where the job was all along."""
+    fired, lab = firing_c("cron_leak", 105)
+    rows, _ = leakcorpus_c.make_trace("cron_leak", 105)
+    events = leak.replay_rows(rows, leakstat.params_from({}), gpu_total=lab["total_mib"])
+    resolved = [e for e in events if e["state"] == "resolved"]
+    assert fired and fired[0]["ts"] < leakcorpus_c.T0 + 10 * 3600
+    assert not [e for e in resolved if e["ts"] < leakcorpus_c.T0 + 17 * 3600], resolved
