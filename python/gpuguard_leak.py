@@ -63,10 +63,7 @@ import time
 
 from gpuguard_files import write_atomic
 from gpuguard_history import history_append, identity_read, identity_write
-from gpuguard_leakstat import Series, median, params_from
-
-# the order of alert levels (a standing alert is sent again only upward)
-_LEVEL = {"info": 0, "warning": 1, "critical": 2}
+from gpuguard_leakstat import LEVELS, Series, median, params_from
 
 # ---------------------------------------------------------------- replay --
 
@@ -511,8 +508,8 @@ def _tree_alerts(cyc, stdout):
         # escalation takes it above the level the tree was sent with
         # (a rank's escalation, or a rank firing on its own at a higher level)
         was = m.get("paged") if alerting and m.get("alerting") else None
-        raised = [e for e in evs if was in _LEVEL and e["state"] == "firing"
-                  and _LEVEL.get(e.get("severity"), 0) > _LEVEL[was]]
+        raised = [e for e in evs if was in LEVELS and e["state"] == "firing"
+                  and LEVELS.get(e.get("severity"), 0) > LEVELS[was]]
         if alerting and (raised or not m.get("alerting")):
             # one alert per tree: a rank's when one fires (it names the
             # rank), else the tree's with its fastest-growing rank named

@@ -333,10 +333,11 @@ def cycle_length(releases, start, unit=1.0):
     return median([b[0] - a[0] for a, b in zip(releases, releases[1:])])
 
 
-# A firing alert is sent again when its evidence earns a higher level than
-# the one it went out with (a trend note that became a warning, a warning
-# whose OOM came near): once per level, never back down.
-_LEVELS = {"info": 0, "warning": 1, "critical": 2}
+# The order of alert levels. A firing alert is sent again when its evidence
+# earns a higher level than the one it went out with (a trend note that
+# became a warning, a warning whose OOM came near): once per level, never
+# back down (here for a series, in gpuguard_leak.py for a tree).
+LEVELS = {"info": 0, "warning": 1, "critical": 2}
 
 
 def severity_for(oom_h, params):
@@ -617,7 +618,7 @@ class Series:
                 # (against the floor the job held, not its last sample: a
                 # watcher away from an evaluation's peak finds the job back
                 # at its floor, where it was all along)
-                held = self.held_floor()
+                held, hi = self.held_range()
                 restarted = self.moved(mib - held - grown)
                 # a restarted job's first sample can land near the old
                 # level by chance; its warm-up leaves it within minutes:
@@ -630,7 +631,6 @@ class Series:
                 # gap; a move back into the levels the job held in the hour
                 # before the gap, its floor to the peak it was at, is its
                 # own cycle going on, not a warm-up)
-                hi = max(self.prev_fed, max((v for _, v in self.floors[-5:]), default=held))
                 self.regap = [ts, max(mib - grown, held), max(0.0, self.last.get("slope") or 0.0), held, hi] \
                     if long_gap and not restarted else None
             elif ts - prev_ts > p["bucket_s"]:
@@ -656,19 +656,14 @@ class Series:
             self.bucket = b
         return ev
 
-    def held_floor(self):
-        """The lowest level the job held in the hour before a gap: the last
-        sample, the fine floors of the bucket it was in and the floors of
-        the five buckets before, in its segment. Where a job's phases come
-        back to each cycle; a restart starts under it."""
-        low = self.prev_fed
-        if self.fine_cur:
-            low = min(low, min(self.fine_cur))
+    def held_range(self):
+        """(lowest, highest) level the job held in the hour before a gap:
+        the last sample, the fine floors of the bucket it was in and the
+        floors of the five buckets before, in its segment. Its phases come
+        back into this range each cycle; a restart starts under it."""
         cut = self.cut if self.cut is not None else -1
-        for b, v in self.floors[-5:]:
-            if b >= cut and v < low:
-                low = v
-        return low
+        levels = [self.prev_fed] + self.fine_cur + [v for b, v in self.floors[-5:] if b >= cut]
+        return min(levels), max(levels)
 
     def moved(self, change):
         """At the first sample after a gap: is the level somewhere else (a
@@ -1609,12 +1604,12 @@ class Series:
         before = self.last.get("tier")
         self.last["tier"] = tier
         ev = self.event("firing")
-        if was not in _LEVELS:
+        if was not in LEVELS:
             # a state written before levels were kept: what was sent is
             # unknown, so nothing is sent again
-            self.last["paged"] = ev["severity"]
+            self.last["paged"], self.last["tier"] = ev["severity"], before
             return None
-        if _LEVELS[ev["severity"]] <= _LEVELS[was]:
+        if LEVELS[ev["severity"]] <= LEVELS[was]:
             self.last["tier"] = before
             return None
         ev.update({"escalated_from": was, "first_alert_ts": self.last.get("paged_ts")})
