@@ -59,7 +59,9 @@ for two evaluations, or a restart, resolves. The event carries the slope,
 since when, the projected hours to OOM, a confidence (0-1, from the
 Mann-Kendall Z and the evidence span), the trend ("steady", "accelerating",
 "decelerating/saturating", "steps") and a severity from the projection:
-critical under 6 h, warning under 7 days or when the capacity is unknown,
+critical under 6 h (earned: the evidence spans two of the job's cycles,
+and the slow tier pages only a job that has given memory back once),
+warning under 7 days or when the capacity is unknown,
 info (a trend note, not a page) beyond.
 """
 import math
@@ -109,6 +111,7 @@ MAX_FINES = 120
 LOWS_CYCLES = 3.0   # lows_refute: the lows of at least this many of the job's cycles
 LOWS_SHARE = 0.25   # ... in a band under this share of the growth claimed between them refute it
 LOWS_CLAIM = 8.0    # ... when the claim is at least this many level steps (step_mib)
+REFILL_PACE = 0.5   # refilling: a climb at this share of the pace of the last cycle's refill
 
 
 # ------------------------------------------------------------ statistics --
@@ -815,6 +818,35 @@ class Series:
         claimed = rate * (lows[-1][0] - lows[0][0])
         return claimed >= LOWS_CLAIM * p["step_mib"] and max(ly) - min(ly) < LOWS_SHARE * claimed
 
+    def refilling(self, seg, releases, now, span, rate):
+        """True when the window's growth all came after the job's last
+        release, that release is no older than one and a half of the job's
+        cycles, and the floor is still under the level the pool held in the
+        cycle before it. A release gives the driver back what the cache
+        held but no live tensor used; the steps that follow allocate it
+        again, so the climb back to the pre-release level is the same
+        memory coming back (a checkpoint's empty_cache(), a fragmented pool
+        flushed when cudaMalloc failed near the GPU's capacity, then
+        climbing in gather-sized steps for hours until the next flush). A
+        leak's memory is never given back: it shows in the next release's
+        low (cycle_lows, lows_refute) or as a floor above the old level,
+        at most a cycle and a half later. A release older than that says
+        nothing about today's climb."""
+        if len(releases) < 2:
+            return False
+        bh = self.p["bucket_s"] / 3600.0
+        first, last = releases[-2][0], releases[-1][0]
+        if now - span < last - bh or now - last > 1.5 * (self.last.get("cycle_h") or self.hour()):
+            return False
+        before = [v for b, v in seg if first <= b * bh < last]
+        if not before:
+            return False
+        # the climb keeps the pace at which the cycle refills what its
+        # release gave back (a leak of 60 MiB/h under evaluations that
+        # take and give back GBs does not: it is judged as any growth)
+        refill = (max(before) - releases[-1][1]) / max(last - first, bh)
+        return rate >= REFILL_PACE * refill and median([v for _, v in seg[-3:]]) < max(before)
+
     def above_held(self, seg, since_h):
         """True when the recent floor stands above every level the job held
         before the window (for two buckets in a row) by min_growth: a leak
@@ -1433,8 +1465,11 @@ class Series:
             # replay a fifth of its time)
             releases = self.releases(seg)
             self.last["cycle_h"] = cycle_length(releases, seg[0][0] * p["bucket_s"] / 3600.0, self.hour())
+            self.last["released"] = len(releases)
             if "cycle lows" not in trend and self.lows_refute(releases, xs[-1], span, slope):
                 leaking, trend = False, "the lows after each release hold"
+            elif "cycle lows" not in trend and self.refilling(seg, releases, xs[-1], span, slope):
+                leaking, trend = False, "refilling what the last release gave back"
         if not leaking and seg and (self.noise or 0.0) >= p["noise_min"]:
             ok = self.noisy_verdict(seg[0][0])
             if ok is not None:
@@ -1651,6 +1686,15 @@ class Series:
                 # own cycles (the interval between its releases; two hours
                 # for a training job's hourly checkpoints or evaluations);
                 # the fast tier earns it by the minutes its rise kept its pace
+                severity = "warning"
+            if severity == "critical" and self.last.get("tier") != "fast" and not self.last.get("released"):
+                # until the job has given memory back once, nvidia-smi shows
+                # the reserved pool, not what is live; a pool that reaches
+                # the GPU's capacity is flushed by the allocator when
+                # cudaMalloc fails (a ZeRO-3 job climbing in gather-sized
+                # steps for hours), not killed, so the slow tier's OOM is
+                # only a projection; the fast tier pages a fill that kept
+                # its pace
                 severity = "warning"
             ev.update({"severity": severity, "trend": self.last.get("trend", "steady"),
                        "since_ts": int(since) if since is not None else None,
