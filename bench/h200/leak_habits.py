@@ -28,6 +28,12 @@ and Linear blocks in bf16 autocast, random data, about 2-4 GiB each):
                  times, the least recently used evicted past 12
   h adapter_noevict  leaking twin of g: never evicted (the leak starts
                  when the cap is passed)
+  i flush_cap    healthy: a memory cap (set_per_process_memory_fraction)
+                 2 GiB above the pool after the first steps, and gathers
+                 of 64-512 MiB kept for 1-8 steps: the fragmented pool
+                 climbs to the cap, where cudaMalloc fails and the
+                 allocator frees its cached blocks and retries (a ZeRO-3
+                 job run near the GPU's limit); the child notes each flush
 Time is stretched: a second of the run is --stretch seconds of the job
 (default 60: a 4-minute run reads as 4 hours), as the timestamps say
 (T0 = 1796200000 + stretched seconds since the start).  The rate of a leak
@@ -63,7 +69,9 @@ HABITS = {
     "f": ("frag_churn", False, "buffers of random sizes kept for random lifetimes beside training: the pool fragments"),
     "g": ("adapter_lru", False, "adapters loaded at random times, the least recently used evicted past 12"),
     "h": ("adapter_noevict", True, "adapters loaded at random times, never evicted"),
+    "i": ("flush_cap", False, "gathers of random sizes under a memory cap: the allocator flushes its cache when it fails"),
 }
+FLUSH_HEADROOM = 2 << 30   # i: the cap, this far above the pool after the first steps
 ADAPTER_CAP = 12        # adapters kept by g (h keeps every one)
 ADAPTERS_PER_H = 3.0    # new adapters an hour of the job's (stretched) time
 STARTUP_S = 40          # CUDA init and the model's first steps, inside --minutes
@@ -166,6 +174,8 @@ class _SideMemory:
     def step(self, now):
         if self.habit == "f":
             self._churn()
+        elif self.habit == "i":
+            self._gather()
         elif self.habit in "gh":
             while now >= self.next_load:
                 self._load()
@@ -178,6 +188,33 @@ class _SideMemory:
         n = int(mib * MIB // 2)
         self.keep.append((self.rnd.randint(1, 60), self.torch.empty(n, dtype=self.torch.bfloat16, device=self.dev)))
         self.keep = [(left - 1, t) for left, t in self.keep if left > 1]
+
+    def _gather(self):
+        """i: a gather of a random size kept for a few steps, under a cap
+        set at the first call; notes when the allocator has flushed (its
+        num_alloc_retries count grows) or could not serve a gather."""
+        torch = self.torch
+        cuda = self.dev.type == "cuda"
+        if cuda and not self.keep and not getattr(self, "cap", None):
+            total = torch.cuda.get_device_properties(self.dev).total_memory
+            self.cap = torch.cuda.memory_reserved(self.dev) + FLUSH_HEADROOM
+            torch.cuda.set_per_process_memory_fraction(min(1.0, self.cap / total), self.dev)
+            self.retries = 0
+            self.note("cap", cap_mib=round(self.cap / MIB))
+        mib = self.rnd.randrange(64, 513, 32)
+        try:
+            t = torch.empty(int(mib * MIB // 2), dtype=torch.bfloat16, device=self.dev)
+        except torch.cuda.OutOfMemoryError:
+            self.keep = []
+            self.note("gather_failed", mib=mib)
+            return
+        self.keep.append((self.rnd.randint(1, 8), t))
+        self.keep = [(left - 1, x) for left, x in self.keep if left > 1]
+        if cuda:
+            retries = torch.cuda.memory_stats(self.dev).get("num_alloc_retries", 0)
+            if retries > self.retries:
+                self.retries = retries
+                self.note("flush", retries=retries)
 
     def _load(self):
         mib = self.rnd.choice([40, 80, 80, 160])
@@ -420,6 +457,7 @@ def _label(h, kid, start, stretch, sampler, device):
         grown = last["allocated_mib"] - first["allocated_mib"]
         lab["rate_mib_h"] = round(grown / ((last["t"] - first["t"]) * stretch / 3600), 1)
     lab["evals"] = sum(1 for e in ev if e["event"] == "eval")
+    lab["flushes"] = sum(1 for e in ev if e["event"] == "flush")
     lab["steps"] = max([e.get("step", 0) for e in ev] or [0])
     return lab
 
@@ -487,7 +525,7 @@ def main(argv=None):
     ap.add_argument("--out", help="the output directory ($OUT)")
     ap.add_argument("--minutes", type=float, default=4.0, help="wall-clock length of the whole run (default 4)")
     ap.add_argument("--stretch", type=float, default=60.0, help="job seconds per wall second (default 60)")
-    ap.add_argument("--habits", default="abcde", help="which habits, letters of abcdefgh (default abcde)")
+    ap.add_argument("--habits", default="abcde", help="which habits, letters of abcdefghi (default abcde)")
     ap.add_argument("--sampler", default="auto", choices=["auto", "nvml", "smi"])
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--dry-run", action="store_true", help="on the CPU, resident memory as the sampler")
