@@ -1068,8 +1068,13 @@ def _render(gpus, procs, events, host, now, opts, ledger_html=""):
             target = "gpu-%s" % _device_key(e.get("gpu") if isinstance(e.get("gpu"), int) else -1, e.get("uuid"))
         elif e["event"] == "gpu_memory_leak":
             job = e.get("job") if isinstance(e.get("job"), dict) else {}
-            e["_text"] = "%s leak %s: pid %s %s, %+.0f MiB/h" % (
-                _tlabel(e["ts"]), e.get("state"), e.get("pid"),
+            # the level it went out at, and what it was before when it
+            # escalated: a second row for one leak says why it was sent
+            level = e.get("severity") if e.get("state") == "firing" and isinstance(e.get("severity"), str) else ""
+            if level and isinstance(e.get("escalated_from"), str):
+                level += ", was " + e["escalated_from"]
+            e["_text"] = "%s leak %s%s: pid %s %s, %+.0f MiB/h" % (
+                _tlabel(e["ts"]), e.get("state"), " (%s)" % level if level else "", e.get("pid"),
                 _short_cmd(job["cmdline"], 60) if job.get("cmdline") else e.get("name") or "",
                 e.get("slope_mib_per_hour") or 0)
             target = where.get(id(e))

@@ -86,12 +86,16 @@ def test_report_is_self_contained_with_summary_alerts_and_anchors(page):
         "/home/alice/sft · started " in leak_row and "user alice" in leak_row
     assert "none (not growing)" in summary[1][1]
     alerts = rows_of(text, "alerts-table")
-    assert [cls for cls, _ in alerts] == ["firing", "firing", "resolved"]
+    # the leak warned first (a job that never gave memory back is not paged
+    # by the slow tier), then the fast tier escalated it: two rows, each
+    # saying the level it was sent at
+    assert [cls for cls, _ in alerts] == ["firing", "firing", "resolved", "firing"]
     # every alert links to a chart that exists
     for _, row in alerts:
         target = re.search(r"href='#([^']+)'", row).group(1)
         assert has_id(text, target), target
-    assert "leak firing: pid 1328" in alerts[0][1] and "href='#proc-1328-" in alerts[0][1]
+    assert "leak firing (warning): pid 1328" in alerts[0][1] and "href='#proc-1328-" in alerts[0][1]
+    assert "leak firing (critical, was warning): pid 1328" in alerts[3][1] and "href='#proc-1328-" in alerts[3][1]
     assert "idle firing: GPU 1" in alerts[1][1] and "href='#gpu-1'" in alerts[1][1]
     # the report was atomically written: no temporary file left beside it
     assert sorted(os.listdir(page.parent)) == ["report.html"]
@@ -189,7 +193,7 @@ def test_report_in_headless_chromium(browser, page, tmp_path):
     leak = "document.getElementById('svg-proc-0')"
     assert browser.eval(leak + ".querySelectorAll('line.trend, line.proj, line.cap, circle.oom').length") == 4
     assert "capacity for this process" in browser.eval(leak + ".textContent")
-    assert browser.eval(leak + ".querySelectorAll('g.marker.firing').length") == 1
+    assert browser.eval(leak + ".querySelectorAll('g.marker.firing').length") == 2     # warned, then paged
     headings = browser.eval("[...document.querySelectorAll('section.proc h2')].map(h => h.textContent)")
     assert headings[0].startswith("LEAK python3 (pid 1328)") and headings[1].startswith("healthy python3 (pid 1329)")
     legend = browser.eval("document.querySelector('section.proc .legend').textContent")
