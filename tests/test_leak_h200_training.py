@@ -14,9 +14,9 @@ TRACES = ROOT / "tests" / "fixtures" / "h200" / "training-2026-12-03"
 H200_MIB = "143771"
 
 
-def replay(tmp_path, csv_path):
+def replay(tmp_path, csv_path, total_mib=H200_MIB):
     env = user_environ(GPUGUARD_CONFIG="/dev/null", GPUGUARD_STATE_DIR=str(tmp_path / "state"))
-    r = subprocess.run([str(ROOT / "bin/gpu-leak-watch"), "--replay", str(csv_path), "--gpu-total-mib", H200_MIB],
+    r = subprocess.run([str(ROOT / "bin/gpu-leak-watch"), "--replay", str(csv_path), "--gpu-total-mib", str(total_mib)],
                        env=env, text=True, capture_output=True, timeout=120)
     assert r.returncode == 0, r.stderr
     return [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")], r.stderr
@@ -85,7 +85,8 @@ def test_recorded_habits_leaks_caught_healthy_quiet(tmp_path, folder, name):
     longest sequences, a pool fragmented by buffers of random sizes and
     lifetimes, and adapters evicted past a cap stay quiet."""
     label = json.loads((folder / "manifest.json").read_text())[name]
-    events, summary = replay(tmp_path, folder / name)
+    # the capacity of the GPU it was recorded on (an H100 has 80 GB, not 141)
+    events, summary = replay(tmp_path, folder / name, label["total_mib"])
     firing = [e for e in events if e["state"] == "firing"]
     if not label["leak"]:
         assert firing == [], summary

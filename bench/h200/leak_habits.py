@@ -29,8 +29,8 @@ and Linear blocks in bf16 autocast, random data, about 2-4 GiB each):
   h adapter_noevict  leaking twin of g: never evicted (the leak starts
                  when the cap is passed)
   i flush_cap    healthy: a memory cap (set_per_process_memory_fraction)
-                 2 GiB above the pool after the first steps, and gathers
-                 of 64-512 MiB kept for 1-8 steps: the fragmented pool
+                 4 GiB above the pool after the first steps, and gathers
+                 of 64-512 MiB kept for 1-8 steps (3 GiB live at most): the fragmented pool
                  climbs to the cap, where cudaMalloc fails and the
                  allocator frees its cached blocks and retries (a ZeRO-3
                  job run near the GPU's limit); the child notes each flush
@@ -71,7 +71,9 @@ HABITS = {
     "h": ("adapter_noevict", True, "adapters loaded at random times, never evicted"),
     "i": ("flush_cap", False, "gathers of random sizes under a memory cap: the allocator flushes its cache when it fails"),
 }
-FLUSH_HEADROOM = 2 << 30   # i: the cap, this far above the pool after the first steps
+FLUSH_HEADROOM = 4 << 30   # i: the cap, this far above the pool after the first steps
+GATHERS_LIVE = 3 << 30     # i: at most this much gathered at once (the oldest dropped first), so
+                           # the training step always fits under the cap once the cache is flushed
 ADAPTER_CAP = 12        # adapters kept by g (h keeps every one)
 ADAPTERS_PER_H = 3.0    # new adapters an hour of the job's (stretched) time
 STARTUP_S = 40          # CUDA init and the model's first steps, inside --minutes
@@ -210,6 +212,8 @@ class _SideMemory:
             return
         self.keep.append((self.rnd.randint(1, 8), t))
         self.keep = [(left - 1, x) for left, x in self.keep if left > 1]
+        while sum(x.numel() * 2 for _, x in self.keep) > GATHERS_LIVE:
+            del self.keep[0]
         if cuda:
             retries = torch.cuda.memory_stats(self.dev).get("num_alloc_retries", 0)
             if retries > self.retries:
