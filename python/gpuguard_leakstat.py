@@ -112,6 +112,8 @@ LOWS_CYCLES = 3.0   # lows_refute: the lows of at least this many of the job's c
 LOWS_SHARE = 0.25   # ... in a band under this share of the growth claimed between them refute it
 LOWS_CLAIM = 8.0    # ... when the claim is at least this many level steps (step_mib)
 REFILL_PACE = 0.5   # refilling: a climb at this share of the pace of the last cycle's refill
+FLUSH_ROOM = 0.05   # flushed_at_capacity: a release from within this share of the GPU's capacity ...
+FLUSH_ROOM_MIB = 2048.0     # ... or this many MiB, whichever is more, was the allocator's flush
 
 
 # ------------------------------------------------------------ statistics --
@@ -846,6 +848,36 @@ class Series:
         # take and give back GBs does not: it is judged as any growth)
         refill = (max(before) - releases[-1][1]) / max(last - first, bh)
         return rate >= REFILL_PACE * refill and median([v for _, v in seg[-3:]]) < max(before)
+
+    def flushed_at_capacity(self, seg, releases):
+        """How many of the segment's releases came from a level at today's
+        floor or above (less a level step) and within FLUSH_ROOM of the
+        GPU's capacity (known from the free memory: the last sample plus
+        what is free). A pool that reaches the capacity is not killed:
+        cudaMalloc fails, the caching allocator frees its cached blocks and
+        tries again, and the pool climbs again (a ZeRO-3 job run near the
+        GPU's limit). A job that came back from where its floor stands
+        today has shown that this level is where it is flushed, not where
+        it dies. An evaluation's peak that came near the capacity and was
+        given back does not count while the floor is lower: the leak under
+        it is paged (corpus C cron_leak 3, tests/test_leak_v3.py)."""
+        free = self.last.get("free")
+        if free is None or not releases:
+            return 0
+        bh = self.p["bucket_s"] / 3600.0
+        floor = median([v for _, v in seg[-3:]])
+        cap = self.last["used"] + free
+        line = max(floor - self.p["step_mib"], cap - max(FLUSH_ROOM * cap, FLUSH_ROOM_MIB))
+        # (the level before a release is the buckets' median: a pool flushed
+        # minutes after its last climb held that level for less than a
+        # bucket, and the bucket's floor is the level before the climb)
+        levels = self.meds_list()
+        n, start = 0, seg[0][0] * bh
+        for hour, _ in releases:
+            held = [v for b, v in levels if start <= b * bh < hour]
+            n += bool(held) and max(held) >= line
+            start = hour
+        return n
 
     def above_held(self, seg, since_h):
         """True when the recent floor stands above every level the job held
@@ -1696,6 +1728,14 @@ class Series:
                 # only a projection; the fast tier pages a fill that kept
                 # its pace
                 severity = "warning"
+            if severity == "critical":
+                seg = self.segment()
+                if self.flushed_at_capacity(seg, self.releases(seg)):
+                    # the allocator has flushed this pool from where its
+                    # floor is today, near the capacity: the climb to the
+                    # capacity is where the job is flushed again, a fill of
+                    # either tier included
+                    severity = "warning"
             ev.update({"severity": severity, "trend": self.last.get("trend", "steady"),
                        "since_ts": int(since) if since is not None else None,
                        "confidence": round(conf, 2), "tier": self.last.get("tier", "slow")})

@@ -7,6 +7,7 @@ deterministic per kind and seed) and from ../shared/leak-corpus-b when it
 is there, replayed in-process as `gpu-leak-watch --replay` does."""
 import csv
 import json
+import random
 import sys
 
 import gpuguard_leak as leak
@@ -206,6 +207,48 @@ def test_a_leak_under_the_same_flushes_is_still_caught():
     events = leak.replay_rows(rows, leakstat.params_from({}), gpu_total=81559)
     fired = [e for e in events if e["state"] == "firing"]
     assert fired and fired[0]["ts"] - rows[0][0] < 24 * 3600, fired
+
+
+def _gathers_under_a_cap(seed, hours=48, total=81559, live=58000):
+    """A pool that grows by gathers of 1-4 GiB at random times (one an hour
+    on average) and is flushed back near the live floor when the next one
+    would not fit under the capacity: cycles of uneven length, some ending
+    in hours held just under the capacity. Written here, apart from
+    corpus D and from _flushed_pool_rows."""
+    rnd = random.Random(seed)
+    rows, level, due = [], live, rnd.expovariate(1.0)
+    for i in range(hours * 60):
+        if i / 60.0 >= due:
+            step = rnd.choice([1024, 2048, 2048, 3072, 4096])
+            level = live + rnd.randrange(0, 1500, 2) if level + step > total - 300 else level + step
+            due = i / 60.0 + rnd.expovariate(1.0)
+        rows.append((1796206508.0 + i * 60, 9, float(level)))
+    return rows
+
+
+def test_a_pool_flushed_from_where_it_stands_is_not_paged():
+    """The allocator has flushed this pool before from where it stands
+    today, near the capacity: the climb there is where it is flushed again,
+    not where it dies (flushed_at_capacity). A climb may still warn; none
+    is a page. Before, seed 7 was paged at 15 h, 76.7 GB of 81.5 GB, 12 h
+    after its one flush from 79.5 GB."""
+    for seed in range(12):
+        rows = _gathers_under_a_cap(seed)
+        events = leak.replay_rows(rows, leakstat.params_from({}), gpu_total=81559)
+        fired = [e for e in events if e["state"] == "firing"]
+        assert [e for e in fired if e["severity"] == "critical"] == [], (seed, fired)
+
+
+def test_a_leak_whose_evaluation_came_near_the_capacity_is_still_paged():
+    """corpus C cron_leak 3: 235 MiB/h under evaluations that raise the pool
+    by 6 GB and give it back. An evaluation that came within 234 MiB of the
+    capacity and was given back is not a flush from where the floor stands
+    (the floor is GBs lower): the leak is paged before the job runs out of
+    memory, as before."""
+    rows, lab = leakcorpus_c.make_trace("cron_leak", 3)
+    events = leak.replay_rows(rows, leakstat.params_from({}), gpu_total=lab["total_mib"])
+    pages = [e for e in events if e["state"] == "firing" and e["severity"] == "critical"]
+    assert pages and pages[0]["ts"] < rows[-1][0], pages
 
 
 def test_a_leak_under_hourly_releases_is_not_refuted_by_the_lows_before_it():
