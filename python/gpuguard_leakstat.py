@@ -1640,8 +1640,13 @@ class Series:
         recent = self.floors[-min(len(self.floors), 12):]
         rx = [b * p["bucket_s"] / 3600.0 for b, _ in recent]
         ry, _ = self.level_shifts([float(v) for _, v in recent])
+        # (a step up that sets a record is the leak going on, however
+        # flat the de-shifted floors: a graph kept every evaluation raises
+        # the pool by one alike step an hour)
+        before = [v for b, v in seg if b < recent[0][0]]
+        record = before and max(v for _, v in recent) >= max(before) + p["min_growth"]
         stopped = not leaking and len(recent) >= 6 and theil_sen(rx, ry) < 0.25 * p["threshold"] and \
-            median(ry[-3:]) - median(ry[:3]) < p["min_growth"]
+            median(ry[-3:]) - median(ry[:3]) < p["min_growth"] and not record
         self.calm = self.calm + 1 if (stopped or restarted) else 0
         if self.calm >= p["debounce"] or restarted:
             self.firing, self.streak, self.calm = False, 0, 0
