@@ -29,7 +29,8 @@
 # Webhook URLs and secrets belong in secrets.conf (mode 600) beside the
 # config file; the environment still overrides both.
 # Signals: SIGHUP re-reads the configuration (a bad file keeps the one in
-# force); SIGTERM/SIGINT stop after the current cycle, with one log line.
+# force; under nohup, which ignores SIGHUP, a warning says a restart is
+# needed); SIGTERM/SIGINT stop after the current cycle, with one log line.
 # Exit status: 0 done or stopped by SIGTERM/SIGINT, 1 another instance runs,
 # 2 bad option, configuration or state folder (a link planted at its lock).
 
@@ -97,6 +98,9 @@ main() {
   trap 'watchdog_wake TERM' TERM
   trap 'watchdog_wake INT' INT
   trap 'watchdog_wake HUP' HUP
+  if gg_signal_ignored 1; then
+    gg_log warn "SIGHUP was ignored when this daemon started (nohup?): it cannot reload its configuration; restart it to apply a change"
+  fi
   gg_log info "watching GPUs every ${CHECK_INTERVAL}s (threshold ${THRESHOLD}%, ${MAX_IDLE_CYCLES} cycles, state in $GPUGUARD_STATE_DIR)"
   # nvidia-smi stays running in its loop mode between cycles (lib/smi.sh)
   smi_stream_begin "$CHECK_INTERVAL"

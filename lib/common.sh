@@ -687,6 +687,20 @@ gg_systemd_is_init() {
   [[ -d /run/systemd/system && $(cat /proc/1/comm 2>/dev/null) == systemd ]]
 }
 
+# True when this shell ignores signal number $1 (the SigIgn mask of
+# /proc/PID/status). bash cannot trap a signal that was ignored when it
+# started (nohup starts its command with SIGHUP ignored): a trap set for it
+# does nothing, and the bit stays set after the trap.
+gg_signal_ignored() {
+  local line mask=''
+  while IFS= read -r line; do
+    [[ $line == SigIgn:* ]] && mask=${line#SigIgn:} && break
+  done <"/proc/$$/status" 2>/dev/null
+  mask=${mask//[[:space:]]/}
+  [[ $mask =~ ^[0-9a-fA-F]{1,16}$ ]] || return 1
+  (((16#$mask >> ($1 - 1)) & 1))
+}
+
 # Prints "PROG VERSION" for every command's --version.
 gg_print_version() {
   printf '%s %s\n' "${GG_PROG:-gpuguard}" "$(<"$GPUGUARD_ROOT/VERSION")"

@@ -7,10 +7,11 @@ GPU per cycle); nothing here asserts a duration."""
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, app, busy_gpu, idle_gpu, start_daemon, stop_daemon, wait_for
+from conftest import ROOT, app, busy_gpu, default_signals, idle_gpu, start_daemon, stop_daemon, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -217,8 +218,10 @@ def test_sighup_with_a_new_interval_restarts_the_loops(box, tmp_path):
     env = dict(box.env, GPUGUARD_CONFIG=str(conf))
     env.pop("CHECK_INTERVAL")
     box.write_scenario([IDLE] * 300)
+    # (the dispositions of a terminal: a suite run under nohup has SIGHUP
+    # ignored, and bash cannot trap a signal ignored on entry)
     proc = subprocess.Popen([str(ROOT / "bin/yichuidingyin.sh")], env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=default_signals)
     marker = env["FAKE_SMI_STATE"]
     try:
         assert wait_for(lambda: sum("-lms 1000" in c for c in box.smi_calls()) == 2, timeout=30)
@@ -230,6 +233,34 @@ def test_sighup_with_a_new_interval_restarts_the_loops(box, tmp_path):
         rc, _, err = stop_daemon(proc)
     assert rc == 0, err
     assert sum("-lms 1000" in c for c in box.smi_calls()) == 2, "\n".join(box.smi_calls())
+
+
+def test_a_daemon_started_under_nohup_says_it_cannot_reload(box):
+    """nohup starts the daemon with SIGHUP ignored, and bash cannot trap a
+    signal ignored on entry: a reload would silently never happen. The
+    daemon says so at start, and a SIGHUP neither reloads nor stops it."""
+    def under_nohup():
+        default_signals()
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    box.write_scenario([IDLE] * 300)
+    proc = subprocess.Popen([str(ROOT / "bin/yichuidingyin.sh")], env=box.env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=under_nohup)
+    try:
+        # (the loops start after the traps are set)
+        assert wait_for(lambda: sum("-lms " in c for c in box.smi_calls()) == 2, timeout=30)
+        proc.send_signal(signal.SIGHUP)
+        time.sleep(1.5)
+        assert proc.poll() is None
+    finally:
+        rc, _, err = stop_daemon(proc)
+    assert rc == 0, err
+    assert "SIGHUP was ignored when this daemon started (nohup?)" in err, err
+    assert "SIGHUP: configuration reloaded" not in err, err
+    # started the usual way, it says nothing of the kind
+    proc = start_daemon(box)
+    assert wait_for(lambda: sum("-lms " in c for c in box.smi_calls()) == 4, timeout=30)
+    rc, _, err = stop_daemon(proc)
+    assert rc == 0 and "SIGHUP was ignored" not in err, err
 
 
 def test_remote_nvidia_smi_command_runs_the_loops_through_it(box, tmp_path):
