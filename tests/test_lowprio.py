@@ -222,13 +222,14 @@ def test_a_signal_during_start_up_is_not_lost(tmp_path):
     """TERM sent at once: it reaches lowprio-run before or while the job is
     being started; lowprio-run neither dies alone (leaving the job running)
     nor swallows it."""
-    proc = subprocess.Popen([str(ROOT / "bin/lowprio-run"), "--", "sleep", "300"],
+    # (a duration no other process on the box uses: pgrep looks at them all)
+    proc = subprocess.Popen([str(ROOT / "bin/lowprio-run"), "--", "sleep", "300.25"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             restore_signals=True, preexec_fn=default_signals)
     proc.send_signal(signal.SIGTERM)
     proc.communicate(timeout=60)
     assert proc.returncode in (143, -15)
-    assert subprocess.run(["pgrep", "-f", "^sleep 300$"], capture_output=True).returncode == 1
+    assert subprocess.run(["pgrep", "-f", r"^sleep 300\.25$"], capture_output=True).returncode == 1
 
 
 def test_stdin_reaches_the_job():
@@ -696,7 +697,7 @@ else
   m=$(grep ':memory:' /proc/self/cgroup | cut -d: -f3)
   cat /sys/fs/cgroup/cpu$c/cpu.idle /sys/fs/cgroup/cpu$c/cpu.cfs_quota_us /sys/fs/cgroup/memory$m/memory.limit_in_bytes
 fi
-sleep 300 &
+sleep 300.5 &
 """
 
 
@@ -708,7 +709,7 @@ def test_real_cgroup_limits_and_cleanup():
     assert re.match(r"leaf=gpuguard-lowprio-\d+$", lines[0]), lines
     assert lines[-3:] == ["1", str(60 * CPUS * 1000), str(1 << 30)]
     assert leaf_dirs(leaf_of(r.stderr)) == []   # removed, the stray sleep killed with it
-    assert subprocess.run(["pgrep", "-f", "^sleep 300$"], capture_output=True).returncode == 1
+    assert subprocess.run(["pgrep", "-f", r"^sleep 300\.5$"], capture_output=True).returncode == 1
 
 
 def own_memory_cgroup(limit):
