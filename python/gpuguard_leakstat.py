@@ -850,7 +850,7 @@ class Series:
         return rate >= REFILL_PACE * refill and median([v for _, v in seg[-3:]]) < max(before)
 
     def flushed_at_capacity(self, seg, releases):
-        """How many of the segment's releases came from a level at today's
+        """True when one of the segment's releases came from a level at today's
         floor or above (less a level step) and within FLUSH_ROOM of the
         GPU's capacity (known from the free memory: the last sample plus
         what is free). A pool that reaches the capacity is not killed:
@@ -863,7 +863,7 @@ class Series:
         it is paged (corpus C cron_leak 3, tests/test_leak_v3.py)."""
         free = self.last.get("free")
         if free is None or not releases:
-            return 0
+            return False
         bh = self.p["bucket_s"] / 3600.0
         floor = median([v for _, v in seg[-3:]])
         cap = self.last["used"] + free
@@ -872,12 +872,13 @@ class Series:
         # minutes after its last climb held that level for less than a
         # bucket, and the bucket's floor is the level before the climb)
         levels = self.meds_list()
-        n, start = 0, seg[0][0] * bh
+        start = seg[0][0] * bh
         for hour, _ in releases:
             held = [v for b, v in levels if start <= b * bh < hour]
-            n += bool(held) and max(held) >= line
+            if held and max(held) >= line:
+                return True
             start = hour
-        return n
+        return False
 
     def above_held(self, seg, since_h):
         """True when the recent floor stands above every level the job held
@@ -1643,8 +1644,8 @@ class Series:
         # (a step up that sets a record is the leak going on, however
         # flat the de-shifted floors: a graph kept every evaluation raises
         # the pool by one alike step an hour)
-        before = [v for b, v in seg if b < recent[0][0]]
-        record = before and max(v for _, v in recent) >= max(before) + p["min_growth"]
+        top = max((v for b, v in seg if b < recent[0][0]), default=None)
+        record = top is not None and max(v for _, v in recent) >= top + p["min_growth"]
         stopped = not leaking and len(recent) >= 6 and theil_sen(rx, ry) < 0.25 * p["threshold"] and \
             median(ry[-3:]) - median(ry[:3]) < p["min_growth"] and not record
         self.calm = self.calm + 1 if (stopped or restarted) else 0
