@@ -690,7 +690,8 @@ gg_systemd_is_init() {
 # True when this shell ignores signal number $1 (the SigIgn mask of
 # /proc/PID/status). bash cannot trap a signal that was ignored when it
 # started (nohup starts its command with SIGHUP ignored): a trap set for it
-# does nothing, and the bit stays set after the trap.
+# does nothing, and the bit stays set after the trap. The one reader of
+# SigIgn (gpu-leak-watch asks it which signals its caller ignored).
 gg_signal_ignored() {
   local line mask=''
   while IFS= read -r line; do

@@ -606,13 +606,14 @@ leak_sweep_job_locks() {
 # commands with both ignored; the job gets them back unless the caller had
 # ignored them too, so it behaves as if run directly.
 leak_read_ignored_signals() {
-  local key value
-  while read -r key value; do
-    if [[ $key == SigIgn: ]]; then
-      LEAK_IGNORED_AT_START=$((16#$value & 6))
-      break
-    fi
-  done </proc/$$/status 2>/dev/null || true
+  LEAK_IGNORED_AT_START=0
+  if gg_signal_ignored 2; then
+    LEAK_IGNORED_AT_START=$((LEAK_IGNORED_AT_START | 2))
+  fi
+  if gg_signal_ignored 3; then
+    LEAK_IGNORED_AT_START=$((LEAK_IGNORED_AT_START | 4))
+  fi
+  return 0
 }
 
 # Prints the shell's one-line error and returns 127 (not found) or 126 (not
