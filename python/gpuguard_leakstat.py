@@ -833,21 +833,51 @@ class Series:
         leak's memory is never given back: it shows in the next release's
         low (cycle_lows, lows_refute) or as a floor above the old level,
         at most a cycle and a half later. A release older than that says
-        nothing about today's climb."""
-        if len(releases) < 2:
+        nothing about today's climb.
+
+        The cycle before is the one between the last two releases. When it
+        ended in a flush (its level reached flush_line()), its ceiling is
+        the capacity itself, not the level it happened to reach: the
+        allocator flushes wherever the next gather does not fit, a little
+        higher or lower each time. Such a cycle may also be the job's
+        first, from the segment's start to its first flush: one flush
+        shows where the pool is flushed. A release from lower down (an
+        empty_cache()) needs a whole cycle before it to show its level."""
+        if not releases:
             return False
         bh = self.p["bucket_s"] / 3600.0
-        first, last = releases[-2][0], releases[-1][0]
+        last = releases[-1][0]
+        first = releases[-2][0] if len(releases) >= 2 else seg[0][0] * bh
         if now - span < last - bh or now - last > 1.5 * (self.last.get("cycle_h") or self.hour()):
             return False
         before = [v for b, v in seg if first <= b * bh < last]
         if not before:
             return False
+        ceiling = max(before)
+        line = self.flush_line()
+        held = [v for b, v in self.meds_list() if first <= b * bh < last]
+        if line is not None and held and max(held) >= line:
+            ceiling = self.last["used"] + self.last["free"]
+        elif len(releases) < 2:
+            return False
         # the climb keeps the pace at which the cycle refills what its
         # release gave back (a leak of 60 MiB/h under evaluations that
         # take and give back GBs does not: it is judged as any growth)
         refill = (max(before) - releases[-1][1]) / max(last - first, bh)
-        return rate >= REFILL_PACE * refill and median([v for _, v in seg[-3:]]) < max(before)
+        now_level = median([v for _, v in seg[-3:]])
+        pace = (now_level - releases[-1][1]) / max(now - last, bh)
+        return pace >= REFILL_PACE * refill and now_level < ceiling
+
+    def flush_line(self):
+        """The level from which a release is the allocator's flush: within
+        FLUSH_ROOM of the GPU's capacity (known from the free memory: the
+        last sample plus what is free), or None when the capacity is
+        unknown."""
+        free = self.last.get("free")
+        if free is None:
+            return None
+        cap = self.last["used"] + free
+        return cap - max(FLUSH_ROOM * cap, FLUSH_ROOM_MIB)
 
     def flushed_at_capacity(self, seg, releases):
         """True when one of the segment's releases came from a level at today's
@@ -861,13 +891,11 @@ class Series:
         it dies. An evaluation's peak that came near the capacity and was
         given back does not count while the floor is lower: the leak under
         it is paged (corpus C cron_leak 3, tests/test_leak_v3.py)."""
-        free = self.last.get("free")
-        if free is None or not releases:
+        flush = self.flush_line()
+        if flush is None or not releases:
             return False
         bh = self.p["bucket_s"] / 3600.0
-        floor = median([v for _, v in seg[-3:]])
-        cap = self.last["used"] + free
-        line = max(floor - self.p["step_mib"], cap - max(FLUSH_ROOM * cap, FLUSH_ROOM_MIB))
+        line = max(median([v for _, v in seg[-3:]]) - self.p["step_mib"], flush)
         # (the level before a release is the buckets' median: a pool flushed
         # minutes after its last climb held that level for less than a
         # bucket, and the bucket's floor is the level before the climb)
