@@ -333,9 +333,10 @@ H200_TRACES = os.path.join(ROOT, "tests", "fixtures", "h200")
 
 
 def _summary(kinds):
-    """(recall, healthy flagged, critical on healthy, median delay h,
-    false alerts per 100 healthy job-days, leaks out of memory in the trace
-    paged critical before it) of leakcorpus_c.score()'s counts."""
+    """(recall, healthy flagged, of them after their growth ended, critical
+    on healthy, median delay h, false alerts per 100 healthy job-days, leaks
+    out of memory in the trace paged critical before it) of
+    leakcorpus_c.score()'s counts."""
     import statistics
     pos = [k for k in kinds.values() if k["leak"]]
     neg = [k for k in kinds.values() if not k["leak"]]
@@ -343,6 +344,7 @@ def _summary(kinds):
     days = sum(k["job_days"] for k in neg)
     return ("%d/%d" % (sum(k["hit"] for k in pos), sum(k["n"] for k in pos)),
             "%d/%d" % (sum(k["flagged"] for k in neg), sum(k["n"] for k in neg)),
+            "%d" % sum(k["flagged_late"] for k in neg),
             sum(k["critical"] for k in neg),
             "%.2f" % statistics.median(delays) if delays else "-",
             "%.1f" % (100.0 * sum(k["false"] for k in neg) / days) if days else "-",
@@ -415,9 +417,10 @@ def goals_table(settings):
     import leakcorpus_c
     import leakcorpus_d
     print("## Leak detector v3: goals and trade-off\n")
-    print("| corpus | slow-tier verdict held | recall | healthy flagged | critical on healthy | median delay h "
-          "| false alerts / 100 healthy job-days | leaks paged critical before their OOM |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| corpus | slow-tier verdict held | recall | healthy flagged | of them after their growth ended "
+          "| critical on healthy | median delay h | false alerts / 100 healthy job-days "
+          "| leaks paged critical before their OOM |")
+    print("|---|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as work:
         corpora = []
         if os.path.isfile(os.path.join(CORPUS_B, "manifest.json")):
@@ -432,13 +435,13 @@ def goals_table(settings):
             corpora.append((label, d))
         for label, d in corpora:
             for name, values in settings:
-                print("| %s | %s | %s | %s | %d | %s | %s | %s |" % ((label, name) + _summary(_score_settings(d, values))))
+                print("| %s | %s | %s | %s | %s | %d | %s | %s | %s |" % ((label, name) + _summary(_score_settings(d, values))))
         h = os.path.join(work, "h200")
         os.makedirs(h)
         kinds = _h200_row(h)
         if kinds:
-            print("| real GPU recordings (tests/fixtures/h200: H200, H100) | 3 of the last 4 | %s | %s | %d | %s | %s "
-                  "| %s |"
+            print("| real GPU recordings (tests/fixtures/h200: H200, H100) | 3 of the last 4 | %s | %s | %s | %d | %s "
+                  "| %s | %s |"
                   % _summary(kinds))
     print()
 

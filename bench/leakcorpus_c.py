@@ -697,10 +697,13 @@ def replay_all(corpus, detector=DETECTOR, jobs=2):
 
 
 def _judge(lab, al):
-    """(hit delay h or None, false alerts, critical false alerts, paged):
-    paged is None unless the job runs out of memory within the trace (the
-    label's oom_in_trace), then whether a critical alert of the job came
-    before that."""
+    """(hit delay h or None, false alerts, critical false alerts, paged,
+    late): paged is None unless the job runs out of memory within the trace
+    (the label's oom_in_trace), then whether a critical alert of the job
+    came before that; late counts the false alerts of a healthy job after
+    its legitimate growth ended (the label's growth_end_s, when it has one:
+    a cache still filling may look like a leak while it fills; corpus-b's
+    scorer counts the alerts before apart)."""
     paged = None
     if lab["leak"]:
         start = T0 + lab["start_s"]
@@ -718,18 +721,22 @@ def _judge(lab, al):
     else:
         bad = [a for a in al if a["ts"] >= T0 + lab.get("quiet_after_s", 0)]
         delay = None
-    return delay, len(bad), sum(1 for a in bad if a.get("severity") == "critical"), paged
+    late = sum(1 for a in bad if not lab["leak"] and a["ts"] >= T0 + lab.get("growth_end_s", 0))
+    return delay, len(bad), sum(1 for a in bad if a.get("severity") == "critical"), paged, late
 
 
 def score(man, alerts):
     """Per-kind counts: n, leak, hit, flagged, false, critical, delays,
-    job-days, ooms (leaks that run out of memory within the trace) and
-    paged (those of them paged critical before)."""
+    job-days, ooms (leaks that run out of memory within the trace), paged
+    (those of them paged critical before) and flagged_late (healthy traces
+    with a false alert after their legitimate growth ended)."""
     kinds = {}
     for name, lab in sorted(man.items()):
         k = kinds.setdefault(lab["kind"], {"n": 0, "leak": lab["leak"], "hit": 0, "flagged": 0, "false": 0,
-                                           "critical": 0, "delays": [], "job_days": 0.0, "ooms": 0, "paged": 0})
-        delay, false, crit, paged = _judge(lab, alerts[name])
+                                           "critical": 0, "delays": [], "job_days": 0.0, "ooms": 0, "paged": 0,
+                                           "flagged_late": 0})
+        delay, false, crit, paged, late = _judge(lab, alerts[name])
+        k["flagged_late"] += late > 0
         k["ooms"] += paged is not None
         k["paged"] += bool(paged)
         k["n"] += 1

@@ -91,6 +91,12 @@ def test_recorded_habits_leaks_caught_healthy_quiet(tmp_path, folder, name):
     if not label["leak"]:
         assert firing == [], summary
         return
+    if label.get("inside_cap"):
+        # a leak held inside a per-process cap never raises the used memory
+        # nvidia-smi shows (fixtures/h200/README.md): nothing to catch, and
+        # nothing said before it began or as a page
+        assert [e for e in firing if e["ts"] < 1796200000 + label["start_s"] or e["severity"] == "critical"] == []
+        return
     assert firing, summary
     # the leak goes on to the end of the recording: its alert stands (a
     # resolve between two steps of a graph kept every evaluation, then the

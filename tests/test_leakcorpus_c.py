@@ -104,3 +104,20 @@ def test_bad_arguments_get_one_line_and_exit_2(tmp_path):
                            capture_output=True, text=True)
         assert p.returncode == 2, args
         assert p.stderr.count("\n") == 1 and "Traceback" not in p.stderr, p.stderr
+
+
+def test_the_score_keeps_apart_false_alerts_after_a_healthy_job_stopped_growing():
+    """The goals table (bench/leak.py) says how many healthy traces were
+    alerted after their legitimate growth ended (the label's growth_end_s):
+    an alert while a cache still fills is told apart from one on a job
+    that holds still. A trace with no growth_end_s counts from its start."""
+    man = {"fill.csv": {"kind": "lora_cap", "leak": False, "hours": 24, "growth_end_s": 6 * HOUR},
+           "late.csv": {"kind": "lora_cap", "leak": False, "hours": 24, "growth_end_s": 6 * HOUR},
+           "flat.csv": {"kind": "moe_wander", "leak": False, "hours": 24}}
+    alert = {"pid": 1, "severity": "warning"}
+    alerts = {"fill.csv": [dict(alert, ts=corpus.T0 + 3 * HOUR)],
+              "late.csv": [dict(alert, ts=corpus.T0 + 3 * HOUR), dict(alert, ts=corpus.T0 + 9 * HOUR)],
+              "flat.csv": [dict(alert, ts=corpus.T0 + 1 * HOUR)]}
+    kinds = corpus.score(man, alerts)
+    assert (kinds["lora_cap"]["flagged"], kinds["lora_cap"]["flagged_late"]) == (2, 1)
+    assert (kinds["moe_wander"]["flagged"], kinds["moe_wander"]["flagged_late"]) == (1, 1)

@@ -34,6 +34,10 @@ and Linear blocks in bf16 autocast, random data, about 2-4 GiB each):
                  climbs to the cap, where cudaMalloc fails and the
                  allocator frees its cached blocks and retries (a ZeRO-3
                  job run near the GPU's limit); the child notes each flush
+  j flush_leak   leaking twin of i: the same gathers under the same cap,
+                 and a 2 MiB tensor kept every LEAK_EVERY steps (a debug
+                 hook's output appended to a list): the flushes give the
+                 cache back, never the leak, so each comes back higher
 Time is stretched: a second of the run is --stretch seconds of the job
 (default 60: a 4-minute run reads as 4 hours), as the timestamps say
 (T0 = 1796200000 + stretched seconds since the start).  The rate of a leak
@@ -70,10 +74,13 @@ HABITS = {
     "g": ("adapter_lru", False, "adapters loaded at random times, the least recently used evicted past 12"),
     "h": ("adapter_noevict", True, "adapters loaded at random times, never evicted"),
     "i": ("flush_cap", False, "gathers of random sizes under a memory cap: the allocator flushes its cache when it fails"),
+    "j": ("flush_leak", True, "the gathers of i under the same cap, and a 2 MiB tensor kept every few steps"),
 }
 FLUSH_HEADROOM = 4 << 30   # i: the cap, this far above the pool after the first steps
 GATHERS_LIVE = 3 << 30     # i: at most this much gathered at once (the oldest dropped first), so
                            # the training step always fits under the cap once the cache is flushed
+LEAK_EVERY = 4             # j: a 2 MiB tensor kept every this many steps (at 15 steps a second and
+                           # --stretch 120: about 225 MiB an hour of the job's time, 2.6 GB a run)
 ADAPTER_CAP = 12        # adapters kept by g (h keeps every one)
 ADAPTERS_PER_H = 3.0    # new adapters an hour of the job's (stretched) time
 STARTUP_S = 40          # CUDA init and the model's first steps, inside --minutes
@@ -132,7 +139,7 @@ def _child(habit, seconds, device, events_path, size, stretch=60.0):
             loss.item()                             # logging as it should be
         step += 1
         if step == 1:
-            note("first_step")
+            note("first_step", leaked_mib=0)
         now = time.time()
         if now >= next_eval and habit in "abd":
             _evaluate(habit, forward, state, torch, note)
@@ -146,9 +153,9 @@ def _child(habit, seconds, device, events_path, size, stretch=60.0):
                 torch.cuda.empty_cache()
         side.step(now)
         if step % 100 == 0:
-            note("steps", step=step)
+            note("steps", step=step, leaked_mib=side.leaked_mib())
         _pace(start, step, pace)
-    note("end", step=step)
+    note("end", step=step, leaked_mib=side.leaked_mib())
 
 
 class _SideMemory:
@@ -168,7 +175,7 @@ class _SideMemory:
 
     def __init__(self, habit, rnd, torch, dev, note, stretch, start):
         self.habit, self.rnd, self.torch, self.dev, self.note = habit, rnd, torch, dev, note
-        self.keep, self.adapters, self.loaded, self.passed = [], [], 0, False
+        self.keep, self.adapters, self.loaded, self.passed, self.leaked = [], [], 0, False, []
         self.next_load = start
         self.per_s = ADAPTERS_PER_H * stretch / 3600.0      # adapters a wall second
         self.hot = 4
@@ -176,8 +183,10 @@ class _SideMemory:
     def step(self, now):
         if self.habit == "f":
             self._churn()
-        elif self.habit == "i":
+        elif self.habit in "ij":
             self._gather()
+            if self.habit == "j":
+                self._leak()
         elif self.habit in "gh":
             while now >= self.next_load:
                 self._load()
@@ -219,6 +228,15 @@ class _SideMemory:
             if retries > self.retries:
                 self.retries = retries
                 self.note("flush", retries=retries)
+
+    def _leak(self):
+        """j: every LEAK_EVERY steps a 2 MiB tensor is kept for good."""
+        self.steps = getattr(self, "steps", 0) + 1
+        if self.steps % LEAK_EVERY == 0:
+            self.leaked.append(self.torch.empty(MIB, dtype=self.torch.bfloat16, device=self.dev))
+
+    def leaked_mib(self):
+        return 2 * len(self.leaked)
 
     def _load(self):
         mib = self.rnd.choice([40, 80, 80, 160])
@@ -457,8 +475,9 @@ def _label(h, kid, start, stretch, sampler, device):
     if leak:        # from the first evaluation (a) or the first steps (c); else the first sample
         begin = first["t"] if first else start + ((kid["rows"][0][0] - T0) / stretch if kid["rows"] else 0)
         lab.update(start_s=round((begin - start) * stretch, 1), leak_pid=pid)
-    if leak and first and last and last["t"] > first["t"] and "allocated_mib" in first:
-        grown = last["allocated_mib"] - first["allocated_mib"]
+    key = "leaked_mib" if h == "j" else "allocated_mib"    # (j: its gathers move what is allocated)
+    if leak and first and last and last["t"] > first["t"] and key in first and key in last:
+        grown = last[key] - first[key]
         lab["rate_mib_h"] = round(grown / ((last["t"] - first["t"]) * stretch / 3600), 1)
     lab["evals"] = sum(1 for e in ev if e["event"] == "eval")
     lab["flushes"] = sum(1 for e in ev if e["event"] == "flush")
@@ -529,7 +548,7 @@ def main(argv=None):
     ap.add_argument("--out", help="the output directory ($OUT)")
     ap.add_argument("--minutes", type=float, default=4.0, help="wall-clock length of the whole run (default 4)")
     ap.add_argument("--stretch", type=float, default=60.0, help="job seconds per wall second (default 60)")
-    ap.add_argument("--habits", default="abcde", help="which habits, letters of abcdefghi (default abcde)")
+    ap.add_argument("--habits", default="abcde", help="which habits, letters of abcdefghij (default abcde)")
     ap.add_argument("--sampler", default="auto", choices=["auto", "nvml", "smi"])
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--dry-run", action="store_true", help="on the CPU, resident memory as the sampler")
