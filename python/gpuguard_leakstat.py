@@ -820,7 +820,7 @@ class Series:
         claimed = rate * (lows[-1][0] - lows[0][0])
         return claimed >= LOWS_CLAIM * p["step_mib"] and max(ly) - min(ly) < LOWS_SHARE * claimed
 
-    def refilling(self, seg, releases, now, span, rate):
+    def refilling(self, seg, releases, now, span):
         """True when the window's growth all came after the job's last
         release, that release is no older than one and a half of the job's
         cycles, and the floor is still under the level the pool held in the
@@ -1529,7 +1529,7 @@ class Series:
             self.last["released"] = len(releases)
             if "cycle lows" not in trend and self.lows_refute(releases, xs[-1], span, slope):
                 leaking, trend = False, "the lows after each release hold"
-            elif "cycle lows" not in trend and self.refilling(seg, releases, xs[-1], span, slope):
+            elif "cycle lows" not in trend and self.refilling(seg, releases, xs[-1], span):
                 leaking, trend = False, "refilling what the last release gave back"
         if not leaking and seg and (self.noise or 0.0) >= p["noise_min"]:
             ok = self.noisy_verdict(seg[0][0])
