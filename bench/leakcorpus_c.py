@@ -704,7 +704,7 @@ def _judge(lab, al):
     its legitimate growth ended (the label's growth_end_s, when it has one:
     a cache still filling may look like a leak while it fills; corpus-b's
     scorer counts the alerts before apart)."""
-    paged = None
+    paged, late = None, 0
     if lab["leak"]:
         start = T0 + lab["start_s"]
         lp = lab.get("leak_pid")
@@ -721,7 +721,7 @@ def _judge(lab, al):
     else:
         bad = [a for a in al if a["ts"] >= T0 + lab.get("quiet_after_s", 0)]
         delay = None
-    late = sum(1 for a in bad if not lab["leak"] and a["ts"] >= T0 + lab.get("growth_end_s", 0))
+        late = sum(1 for a in bad if a["ts"] >= T0 + lab.get("growth_end_s", 0))
     return delay, len(bad), sum(1 for a in bad if a.get("severity") == "critical"), paged, late
 
 

@@ -179,6 +179,7 @@ class _SideMemory:
         self.next_load = start
         self.per_s = ADAPTERS_PER_H * stretch / 3600.0      # adapters a wall second
         self.hot = 4
+        self.steps = 0          # j: steps seen, for LEAK_EVERY
 
     def step(self, now):
         if self.habit == "f":
@@ -231,7 +232,7 @@ class _SideMemory:
 
     def _leak(self):
         """j: every LEAK_EVERY steps a 2 MiB tensor is kept for good."""
-        self.steps = getattr(self, "steps", 0) + 1
+        self.steps += 1
         if self.steps % LEAK_EVERY == 0:
             self.leaked.append(self.torch.empty(MIB, dtype=self.torch.bfloat16, device=self.dev))
 
