@@ -608,13 +608,24 @@ lowprio_gov_start() {
 }
 
 # Stops each governor (TERM: it lifts a cap still on and says how long the
-# job was capped) and keeps its summary for the report.
+# job was capped) and keeps its summary for the report. TERM goes again
+# every 0.2 s until the summary line (or end of file) comes back: a job that
+# ends at once is stopped while its governor is still starting, and a TERM
+# that lands before the governor has set its trap can be lost in the fork.
+# After 5 s without an answer it is killed: it must never hold the caller's
+# stderr (or lowprio-run's exit) for the minutes it would wait on its own.
 lowprio_gov_stop() {
-  local majmin line fd
+  local majmin line fd pid tries rc
   for majmin in "${!LP_GOV_PID[@]}"; do
-    kill -TERM "${LP_GOV_PID[$majmin]}" 2>/dev/null || true
-    line='' fd=${LP_GOV_FD[$majmin]}
-    read -r -t 5 -u "$fd" line || true
+    line='' fd=${LP_GOV_FD[$majmin]} pid=${LP_GOV_PID[$majmin]} rc=0
+    for ((tries = 0; tries < 25; tries++)); do
+      kill -TERM "$pid" 2>/dev/null
+      rc=0
+      read -r -t 0.2 -u "$fd" line || rc=$?
+      # a line, or end of file (the governor is gone): no more TERMs
+      ((rc > 128)) || break
+    done
+    ((rc > 128)) && kill -KILL "$pid" 2>/dev/null
     [[ $line == 'GOV '* ]] && LP_GOV_SUM[$majmin]=${line#GOV }
     exec {fd}<&-
   done

@@ -209,6 +209,47 @@ def test_the_governor_waits_for_the_job_to_enter_and_stops_on_term(tmp_path):
     assert t.io_max() == "%s rbps=max wbps=max\n" % DEV
 
 
+# A stand-in for a governor still starting: deaf to TERM for its first
+# $1 seconds (as one is until its trap is set), then it answers TERM with
+# its summary; "never" ignores TERM for good (a governor stuck).
+DEAF_GOVERNOR = r"""
+source lib/common.sh; source lib/cgroup.sh; source lib/disk.sh; source lib/iogov.sh; source lib/lowprio.sh
+declare -gA LP_GOV_PID=() LP_GOV_FD=() LP_GOV_SUM=()
+exec {fd}< <(
+  trap '' TERM
+  if [[ $1 == never ]]; then
+    while :; do sleep 0.1; done
+  fi
+  sleep "$1"
+  trap 'printf "GOV 7 1 9\n"; exit 0' TERM
+  while :; do sleep 0.05; done
+)
+LP_GOV_PID[253:0]=$! LP_GOV_FD[253:0]=$fd
+sleep 0.1
+start=$EPOCHREALTIME
+lowprio_gov_stop
+printf '%s %s\n' "${LP_GOV_SUM[253:0]:-none}" "$(( ${EPOCHREALTIME/[.,]/} - ${start/[.,]/} ))"
+"""
+
+
+def test_lowprio_run_gets_the_summary_of_a_governor_that_missed_the_first_term(tmp_path):
+    """A job that ends at once is stopped while its governor is still
+    starting; a TERM lost before the governor's trap is set must not leave
+    lowprio-run waiting (nor its stderr held open) for minutes: TERM goes
+    again until the summary comes, and a governor that never answers is
+    killed after 5 s."""
+    r = subprocess.run(["bash", "-c", DEAF_GOVERNOR, "_", "0.5"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    summary, usec = r.stdout.rsplit(" ", 1)
+    assert summary == "7 1 9" and int(usec) < 2000000
+    r = subprocess.run(["bash", "-c", DEAF_GOVERNOR, "_", "never"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    summary, usec = r.stdout.rsplit(" ", 1)
+    assert summary == "none" and 4500000 < int(usec) < 8000000
+
+
 # ------------------------------------------------------- with lowprio-run --
 
 def fake_root(tmp_path):
