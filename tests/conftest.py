@@ -360,5 +360,40 @@ def start_daemon(box, env=None, cmd="bin/yichuidingyin.sh", args=()):
 
 def stop_daemon(proc, sig=signal.SIGTERM, timeout=15):
     proc.send_signal(sig)
-    out, err = proc.communicate(timeout=timeout)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        # a daemon that did not stop is a failure; say where it and its
+        # children were (rare, and seen only on a loaded CI machine)
+        where = process_tree_report(proc.pid)
+        proc.kill()
+        out, err = proc.communicate()
+        raise AssertionError(f"did not stop within {timeout}s of {sig!r}; its processes then:\n{where}"
+                             f"\nits stderr:\n{err}") from exc
     return proc.returncode, out, err
+
+
+def process_tree_report(root):
+    """One line per process of the tree under root: PID, state, what the
+    kernel says it waits in (wchan), its command line."""
+    children = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(d.name))
+    lines, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        todo.extend(children.get(pid, []))
+        base = Path("/proc") / str(pid)
+        try:
+            state = (base / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            wchan = (base / "wchan").read_text() or "-"
+            cmd = (base / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:200]
+        except OSError:
+            continue
+        lines.append(f"{pid} {state} {wchan} {cmd}")
+    return "\n".join(lines)
