@@ -147,6 +147,9 @@ def test_replay_bad_input_is_one_line_exit_2(tmp_path):
     assert r.returncode == 2 and "bad.csv:2: not a number" in r.stderr
     r = run(["--replay", str(tmp_path / "missing.csv")], env={"GPUGUARD_STATE_DIR": str(tmp_path / "s")})
     assert r.returncode == 2 and "cannot read" in r.stderr
+    # a folder given by mistake: said as one, not as Python's errno text
+    r = run(["--replay", str(tmp_path)], env={"GPUGUARD_STATE_DIR": str(tmp_path / "s")})
+    assert (r.returncode, r.stderr) == (2, "gpu-leak-watch: %s is a folder; --replay takes a CSV file\n" % tmp_path)
 
 
 @pytest.mark.parametrize("args,message", [
