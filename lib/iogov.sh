@@ -206,20 +206,25 @@ iogov_init() {
   IOGOV_QUIET_USEC=$((${quiet%.*} * 1000000 + 10#${frac:1:6}))
 }
 
-# The governor: runs until the job's cgroup is gone or empty, or TERM. The
-# arguments are iogov_init's. Ignores INT, QUIT and HUP (the terminal's
-# keys reach the whole process group; the job decides on its own whether
-# to stop), and on the way out takes its cap off a job still running.
+# The governor: runs until the job's cgroup is gone or empty, TERM, or a
+# line on its wake pipe. The arguments are iogov_init's, then (optional)
+# $8 the wake pipe: an fd its caller writes a line to when the job has
+# ended. Ignores INT, QUIT and HUP (the terminal's keys reach the whole
+# process group; the job decides on its own whether to stop), and on the
+# way out takes its cap off a job still running.
 iogov_run() {
   set +e +u
-  iogov_init "$@"
+  iogov_init "${@:1:7}"
   local period=${LOWPRIO_GOV_PERIOD:-0.5} waited=0 seen=0 start=$IOGOV_LAST_T state
   [[ $period =~ ^[0-9]*\.?[0-9]+$ ]] || period=0.5
   trap '' INT QUIT HUP
   trap 'IOGOV_STOP=1' TERM
-  # a pipe nobody writes to: read -t on it is a sleep without a fork
-  local nap
-  exec {nap}<> <(:)
+  # The nap between looks is a read -t on a pipe: a sleep without a fork.
+  # bash runs a TERM trap only once such a read times out, so TERM alone
+  # would keep lowprio-run waiting up to a period after its job; a line
+  # on the wake pipe ends the nap at once.
+  local nap=${8:-}
+  [[ $nap =~ ^[0-9]+$ ]] || exec {nap}<> <(:)
   while ((! IOGOV_STOP)); do
     state=1
     if [[ -z $IOGOV_LEAF ]]; then
@@ -241,7 +246,7 @@ iogov_run() {
     else
       waited=$((waited + 1))
     fi
-    read -r -t "$period" -u "$nap" _
+    read -r -t "$period" -u "$nap" _ && IOGOV_STOP=1
   done
   if ((IOGOV_CAPPED)) && [[ -n $IOGOV_LEAF && -d $IOGOV_LEAF ]]; then
     iogov_write "rbps=max wbps=max"

@@ -21,9 +21,10 @@ lowprio_init() {
   declare -g LP_DISK_WEIGHT='' LP_DISK_WPCT='' LP_DISK_RPCT='' LP_ACTION='' LP_UNDO=0 LP_COST_MODEL=''
   # the adaptive io.max (lib/iogov.sh): the tier's choice and --io-adaptive's,
   # the cap per disk ("wbps=N rbps=N") and, while the job runs, each disk's
-  # governor (PID, the pipe its summary comes through, the summary)
+  # governor (PID, the pipe its summary comes through, the pipe that wakes
+  # it, the summary)
   declare -g LP_DISK_ADAPTIVE='' LP_IO_ADAPTIVE_USER=''
-  declare -gA LP_GOV_CAP=() LP_GOV_PID=() LP_GOV_FD=() LP_GOV_SUM=()
+  declare -gA LP_GOV_CAP=() LP_GOV_PID=() LP_GOV_FD=() LP_GOV_WAKE=() LP_GOV_SUM=()
   if [[ -z ${GPUGUARD_STATE_DIR:-} ]]; then
     # the rule of lib/config.sh, which lowprio-run does not load
     if ((EUID == 0)); then
@@ -586,7 +587,7 @@ lowprio_run() {
 # no file is left. A governor that cannot start is one warning; the job
 # runs on at full speed there.
 lowprio_gov_start() {
-  local majmin fd stat name
+  local majmin fd stat name wake
   local -a where
   case $LP_MECHANISM in
     # systemd: the governor finds the scope in the job's /proc/PID/cgroup
@@ -598,38 +599,46 @@ lowprio_gov_start() {
   for majmin in "${!LP_GOV_CAP[@]}"; do
     stat=''
     name=$(disk_name "$majmin") && [[ -r /sys/block/$name/stat ]] && stat=/sys/block/$name/stat
+    # (opened after the job started: the job never holds these pipes)
+    exec {wake}<> <(:)
     if exec {fd}< <(iogov_run "${where[@]}" "${LOWPRIO_GOV_DISKSTAT:-$stat}" "$majmin" "${LP_GOV_CAP[$majmin]}" \
-      "$([[ $LP_MECHANISM == systemd ]] && printf '%s' "$CG_NAME")" "/proc/$LP_CHILD/cgroup"); then
-      LP_GOV_PID[$majmin]=$! LP_GOV_FD[$majmin]=$fd
+      "$([[ $LP_MECHANISM == systemd ]] && printf '%s' "$CG_NAME")" "/proc/$LP_CHILD/cgroup" "$wake"); then
+      LP_GOV_PID[$majmin]=$! LP_GOV_FD[$majmin]=$fd LP_GOV_WAKE[$majmin]=$wake
     else
+      exec {wake}>&-
       gg_log warn "disk $majmin: the adaptive io.max could not start: the job runs uncapped there"
     fi
   done
 }
 
-# Stops each governor (TERM: it lifts a cap still on and says how long the
-# job was capped) and keeps its summary for the report. TERM goes again
-# every 0.2 s until the summary line (or end of file) comes back: a job that
-# ends at once is stopped while its governor is still starting, and a TERM
-# that lands before the governor has set its trap can be lost in the fork.
-# After 5 s without an answer it is killed: it must never hold the caller's
-# stderr (or lowprio-run's exit) for the minutes it would wait on its own.
+# Stops each governor (it lifts a cap still on and says how long the job
+# was capped) and keeps its summary for the report. A line on its wake pipe
+# ends its nap at once (a line waits there even for a governor still
+# starting); TERM goes too, and again every 0.2 s until the summary line
+# (or end of file) comes back. After 5 s without an answer it is killed: it
+# must never hold the caller's stderr (or lowprio-run's exit) for the
+# minutes it would wait on its own.
 lowprio_gov_stop() {
-  local majmin line fd pid tries rc
+  local majmin line fd pid tries rc wake
   for majmin in "${!LP_GOV_PID[@]}"; do
-    line='' fd=${LP_GOV_FD[$majmin]} pid=${LP_GOV_PID[$majmin]} rc=0
+    line='' fd=${LP_GOV_FD[$majmin]} pid=${LP_GOV_PID[$majmin]} rc=0 wake=${LP_GOV_WAKE[$majmin]:-}
+    if [[ -n $wake ]]; then
+      { printf 'stop\n' >&"$wake"; } 2>/dev/null || true
+      exec {wake}>&-
+    fi
     for ((tries = 0; tries < 25; tries++)); do
-      kill -TERM "$pid" 2>/dev/null
+      # (gone already, once its nap was cut short: not an error under set -e)
+      kill -TERM "$pid" 2>/dev/null || true
       rc=0
       read -r -t 0.2 -u "$fd" line || rc=$?
       # a line, or end of file (the governor is gone): no more TERMs
       ((rc > 128)) || break
     done
-    ((rc > 128)) && kill -KILL "$pid" 2>/dev/null
+    ((rc > 128)) && { kill -KILL "$pid" 2>/dev/null || true; }
     [[ $line == 'GOV '* ]] && LP_GOV_SUM[$majmin]=${line#GOV }
     exec {fd}<&-
   done
-  LP_GOV_PID=()
+  LP_GOV_PID=() LP_GOV_WAKE=()
 }
 
 # Bytes as text: "512 B", "1.5 KiB", "20.0 MiB", "3.2 GiB".

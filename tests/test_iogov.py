@@ -214,7 +214,7 @@ def test_the_governor_waits_for_the_job_to_enter_and_stops_on_term(tmp_path):
 # its summary; "never" ignores TERM for good (a governor stuck).
 DEAF_GOVERNOR = r"""
 source lib/common.sh; source lib/cgroup.sh; source lib/disk.sh; source lib/iogov.sh; source lib/lowprio.sh
-declare -gA LP_GOV_PID=() LP_GOV_FD=() LP_GOV_SUM=()
+declare -gA LP_GOV_PID=() LP_GOV_FD=() LP_GOV_WAKE=() LP_GOV_SUM=()
 exec {fd}< <(
   trap '' TERM
   if [[ $1 == never ]]; then
@@ -248,6 +248,31 @@ def test_lowprio_run_gets_the_summary_of_a_governor_that_missed_the_first_term(t
     assert r.returncode == 0, r.stderr
     summary, usec = r.stdout.rsplit(" ", 1)
     assert summary == "none" and 4500000 < int(usec) < 8000000
+
+
+# A governor that has already said its summary and exited (its nap was cut
+# short by the wake pipe) when lowprio-run sends its TERM; lowprio-run runs
+# under set -e.
+GONE_GOVERNOR = r"""
+set -euo pipefail
+source lib/common.sh; source lib/cgroup.sh; source lib/disk.sh; source lib/iogov.sh; source lib/lowprio.sh
+declare -gA LP_GOV_PID=() LP_GOV_FD=() LP_GOV_WAKE=() LP_GOV_SUM=()
+exec {fd}< <(printf 'GOV 4 1 6\n')
+LP_GOV_PID[253:0]=$! LP_GOV_FD[253:0]=$fd
+exec {wake}<> <(:)
+LP_GOV_WAKE[253:0]=$wake
+while kill -0 "${LP_GOV_PID[253:0]}" 2>/dev/null; do sleep 0.05; done
+lowprio_gov_stop
+printf '%s\n' "${LP_GOV_SUM[253:0]:-none}"
+"""
+
+
+def test_lowprio_run_survives_a_governor_gone_before_its_term(tmp_path):
+    """A job that ends at once: the wake line ends the governor's nap and it
+    exits before lowprio-run's TERM; a failed kill must not end lowprio-run
+    (set -e) with status 1 and no word, the job's status and report lost."""
+    r = subprocess.run(["bash", "-c", GONE_GOVERNOR], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert (r.returncode, r.stdout) == (0, "4 1 6\n"), r.stderr
 
 
 # ------------------------------------------------------- with lowprio-run --
@@ -285,7 +310,8 @@ def alive_with(marker):
 
 
 # The job: a service beside it starts doing I/O; the job waits (bounded)
-# until its leaf's io.max holds the cap, prints it, and ends.
+# until its leaf's io.max holds the cap, prints it, and ends a moment
+# later (capped for that moment).
 JOB = r"""
 leaf=$(echo "$1"/gpuguard-lowprio-*)
 printf '%s rbytes=0 wbytes=0 rios=0 wios=0\n' "$2" > "$1/svc/io.stat"
@@ -296,6 +322,7 @@ for i in $(seq 100); do
   sleep 0.1
 done
 cat "$leaf/io.max"
+sleep 0.2
 """
 
 
@@ -328,6 +355,28 @@ def test_lowprio_run_caps_the_job_while_a_service_uses_the_disk_and_the_governor
     assert r.returncode == 0, r.stderr
     assert "io.max fallback: writes <= " in r.stderr and "static (adaptive off" in r.stderr
     assert "  adaptive " not in r.stderr
+
+
+@pytest.mark.slow
+def test_lowprio_run_returns_as_its_job_ends_not_a_governor_period_later(tmp_path):
+    """The governor naps between looks in a read -t, which bash does not
+    cut short for TERM: lowprio-run wakes it through a pipe instead, so a
+    job's end is not followed by up to a period of waiting (0.5 s by
+    default on every run; here a period of 20 s)."""
+    disk = disk_of(tmp_path)
+    require(disk is not None, "the test's folder on a block device")
+    _, name = disk
+    root = fake_root(tmp_path)
+    env = {"LOWPRIO_CGROUP_ROOT": str(root), "LOWPRIO_CGROUP_MODE": "v2", "LOWPRIO_MECHANISM": "cgroup-v2",
+           "LOWPRIO_PROC_CGROUP": str(tmp_path / "proc-cgroup"), "LOWPRIO_GOV_PERIOD": "20"}
+    lowprio(["--measure-disk", str(tmp_path)], tmp_path, env=env, cwd=tmp_path)
+    start = time.monotonic()
+    r = lowprio(["--report", "--", "sleep", "0.5"], tmp_path, env=env, cwd=tmp_path)
+    took = time.monotonic() - start
+    assert r.returncode == 0, r.stderr
+    (row,) = [x for x in r.stderr.splitlines() if x.startswith("  adaptive %s " % name)]
+    assert " capped 0.00 s of " in row
+    assert took < 4, "lowprio-run took %.1f s for a 0.5 s job" % took
 
 
 def test_explain_and_dry_run_describe_the_adaptive_cap(tmp_path):
