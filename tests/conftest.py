@@ -376,21 +376,22 @@ def stop_daemon(proc, sig=signal.SIGTERM, timeout=15):
 def process_tree_report(root):
     """One line per process of the tree under root: PID, state, what the
     kernel says it waits in (wchan), its command line."""
-    children = {}
+    children, states = {}, {}
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
             try:
-                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
+                state, ppid = (d / "stat").read_text().rsplit(")", 1)[1].split()[:2]
+            except (OSError, ValueError):
                 continue
-            children.setdefault(ppid, []).append(int(d.name))
+            states[int(d.name)] = state
+            children.setdefault(int(ppid), []).append(int(d.name))
     lines, todo = [], [root]
     while todo:
         pid = todo.pop()
         todo.extend(children.get(pid, []))
         base = Path("/proc") / str(pid)
         try:
-            state = (base / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            state = states.get(pid, "?")
             wchan = (base / "wchan").read_text() or "-"
             cmd = (base / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:200]
         except OSError:
