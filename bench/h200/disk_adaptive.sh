@@ -35,7 +35,15 @@
 # Environment: IO_S (10), WARM_S (2), LEAD_S (1), LOAD_S (1), ALONE_N (3),
 # CKPT_MIB (1000), DATASET_MIB (2048), ALT_PCTS (8 16), WITH_IOCOST (0),
 # TIME_BUDGET_S, DRY_RUN=1 (no root: a
-# fake cgroup tree, small sizes, the plumbing and the tables only).
+# fake cgroup tree, small sizes, the plumbing and the tables only),
+# FLUSH_PROBE (1; 0 in a dry run): beside the service's probe, a bare
+# cache flush of the disk every 100 ms (lowprio_io.py flush: an fsync of
+# a file unchanged since its last one): is the
+# write+fsync floor beside a capped job the disk's own flush?
+# MAX_SECTORS_KBS (none): the default row again with the disk's
+# max_sectors_kb at each of these (the largest request the block layer
+# sends: a commit may wait for one of the job's capped requests), put
+# back at the end.
 
 AD_HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=disk_default.sh
@@ -57,6 +65,8 @@ main() {
   ((DRY)) && ad_fake_root
   QOS_BEFORE=$(grep "^$DISK " "$CG/io.cost.qos" 2>/dev/null)
   MODEL_BEFORE=$(grep "^$DISK " "$CG/io.cost.model" 2>/dev/null)
+  DISK_Q=$(readlink -f "/sys/dev/block/$DISK")/queue
+  SECTORS_BEFORE=$(cat "$DISK_Q/max_sectors_kb" 2>/dev/null)
   trap ad_cleanup EXIT
   local c
   for c in cpu io memory; do
@@ -73,6 +83,7 @@ main() {
   python3 "$HELPER" io 0.1 "$WORK" >/dev/null
   dd if=/dev/urandom of="$WORK/dataset" bs=1M count="$DATASET_MIB" status=none
   sync
+  echo "== queue: max_sectors_kb $(cat "$DISK_Q/max_sectors_kb" 2>/dev/null) (hw $(cat "$DISK_Q/max_hw_sectors_kb" 2>/dev/null)), nr_requests $(cat "$DISK_Q/nr_requests" 2>/dev/null), wbt_lat_usec $(cat "$DISK_Q/wbt_lat_usec" 2>/dev/null), rotational $(cat "$DISK_Q/rotational" 2>/dev/null)"
   "$LP" --measure-disk "$WORK"
   "$LP" --explain | grep -A1 '^disk ' | sed 's/^/   /'
   OUT_TSV=$out/disk_adaptive.tsv
@@ -88,6 +99,13 @@ main() {
   for pct in $ALT_PCTS; do
     LOWPRIO_TIERS=$WORK/tiers-${pct}pct.conf ad_config "default at $pct %" ckpt "$LP" --report --
   done
+  local kb
+  for kb in $MAX_SECTORS_KBS; do
+    ((DRY)) && break
+    echo "$kb" >"$DISK_Q/max_sectors_kb" || continue
+    ad_config "default, max_sectors_kb $(<"$DISK_Q/max_sectors_kb")" ckpt "$LP" --report --
+  done
+  [[ -n $SECTORS_BEFORE ]] && ((! DRY)) && echo "$SECTORS_BEFORE" >"$DISK_Q/max_sectors_kb"
   if ((! DRY)) && ((WITH_IOCOST)) && [[ -f $CG/io.cost.qos ]]; then
     "$LP" --setup-disk "$DISK"
     ad_config "default + iocost" ckpt "$LP" --report --
@@ -113,6 +131,8 @@ ad_params() {
   # 1: also the default beside --setup-disk's iocost (bench/RESULTS.md §8b
   # measured iocost itself: it slows the service's reads)
   WITH_IOCOST=${WITH_IOCOST:-0}
+  FLUSH_PROBE=${FLUSH_PROBE:-$((1 - DRY))}
+  MAX_SECTORS_KBS=${MAX_SECTORS_KBS:-}
   # lowprio-run's own cgroup leaf: the governor needs one (systemd-run's
   # scope would be systemd's to write)
   export LOWPRIO_MECHANISM=${LOWPRIO_MECHANISM:-cgroup-v2}
@@ -164,7 +184,7 @@ ad_wbytes() {
 # others once), then beside the service in the order $3 (first | onset).
 # Appends to the TSV the columns of disk_default.sh's rows.
 ad_row() {
-  local label=$1 kind=$2 order=$3 i alone=- beside=- wrote=- charged=- job='' probe io secs w0='' w1=''
+  local label=$1 kind=$2 order=$3 i alone=- beside=- wrote=- charged=- job='' probe io secs w0='' w1='' flush=-
   shift 3
   if ((SECONDS - AD_START > TIME_BUDGET_S)); then
     echo "== $label / $kind skipped: the time budget ($TIME_BUDGET_S s) has passed"
@@ -182,7 +202,8 @@ ad_row() {
     ((${#rates[@]})) && alone=$(printf '%s\n' "${rates[@]}" | sort -n | sed -n "$(((${#rates[@]} + 1) / 2))p")
     ad_lines alone
   fi
-  rm -f "$WORK/job.rate" "$WORK/job.wb" "$WORK/probe.out"
+  rm -f "$WORK/job.rate" "$WORK/job.wb" "$WORK/probe.out" "$WORK/flush.out"
+  [[ $order == onset ]] || ad_flush_probe
   if [[ $label == idle ]]; then
     io=$(bench_in "$SVC" python3 "$HELPER" io "$IO_S" "$WORK")
   elif [[ $order == first ]]; then
@@ -220,8 +241,22 @@ ad_row() {
     [[ -r $WORK/job.wb ]] && read -r wrote charged <"$WORK/job.wb"
   fi
   ad_lines beside
-  echo "   $label / $kind ($order): p50/p99 write+fsync, p50/p99 read, n: $io | job MiB/s alone $alone, beside $beside | beside: charged $charged MiB of the $wrote MiB written"
-  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$label" "$kind" "${io// /$'\t'}" "$beside" "$alone" "$wrote" "$charged" >>"$OUT_TSV"
+  if [[ -n ${FLUSH_JOB:-} ]]; then
+    wait "$FLUSH_JOB"
+    FLUSH_JOB=''
+    [[ -s $WORK/flush.out ]] && flush=$(tr ' ' / <"$WORK/flush.out")
+  fi
+  echo "   $label / $kind ($order): p50/p99 write+fsync, p50/p99 read, n: $io | job MiB/s alone $alone, beside $beside | beside: charged $charged MiB of the $wrote MiB written | bare flush p50/p99/n $flush"
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$label" "$kind" "${io// /$'\t'}" "$beside" "$alone" "$wrote" "$charged" "$flush" >>"$OUT_TSV"
+}
+
+# With FLUSH_PROBE, starts the bare-flush probe in the service's cgroup
+# for the probe's seconds (FLUSH_JOB: its PID), writing flush.out.
+ad_flush_probe() {
+  FLUSH_JOB=''
+  ((FLUSH_PROBE)) || return 0
+  bench_in "$SVC" python3 "$HELPER" flush "$IO_S" "$WORK" >"$WORK/flush.out" 2>/dev/null &
+  FLUSH_JOB=$!
 }
 
 # lowprio-run's lines of the runs just done (the disk line once, how long
@@ -238,7 +273,7 @@ ad_table() {
 import sys
 rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1]) if l.strip()]
 for r in rows:
-    r += ["-"] * (11 - len(r))
+    r += ["-"] * (12 - len(r))
 idle = next(r for r in rows if r[0] == "idle")
 w0, r0 = float(idle[3]), float(idle[5])
 base = {r[1]: float(r[8]) for r in rows if r[0] == "plain" and r[8] != "-"}
@@ -258,6 +293,17 @@ print("Idle floor of this disk: write+fsync p99 %.2f ms, O_DIRECT read p99 %.2f 
       "p99 beside any job here: %.2f ms (%.1fx idle)." % (w0, r0, floor, floor / w0))
 print()
 get = {(r[0], r[1]): r for r in rows}
+if any(r[11] != "-" for r in rows):
+    print("Is the floor the disk's own cache flush? A bare flush of the disk (an fsync of a file unchanged since its last) every 100 ms "
+          "beside the service's probe:")
+    print()
+    print("| beside the service | job | bare flush p50 / p99 ms | service write+fsync p50 / p99 ms |")
+    print("|---|---|---|---|")
+    for r in rows:
+        if r[11] != "-":
+            f = r[11].split("/")
+            print("| %s | %s | %s / %s | %s / %s |" % (r[0], r[1], f[0], f[1], r[2], r[3]))
+    print()
 print("| goal (issue 23) | row | goal | measured | met |")
 print("|---|---|---|---|---|")
 def goal(label, row, want, value, ok):
@@ -306,6 +352,9 @@ ad_cleanup() {
       echo "$MODEL_BEFORE" >"$CG/io.cost.model" 2>/dev/null
     fi
     echo "== io.cost.qos at the end: $(grep "^$DISK " "$CG/io.cost.qos" 2>/dev/null)"
+  fi
+  if [[ -n ${SECTORS_BEFORE:-} ]] && ((! DRY)); then
+    echo "$SECTORS_BEFORE" >"$DISK_Q/max_sectors_kb" 2>/dev/null
   fi
   ((DRY)) || bench_rm_cgroups "$SVC" "$JOB"
   rm -rf -- "$WORK"

@@ -5,6 +5,9 @@
   io SECONDS DIR       every 20 ms a 4 KiB write+fsync and a 4 KiB O_DIRECT
                        read at a random offset of DIR/probe.r (made first);
                        prints "p50w p99w p50r p99r n" in ms
+  flush SECONDS DIR    every 100 ms an fsync of DIR/probe.f, unchanged since
+                       its first: a bare cache flush of the disk, with
+                       nothing to write or journal; prints "p50 p99 n" in ms
   hog SECONDS N        N busy processes (the job's all-core CPU hog)
   table RESULTS        the Markdown table from the tab-separated results
 """
@@ -94,6 +97,34 @@ def probe(seconds, folder):
                                       len(writes)))
 
 
+def flush(seconds, folder):
+    """Is the floor of a write+fsync beside a capped writer the disk's own
+    cache flush? An fsync of a file that has not changed since its last
+    fsync has nothing to write or journal; ext4 then only asks the device
+    to make its write cache durable (a bare flush, ext4_sync_file's
+    needs_barrier). If that costs what the service's write+fsync costs
+    beside the job, the wait is the job's data in the disk's volatile
+    cache, not the journal or the cap's queue."""
+    path = os.path.join(folder, "probe.f")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    waits = []
+    try:
+        os.write(fd, os.urandom(4096))
+        os.fsync(fd)
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            t0 = time.monotonic()
+            os.fsync(fd)
+            waits.append((time.monotonic() - t0) * 1000)
+            rest = 0.100 - (time.monotonic() - t0)
+            if rest > 0:
+                time.sleep(rest)
+    finally:
+        os.close(fd)
+    waits.sort()
+    print("%.2f %.2f %d" % (waits[len(waits) // 2], waits[min(len(waits) - 1, int(len(waits) * 0.99))], len(waits)))
+
+
 def table(path):
     """Rows: device, job, cpu_iter_s, p50w, p99w, p50r, p99r, n, job_mib_s."""
     rows = [line.rstrip("\n").split("\t") for line in open(path) if line.strip()]
@@ -128,6 +159,8 @@ def main():
         spin(float(sys.argv[2]), int(sys.argv[3]), False)
     elif mode == "io":
         probe(float(sys.argv[2]), sys.argv[3])
+    elif mode == "flush":
+        flush(float(sys.argv[2]), sys.argv[3])
     elif mode == "table":
         table(sys.argv[2])
     else:
