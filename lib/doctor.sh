@@ -356,6 +356,31 @@ status_leak_into() {
   lk_text="${lk_verdict:-?} $lk_slope MiB/h"
 }
 
+# Puts a GPU's state into the variables named $2 (ok, idle?, IDLE, STUCK,
+# or freed / busy / exempt) and $3 (its colour). The counters are the
+# watchdog's, saved at its last cycle; the sample is this moment's. An
+# alert still open on a GPU that this sample shows free, busy or exempt is
+# about to be resolved by the watchdog's next cycle (or the watchdog has
+# stopped): calling it IDLE would send someone to a job that has ended.
+status_state_into() {
+  local st_uuid=$1 st_verdict=''
+  local -n st_state=$2 st_colour=$3
+  idle_settings_for "$st_uuid"
+  st_state=ok st_colour=${C_GRN:-}
+  if ((${IDLE_FIRING[$st_uuid]:-0})); then
+    if idle_classify "$st_uuid" st_verdict && [[ $st_verdict != utilization && $st_verdict != spinning ]]; then
+      # shellcheck disable=SC2034 # nameref: assigns the caller's variable
+      st_state=${st_verdict/released/freed} st_colour=${C_YEL:-}
+      return 0
+    fi
+    st_state=IDLE st_colour=${C_RED:-}
+    [[ ${IDLE_KIND[$st_uuid]:-} == gpu_stuck ]] && st_state=STUCK
+  elif ((${IDLE_CYCLES[$st_uuid]:-0} > 0 || ${IDLE_SPIN[$st_uuid]:-0} > 0)); then
+    st_state='idle?' st_colour=${C_YEL:-}
+  fi
+  return 0
+}
+
 # Prints the table from the last status_collect: a line per GPU (its
 # counters against their limits), then a line per process holding it
 # (its job, the leak watcher's verdict and slope, recent memory).
@@ -373,14 +398,7 @@ status_table() {
   fi
   printf '%s%-4s %5s %17s %6s %-9s %-9s %-6s %s%s\n' "$C_BOLD" "$head" UTIL MEMORY POWER IDLE STUCK STATE 'RECENT UTIL' "$C_OFF"
   for uuid in "${SMI_UUIDS[@]}"; do
-    idle_settings_for "$uuid"
-    state=ok colour=$C_GRN
-    if ((${IDLE_FIRING[$uuid]:-0})); then
-      state=IDLE colour=$C_RED
-      [[ ${IDLE_KIND[$uuid]:-} == gpu_stuck ]] && state=STUCK
-    elif ((${IDLE_CYCLES[$uuid]:-0} > 0 || ${IDLE_SPIN[$uuid]:-0} > 0)); then
-      state='idle?' colour=$C_YEL
-    fi
+    status_state_into "$uuid" state colour
     power=${SMI_POWER[$uuid]:-}
     power=${power:+${power%.*}W}
     # an Ascend NPU (lib/npu.sh) reads "npu2": a mixed box lists both kinds
@@ -451,9 +469,9 @@ status_json() {
     printf '{"host":"%s","ts":%s,"error":"%s","gpus":[]}\n' "$host" "$(gg_now)" "$err"
     return 1
   fi
-  local gpus='' uuid procs pid name mem root slope firing verdict leak name_esc job_esc cmd user
+  local gpus='' uuid procs pid name mem root slope firing verdict leak name_esc job_esc cmd user state colour
   for uuid in "${SMI_UUIDS[@]}"; do
-    idle_settings_for "$uuid"
+    status_state_into "$uuid" state colour
     procs=''
     while IFS=$'\t' read -r pid name mem; do
       [[ -n $pid ]] || continue
@@ -471,7 +489,7 @@ status_json() {
       procs+="${procs:+,}{\"pid\":$pid,\"name\":\"$name_esc\",\"job\":\"$job_esc\",\"cmdline\":$cmd,\"user\":$user,\"job_pid\":$STATUS_JOB_PID,\"visible\":$(status_json_bool "$STATUS_JOB_VISIBLE"),\"used_memory_mib\":${mem:-null},\"leak_root_pid\":${root:-null},\"leak\":$leak}"
     done <<<"${SMI_PROCS[$uuid]}"
     gg_json_escape_into "${SMI_NAME[$uuid]:-}" name_esc
-    gpus+="${gpus:+,}{\"index\":${SMI_INDEX[$uuid]},\"uuid\":\"$uuid\",\"vendor\":\"${SMI_VENDOR[$uuid]:-nvidia}\",\"name\":\"$name_esc\",\"utilization\":${SMI_UTIL[$uuid]:-null},\"memory_used_mib\":${SMI_MEM_USED[$uuid]:-null},\"memory_total_mib\":${SMI_MEM_TOTAL[$uuid]:-null},\"power_w\":${SMI_POWER[$uuid]:-null},\"idle_cycles\":${IDLE_CYCLES[$uuid]:-0},\"idle_limit\":$IDLE_T_MAX,\"stuck_cycles\":${IDLE_SPIN[$uuid]:-0},\"stuck_limit\":$IDLE_T_SPIN,\"idle_firing\":$(status_json_bool "${IDLE_FIRING[$uuid]:-0}"),\"recent_utilization\":[$(status_json_numbers "${IDLE_HISTORY[$uuid]:-}")],\"processes\":[$procs]}"
+    gpus+="${gpus:+,}{\"index\":${SMI_INDEX[$uuid]},\"uuid\":\"$uuid\",\"vendor\":\"${SMI_VENDOR[$uuid]:-nvidia}\",\"name\":\"$name_esc\",\"utilization\":${SMI_UTIL[$uuid]:-null},\"memory_used_mib\":${SMI_MEM_USED[$uuid]:-null},\"memory_total_mib\":${SMI_MEM_TOTAL[$uuid]:-null},\"power_w\":${SMI_POWER[$uuid]:-null},\"idle_cycles\":${IDLE_CYCLES[$uuid]:-0},\"idle_limit\":$IDLE_T_MAX,\"stuck_cycles\":${IDLE_SPIN[$uuid]:-0},\"stuck_limit\":$IDLE_T_SPIN,\"idle_firing\":$(status_json_bool "${IDLE_FIRING[$uuid]:-0}"),\"state\":\"$state\",\"recent_utilization\":[$(status_json_numbers "${IDLE_HISTORY[$uuid]:-}")],\"processes\":[$procs]}"
   done
   printf '{"host":"%s","ts":%s,"error":null,"gpus":[%s],"ended_jobs":[%s]}\n' "$host" "$(gg_now)" "$gpus" \
     "$(status_ended_json)"

@@ -8,7 +8,7 @@ import subprocess
 import tempfile
 
 import pytest
-from conftest import ROOT, app, idle_gpu, require, user_environ
+from conftest import ROOT, app, busy_gpu, idle_gpu, require, user_environ
 
 COMMANDS = ["yichuidingyin.sh", "gpu-leak-watch", "lowprio-run", "gpuguard"]
 
@@ -339,3 +339,23 @@ def test_status_table_with_idle_counter_and_sparkline(box):
     assert lines[1].split()[10] == "▄▁▁▁"
     # a PID the double invents is no process here: named by PID, marked
     assert lines[2].split()[:2] == ["pid", "1410"] and "python3 (not visible here)" in lines[2]
+
+
+def test_status_does_not_call_a_gpu_idle_once_its_job_has_freed_it(box):
+    # the alert fired; the job then ended and no watchdog cycle has run since
+    # (the daemon was stopped, or cron's next minute has not come): the
+    # sample shows the GPU free, so status must not send anyone to an idle job
+    box.write_scenario([{"gpus": [idle_gpu(util=0)], "apps": [app(1410)]}] * 3)
+    for t in range(3):
+        box.once(now=t)
+    assert box.run("status", cmd="bin/gpuguard").stdout.splitlines()[1].split()[9] == "IDLE"
+    box.write_scenario([{"gpus": [idle_gpu(util=0, mem=0)], "apps": []}])
+    r = box.run("status", cmd="bin/gpuguard")
+    assert r.returncode == 0, r.stderr
+    line = r.stdout.splitlines()[1].split()
+    assert line[:3] == ["0", "0%", "0/143771"] and line[9] == "freed", r.stdout
+    gpu = json.loads(box.run("status", "--json", cmd="bin/gpuguard").stdout)["gpus"][0]
+    assert gpu["state"] == "freed" and gpu["processes"] == []
+    # and busy again: the open alert is about to resolve, the GPU is busy
+    box.write_scenario([{"gpus": [busy_gpu()], "apps": [app(1410)]}])
+    assert box.run("status", cmd="bin/gpuguard").stdout.splitlines()[1].split()[9] == "busy"
