@@ -362,6 +362,8 @@ status_leak_into() {
 # alert still open on a GPU that this sample shows free, busy or exempt is
 # about to be resolved by the watchdog's next cycle (or the watchdog has
 # stopped): calling it IDLE would send someone to a job that has ended.
+# (status --json sets no colours: they default to none.)
+# shellcheck disable=SC2034 # st_state, st_colour: namerefs, assign the caller's variables
 status_state_into() {
   local st_uuid=$1 st_verdict=''
   local -n st_state=$2 st_colour=$3
@@ -369,7 +371,6 @@ status_state_into() {
   st_state=ok st_colour=${C_GRN:-}
   if ((${IDLE_FIRING[$st_uuid]:-0})); then
     if idle_classify "$st_uuid" st_verdict && [[ $st_verdict != utilization && $st_verdict != spinning ]]; then
-      # shellcheck disable=SC2034 # nameref: assigns the caller's variable
       st_state=${st_verdict/released/freed} st_colour=${C_YEL:-}
       return 0
     fi
