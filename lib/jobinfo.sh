@@ -28,7 +28,10 @@
 JOBINFO_STOP_RE='^(init|systemd|sshd|sshd-session|tmux.*|screen|SCREEN|sudo|su|login|cron|CRON|crond|atd|containerd-shim.*|runc|conmon|docker-init|tini|dumb-init|slurmstepd|supervisord|mosh-server|byobu.*)$'
 JOBINFO_SHELL_RE='^(bash|sh|dash|zsh|fish|ksh|mksh|tcsh|csh)$'
 # Names of options and key=value pairs whose value is a secret.
-JOBINFO_SECRET_NAME='(api[-_.]?key|apikey|access[-_.]?key|secret[-_.]?key|private[-_.]?key|token|secret|password|passwd|passphrase|credentials?|auth)'
+# A name ending in -key, _pass or .pwd (--wandb-key, --db-pass, --key) is
+# taken for a secret too: masking a sort key now and then costs a reader
+# little, a key left in a chat message costs its owner a rotation.
+JOBINFO_SECRET_NAME='(api[-_.]?key|apikey|access[-_.]?key|secret[-_.]?key|private[-_.]?key|token|secret|password|passwd|passphrase|credentials?|auth|[-_.]key|[-_.]pass|[-_.]pwd)'
 # Well-known token shapes (Hugging Face, OpenAI, GitHub, Slack, GitLab, AWS).
 JOBINFO_TOKEN_RE='(hf_|sk-|ghp_|gho_|ghs_|ghu_|github_pat_|xox[abprs]-|glpat-|AKIA)[A-Za-z0-9_-]{12,}'
 # Command lines longer than this are cut in the middle.
@@ -125,7 +128,9 @@ jobinfo_args_into() {
 # Masked: the value after `--api-key`, `--token`, `--password`, `--secret`...
 # (any option whose name ends in one of JOBINFO_SECRET_NAME), `--api-key=X`,
 # `password=X`/`HF_TOKEN=X` anywhere in an argument, the password of
-# `scheme://user:pass@host`, `key`/`sig` query parameters and token shapes.
+# `scheme://user:pass@host`, `key`/`sig` query parameters, the token in a
+# Slack, Feishu or Discord webhook's path, the word after a lone `Bearer`
+# and token shapes.
 jobinfo_mask_args_into() {
   local -n masked_ref=$1
   shift
@@ -139,16 +144,20 @@ jobinfo_mask_args_into() {
   local jm_query_re='[?&](key|sig|sign|signature|code)=[^&;,[:space:]]+'
   local jm_url_re='://[^/@:[:space:]]*:[^/@[:space:]]+@'
   local jm_bearer_re='bearer[[:space:]]+[^[:space:]]+'
+  # webhooks whose secret is a path segment: Slack, Feishu/Lark, Discord
+  local jm_path_re='(hooks\.slack\.com/(services|workflows|triggers)|/open-apis/bot/v2/hook|discord(app)?\.com/api/webhooks)/[^[:space:]?#&]+'
   for jm_arg in "$@"; do
     if ((jm_mask_next)); then
       jm_arg='***'
       jm_mask_next=0
-    elif [[ $jm_arg =~ $jm_flag_re ]]; then
+    elif [[ $jm_arg =~ $jm_flag_re || $jm_arg == bearer ]]; then
+      # (a header split over arguments: -H Authorization: Bearer TOKEN)
       jm_mask_next=1
     elif [[ $jm_arg =~ $jm_flag_eq_re ]]; then
       jm_arg="${BASH_REMATCH[1]}=***"
     else
       jobinfo_mask_matches_into jm_arg "$jm_arg" "$jm_url_re" url
+      jobinfo_mask_matches_into jm_arg "$jm_arg" "$jm_path_re" path
       jobinfo_mask_matches_into jm_arg "$jm_arg" "$jm_pair_re" pair
       jobinfo_mask_matches_into jm_arg "$jm_arg" "$jm_query_re" pair
       jobinfo_mask_matches_into jm_arg "$jm_arg" "$jm_bearer_re" word
@@ -170,7 +179,8 @@ jobinfo_mask_args_into() {
 # left to right, into the variable named $1.
 # Arguments:
 #   $1 output variable, $2 text, $3 regex, $4 how: url (user:***@), pair
-#   (name=***), word (first word ***), token (prefix***)
+#   (name=***), path (the webhook's folder/***), word (first word ***),
+#   token (prefix***)
 jobinfo_mask_matches_into() {
   local -n mm_ref=$1
   local jx_rest=$2 jx_re=$3 jx_how=$4 jx_out='' jx_match jx_repl
@@ -182,6 +192,7 @@ jobinfo_mask_matches_into() {
         jx_repl="://${jx_repl%%:*}:***@"
         ;;
       pair) jx_repl="${jx_match%%=*}=***" ;;
+      path) jx_repl="${BASH_REMATCH[1]}/***" ;;
       word) jx_repl="${jx_match%%[[:space:]]*} ***" ;;
       token) jx_repl="${BASH_REMATCH[1]}***" ;;
     esac

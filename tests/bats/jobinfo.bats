@@ -30,6 +30,17 @@ mask() {
   assert_output "hf_*** sk-*** 'Authorization: Bearer ***' --lr 3e-4"
 }
 
+@test "keys and passes by any name, webhook paths and a split Bearer header are masked" {
+  run -0 mask python3 train.py --wandb-key K1 --db-pass K2 --key K3 --db_pwd=K4 data.api_key=K5 \
+    https://hooks.slack.com/services/T0/B0/K6 "https://open.feishu.cn/open-apis/bot/v2/hook/K7?x=1" \
+    https://discord.com/api/webhooks/1/K8 -H Authorization: Bearer K9
+  refute_output --regexp 'K[0-9]'
+  assert_output "python3 train.py --wandb-key *** --db-pass *** --key *** --db_pwd=*** data.api_key=*** https://hooks.slack.com/services/*** https://open.feishu.cn/open-apis/bot/v2/hook/***?x=1 https://discord.com/api/webhooks/*** -H Authorization: Bearer ***"
+  # names that only contain the words stay
+  run -0 mask train.py --key_column text --monkey 3 --bypass 1 --passes 2 --tokenizer_path /t
+  assert_output "train.py --key_column text --monkey 3 --bypass 1 --passes 2 --tokenizer_path /t"
+}
+
 @test "ordinary arguments are kept; long command lines are cut in the middle" {
   run -0 mask torchrun --nproc_per_node 8 train.py --tokenizer_path /m/tok --output_dir "/data/run 1"
   assert_output "torchrun --nproc_per_node 8 train.py --tokenizer_path /m/tok --output_dir '/data/run 1'"
