@@ -49,6 +49,7 @@ MESSAGES = {
     "job_cwd": "cwd: {cwd}",
     "job_rank": "rank {rank}",
     "job_host": "host {host}",
+    "job_other": "Also held by: {details}",
     "procs": "Processes: {procs}",
     "procs_hidden": "(process list not visible: container?)",
     "more": "... and {n} more",

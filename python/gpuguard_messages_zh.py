@@ -42,6 +42,7 @@ MESSAGES = {
     "job_cwd": "目录：{cwd}",
     "job_rank": "rank {rank}",
     "job_host": "主机 {host}",
+    "job_other": "同时占用：{details}",
     "procs": "进程：{procs}",
     "procs_hidden": "（进程列表不可见：容器？）",
     "more": "……另有 {n} 个",

@@ -157,6 +157,31 @@ def _jobs_of(event):
     return [x for x in j if isinstance(x, dict)] if isinstance(j, list) else []
 
 
+def _main_job(event):
+    """The job an event names (its "job": the one holding the most memory
+    when several share the GPU), else the first of its jobs; None when none."""
+    j = event.get("job")
+    if isinstance(j, dict):
+        return j
+    jobs = _jobs_of(event)
+    return jobs[0] if jobs else None
+
+
+def _other_jobs(events):
+    """The jobs of a group's GPUs besides the ones its events name, each once."""
+    mains = [_main_job(e) for e in events]
+    out = []
+    for e in events:
+        for j in _jobs_of(e):
+            if j in mains or j in out:
+                continue
+            if _as_int(j.get("pid")) is not None and any(_as_int(m.get("pid")) == _as_int(j.get("pid"))
+                                                         for m in mains + out if m):
+                continue
+            out.append(j)
+    return out
+
+
 def _procs_of(event):
     p = event.get("processes")
     return [x for x in p if isinstance(x, dict)] if isinstance(p, list) else []
@@ -173,9 +198,8 @@ def _job_key(event):
     """What "the same job" means when grouping GPUs into one digest line:
     the Slurm job, else the container, else user + command + folder (the
     ranks of one torchrun), else the process names."""
-    jobs = _jobs_of(event)
-    if jobs:
-        j = jobs[0]
+    j = _main_job(event)
+    if j:
         for key in ("slurm_job", "container"):
             if j.get(key):
                 return (key, str(j[key]))
@@ -190,24 +214,32 @@ def _job_key(event):
 
 
 def _job_label(events, lang, env):
-    """A short name for the job holding a group's GPUs."""
-    jobs = [j for e in events for j in _jobs_of(e)]
-    if jobs:
-        j = jobs[0]
-        if j.get("slurm_job"):
-            return _msg(lang, "job_slurm", id=_defuse(j["slurm_job"]))
-        if j.get("container"):
-            return _msg(lang, "job_container", id=_defuse(j["container"]))
-        if j.get("cmdline"):
-            return _msg(lang, "job_cmd", cmd=_mask_cmdline(j["cmdline"], env, 60))
-        if j.get("pid") is not None:
-            return _msg(lang, "job_pid", pid=_defuse(j["pid"]))
+    """A short name for the job holding a group's GPUs: the one its events
+    name, not whichever of several sharing a GPU was listed first."""
+    main = next((j for j in (_main_job(e) for e in events) if j), None)
+    label = _one_job_label(main, lang, env) if main else None
+    if label:
+        return label
     procs = [p for e in events for p in _procs_of(e)]
     if procs:
         names = sorted({_defuse(_proc_name(p))[:48] for p in procs})
         pids = _ranges([p.get("pid") for p in procs])
         return "{} ({})".format(", ".join(names[:3]), _msg(lang, "job_pids", pids=pids))
     return _msg(lang, "job_unknown")
+
+
+def _one_job_label(j, lang, env):
+    """A short name for one job object (Slurm job, container, command or
+    PID); None when it carries none of them."""
+    if j.get("slurm_job"):
+        return _msg(lang, "job_slurm", id=_defuse(j["slurm_job"]))
+    if j.get("container"):
+        return _msg(lang, "job_container", id=_defuse(j["container"]))
+    if j.get("cmdline"):
+        return _msg(lang, "job_cmd", cmd=_mask_cmdline(j["cmdline"], env, 60))
+    if j.get("pid") is not None:
+        return _msg(lang, "job_pid", pid=_defuse(j["pid"]))
+    return None
 
 
 def _when(ts):
@@ -217,23 +249,29 @@ def _when(ts):
         return None
 
 
+def _job_pids(j):
+    """The PIDs of one job object: its GPU processes ("pids") and its top process."""
+    pids = [p for p in j.get("pids") if _as_int(p) is not None] if isinstance(j.get("pids"), list) else []
+    if _as_int(j.get("pid")) is not None:
+        pids.append(j.get("pid"))
+    return pids
+
+
 def _job_lines(events, lang, env):
-    """Who and what: user, PIDs, start and elapsed, command, folder."""
+    """Who and what: user, PIDs, start and elapsed, command, folder of the
+    job the group's events name; then a line for each other job on its GPUs."""
     jobs = [j for e in events for j in _jobs_of(e)]
+    named = [j for j in (_main_job(e) for e in events) if j]
     procs = [p for e in events for p in _procs_of(e)]
-    first = jobs[0] if jobs else {}
+    first = named[0] if named else {}
     parts = []
-    users = sorted({str(j["user"]) for j in jobs if j.get("user")})
+    users = sorted({str(j["user"]) for j in named if j.get("user")})
     if users:
         parts.append(_msg(lang, "job_user", user=_defuse(", ".join(users))))
-    pids = []
-    for j in jobs:
-        pids += [p for p in (j.get("pids") or []) if _as_int(p) is not None] if isinstance(j.get("pids"), list) else []
-        if _as_int(j.get("pid")) is not None:
-            pids.append(j.get("pid"))
+    pids = [p for j in named for p in _job_pids(j)]
     if pids:
         parts.append(_msg(lang, "job_pids", pids=_ranges(pids)))
-    ranks = sorted({_as_int(j.get("rank")) for j in jobs if _as_int(j.get("rank")) is not None})
+    ranks = sorted({_as_int(j.get("rank")) for j in named if _as_int(j.get("rank")) is not None})
     if ranks:
         parts.append(_msg(lang, "job_rank", rank=_ranges(ranks)))
     start = _when(first.get("start_ts")) if first.get("start_ts") is not None else None
@@ -249,6 +287,10 @@ def _job_lines(events, lang, env):
         more.append(_msg(lang, "job_cwd", cwd=_defuse(_mask_cmdline(first["cwd"], env, 100))))
     if more:
         lines.append(" · ".join(more))
+    others = _other_jobs(events)
+    lines += [_other_job_line(j, lang, env) for j in others[:5]]
+    if len(others) > 5:
+        lines.append(_msg(lang, "more", n=len(others) - 5))
     # the processes nvidia-smi listed, with name and memory, unless a job
     # read from /proc names what runs (a job with only a PID, "visible":
     # false in a container or after the process went, tells less than them)
@@ -259,6 +301,25 @@ def _job_lines(events, lang, env):
             items.append(_msg(lang, "more", n=len(procs) - 10))
         lines.append(_msg(lang, "procs", procs=", ".join(items)))
     return lines
+
+
+def _other_job_line(j, lang, env):
+    """One line for a job sharing the GPU with the named one: its Slurm job
+    or container, user, PIDs, memory and whole command, so two jobs started
+    from the same folder by the same interpreter can still be told apart."""
+    parts = []
+    for key, msg in (("slurm_job", "job_slurm"), ("container", "job_container")):
+        if j.get(key):
+            parts.append(_msg(lang, msg, id=_defuse(j[key])))
+    if j.get("user"):
+        parts.append(_msg(lang, "job_user", user=_defuse(j["user"])))
+    if _job_pids(j):
+        parts.append(_msg(lang, "job_pids", pids=_ranges(_job_pids(j))))
+    if _number(j.get("used_memory_mib")) is not None:
+        parts.append(_gib(j["used_memory_mib"], lang))
+    if j.get("cmdline"):
+        parts.append(_msg(lang, "job_cmdline", cmd=_mask_cmdline(j["cmdline"], env)))
+    return _msg(lang, "job_other", details=" · ".join(parts) or _msg(lang, "unknown"))
 
 
 def _parse_price(value):
@@ -321,9 +382,11 @@ def _cost_lines(events, lang, env):
 
 
 def _first_pid(events):
-    """A PID of the group's job for the hints ("PID" when none is known)."""
-    pids = [p.get("pid") for e in events for p in _procs_of(e)] + \
-        [j.get("pid") for e in events for j in _jobs_of(e)]
+    """A PID of the job the group's events name, for the hints: one of its
+    GPU processes, else its top process, else a listed GPU process ("PID"
+    when none is known)."""
+    named = [j for j in (_main_job(e) for e in events) if j]
+    pids = [p for j in named for p in _job_pids(j)] + [p.get("pid") for e in events for p in _procs_of(e)]
     return next((p for p in pids if _as_int(p) is not None), "PID")
 
 

@@ -5,10 +5,12 @@ lists their PIDs, and the watchdog's events name the job."""
 import getpass
 import json
 import os
+import re
 import subprocess
 import sys
 import time
 
+import gpuguard_render as render
 import pytest
 from conftest import app, busy_gpu, idle_gpu, wait_for
 
@@ -122,6 +124,27 @@ def test_two_jobs_on_one_gpu_main_job_holds_most_memory(gbox, jobs):
     (event,) = gbox.events()
     assert event["job"]["pid"] == big.pid
     assert [j["pid"] for j in event["jobs"]] == [small.pid, big.pid]
+
+
+def test_two_jobs_on_one_gpu_the_message_names_the_one_holding_most_memory(gbox, jobs):
+    """The alert a team reads names the job the event names (eval.py, most
+    memory), not whichever was listed first; the other job gets a line of
+    its own, and the py-spy hint points at the named job."""
+    train, evaluate = jobs(1, ["train.py"], cwd="a"), jobs(1, ["eval.py"], cwd="b")
+    step = {"gpus": [idle_gpu(mem=20000)],
+            "apps": [app(train.pids[0], mem=2556), app(evaluate.pids[0], mem=17000)]}
+    run_cycles(gbox, [step] * 3, 3)
+    (event,) = gbox.events()
+    for lang, also in (("en", "Also held by: "), ("zh", "同时占用：")):
+        _title, lines = render._render(event, lang, {})
+        who, where = lines[1], lines[2]
+        assert str(evaluate.pids[0]) in who and str(evaluate.pid) in who
+        assert str(train.pid) not in who and str(train.pids[0]) not in who
+        assert where.endswith(os.sep + "b") and str(train.pid) not in where
+        (other,) = [line for line in lines if line.startswith(also)]
+        assert str(train.pids[0]) in other and str(train.pid) in other and "2.5 GiB" in other
+        assert str(evaluate.pids[0]) not in other
+        assert re.search(r"py-spy dump --pid %d\b" % evaluate.pids[0], lines[-1])
 
 
 def test_pid_this_namespace_cannot_vouch_for_is_named_and_nothing_more(gbox):
