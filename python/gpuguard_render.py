@@ -197,12 +197,18 @@ _RANK_ARG = re.compile(r"\s--local[-_]rank[= ]\d+")
 def _job_key(event):
     """What "the same job" means when grouping GPUs into one digest line:
     the Slurm job, else the container, else user + command + folder (the
-    ranks of one torchrun), else the process names."""
+    ranks of one torchrun), else the PID of a job known by nothing more,
+    else the process names."""
     j = _main_job(event)
     if j:
         for key in ("slurm_job", "container"):
             if j.get(key):
                 return (key, str(j[key]))
+        # a job this namespace cannot see (a container's host PID) has no
+        # user, command or folder to tell it from another: its PID is all
+        # that says which job it is, so two of them stay two groups
+        if not j.get("cmdline"):
+            return ("pid", str(j.get("pid")))
         # ranks launched by the older torch.distributed.launch differ only
         # in --local_rank=N: still one job
         cmd = _RANK_ARG.sub("", str(j.get("cmdline")))

@@ -147,6 +147,20 @@ def test_two_jobs_on_one_gpu_the_message_names_the_one_holding_most_memory(gbox,
         assert re.search(r"py-spy dump --pid %d\b" % evaluate.pids[0], lines[-1])
 
 
+def test_unseen_processes_on_two_gpus_are_two_jobs_each_on_its_gpu(gbox):
+    """In a container the driver's PIDs name no process here: two of them
+    on two GPUs are two holders, each reported on its own GPU."""
+    free = [pid for pid in range(4194000, 4190000, -1) if not os.path.exists("/proc/%d" % pid)][:2]
+    step = {"gpus": [idle_gpu(), idle_gpu(mem=40000)],
+            "apps": [app(free[0], gpu=0), app(free[1], gpu=1, mem=39000, name="vllm")]}
+    run_cycles(gbox, [step] * 3, 3, gpus=2)
+    title, sections = render.render_digest(gbox.events(), "en", {})
+    assert "GPU 0-1" not in title + json.dumps(sections)
+    heads = sorted(head for head, _lines in sections)
+    assert heads == ["GPU 0 (NVIDIA H200) idle 2 min, held by PID %d" % free[0],
+                     "GPU 1 (NVIDIA H200) idle 2 min, held by PID %d" % free[1]]
+
+
 def test_pid_this_namespace_cannot_vouch_for_is_named_and_nothing_more(gbox):
     """The driver lists host PIDs: inside a container the same number is
     another process, or none. Say the PID, nothing false."""
