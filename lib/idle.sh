@@ -59,7 +59,7 @@ IDLE_FORGET_AFTER=60
 idle_init() {
   declare -gA IDLE_CYCLES=() IDLE_SPIN=() IDLE_SINCE=() IDLE_FIRING=() IDLE_KIND=() \
   IDLE_LAST_ALERT=() IDLE_ABSENT=() IDLE_NA_LOGGED=() IDLE_HISTORY=() IDLE_JOB_PID=() \
-  IDLE_FAULT=() IDLE_FAULT_FIRING=()
+  IDLE_JOB_JSON=() IDLE_FAULT=() IDLE_FAULT_FIRING=()
   declare -ga IDLE_PENDING=() IDLE_PENDING_IDS=()
   declare -gA IDLE_RULE_TEXT=()
   declare -g IDLE_PENDING_RECOVERED=0
@@ -116,6 +116,15 @@ idle_state_load() {
           continue
         fi
         ;;
+      job)
+        # job UUID JOB-JSON: the job the incident's alerts named, for its
+        # resolved event once the job is gone
+        read -r kind uuid f <<<"$line"
+        if [[ $uuid =~ ^(GPU|MIG|NPU)- && ${line#job "$uuid" } == '{'*'}' ]]; then
+          IDLE_JOB_JSON[$uuid]=${line#job "$uuid" }
+          continue
+        fi
+        ;;
       pending)
         # pending ID EVENT-JSON: saved, maybe not enqueued (killed between)
         read -r kind uuid f <<<"$line"
@@ -156,6 +165,9 @@ idle_state_save() {
   done
   for uuid in "${!IDLE_HISTORY[@]}"; do
     [[ -n ${IDLE_CYCLES[$uuid]+set} ]] && state+="history $uuid ${IDLE_HISTORY[$uuid]}"$'\n'
+  done
+  for uuid in "${!IDLE_JOB_JSON[@]}"; do
+    [[ -n ${IDLE_CYCLES[$uuid]+set} ]] && state+="job $uuid ${IDLE_JOB_JSON[$uuid]}"$'\n'
   done
   for i in "${!IDLE_PENDING[@]}"; do
     state+="pending ${IDLE_PENDING_IDS[i]} ${IDLE_PENDING[i]}"$'\n'
@@ -252,7 +264,8 @@ idle_judge_all() {
       ((${IDLE_FAULT_FIRING[$uuid]:-0})) && idle_emit_fault "$now" "$uuid" resolved gone
       unset "IDLE_CYCLES[$uuid]" "IDLE_SPIN[$uuid]" "IDLE_SINCE[$uuid]" "IDLE_FIRING[$uuid]" \
         "IDLE_KIND[$uuid]" "IDLE_LAST_ALERT[$uuid]" "IDLE_ABSENT[$uuid]" "IDLE_NA_LOGGED[$uuid]" \
-        "IDLE_HISTORY[$uuid]" "IDLE_JOB_PID[$uuid]" "IDLE_FAULT[$uuid]" "IDLE_FAULT_FIRING[$uuid]"
+        "IDLE_HISTORY[$uuid]" "IDLE_JOB_PID[$uuid]" "IDLE_JOB_JSON[$uuid]" "IDLE_FAULT[$uuid]" \
+        "IDLE_FAULT_FIRING[$uuid]"
     fi
   done
 }
@@ -500,6 +513,7 @@ idle_judge_gpu() {
       fi
       IDLE_CYCLES[$uuid]=0 IDLE_SPIN[$uuid]=0 IDLE_SINCE[$uuid]=0 IDLE_FIRING[$uuid]=0
       IDLE_LAST_ALERT[$uuid]=0 IDLE_KIND[$uuid]=- IDLE_JOB_PID[$uuid]=0
+      unset "IDLE_JOB_JSON[$uuid]"
       return 0
       ;;
   esac
@@ -534,8 +548,7 @@ idle_history_add() {
 
 # Puts the JSON of the jobs holding a GPU into the variables named $2 (the
 # job holding the most memory, or null) and $3 (all of them, a JSON list);
-# each job object gets "used_memory_mib" (its memory on this GPU). Records
-# the main job's top PID in IDLE_JOB_PID.
+# each job object gets "used_memory_mib" (its memory on this GPU).
 idle_jobs_json_into() {
   local ij_uuid=$1
   local -n main_ref=$2 all_ref=$3
@@ -555,22 +568,19 @@ idle_jobs_json_into() {
     fi
     ij_group_mem[$ij_key]=$((${ij_group_mem[$ij_key]:-0} + ${ij_mem:-0}))
   done <<<"${SMI_PROCS[$ij_uuid]:-}"
-  local ij_job ij_best='' ij_best_mem=-1 ij_all=''
+  local ij_job ij_best_mem=-1 ij_all=''
   main_ref=null
   for ij_key in "${ij_order[@]}"; do
     jobinfo_json_into "${ij_group_pid[$ij_key]}" ij_job
     ij_job="${ij_job%\}},\"used_memory_mib\":${ij_group_mem[$ij_key]}}"
     ij_all+="${ij_all:+,}$ij_job"
     if ((${ij_group_mem[$ij_key]} > ij_best_mem)); then
-      ij_best_mem=${ij_group_mem[$ij_key]} main_ref=$ij_job ij_best=$ij_key
+      # shellcheck disable=SC2034 # nameref: assigns the caller's variable
+      ij_best_mem=${ij_group_mem[$ij_key]} main_ref=$ij_job
     fi
   done
   # shellcheck disable=SC2034 # nameref: assigns the caller's variable
   all_ref="[$ij_all]"
-  if [[ -n $ij_best ]]; then
-    local ij_top=${main_ref#*\"pid\":}
-    IDLE_JOB_PID[$ij_uuid]=${ij_top%%,*}
-  fi
 }
 
 # Puts the cost of SECONDS of one GPU at GPU_HOUR_PRICE a hour, with two
@@ -607,8 +617,18 @@ idle_emit() {
     gg_json_escape_into "$name" esc
     procs+="${procs:+,}{\"pid\":$pid,\"name\":\"$esc\",\"used_memory_mib\":${mem:-null}}"
   done <<<"${SMI_PROCS[$uuid]:-}"
-  local job=null jobs='[]'
+  local job=null jobs='[]' incident='' top
   [[ -n ${SMI_PROCS[$uuid]:-} ]] && idle_jobs_json_into "$uuid" job jobs
+  if [[ $state == resolved ]]; then
+    # The job the incident's alerts named: once it has ended and freed the
+    # GPU the event lists no job, and only this says whose GPU was released.
+    incident=",\"incident_job\":${IDLE_JOB_JSON[$uuid]:-null}"
+  elif [[ $job != null ]]; then
+    # kept for the resolved event (also across runs, in idle.state)
+    IDLE_JOB_JSON[$uuid]=$job
+    top=${job#*\"pid\":}
+    IDLE_JOB_PID[$uuid]=${top%%,*}
+  fi
   local host_esc gpu_name=null cost='' cost_json=''
   gg_json_escape_into "$GPUGUARD_HOST" host_esc
   jobinfo_json_str_into "${SMI_NAME[$uuid]:-}" gpu_name
@@ -628,7 +648,7 @@ idle_emit() {
     "${SMI_MEM_TOTAL[$uuid]:-null}" "${SMI_POWER[$uuid]:-null}" "${SMI_POWER_LIMIT[$uuid]:-null}" \
     "${IDLE_T_PCT:-$IDLE_POWER_PCT}" "$((${IDLE_CYCLES[$uuid]:-0} + ${IDLE_SPIN[$uuid]:-0}))" \
     "${IDLE_SPIN[$uuid]:-0}" "$idle_seconds" "$since" "$rule" "$procs" "$job" "$jobs" "$job_pid" \
-    "$cost_json,\"vendor\":\"${SMI_VENDOR[$uuid]:-nvidia}\""
+    "$cost_json$incident,\"vendor\":\"${SMI_VENDOR[$uuid]:-nvidia}\""
   gg_log warn "$kind $state: GPU ${SMI_INDEX[$uuid]:-?} util ${SMI_UTIL[$uuid]:-?}% for $((${IDLE_CYCLES[$uuid]:-0} + ${IDLE_SPIN[$uuid]:-0})) cycles, ${SMI_NPROCS[$uuid]:-0} processes ($reason), power ${SMI_POWER[$uuid]:-?} W"
   idle_queue_event "$id" "$event"
 }

@@ -182,6 +182,18 @@ def _other_jobs(events):
     return out
 
 
+def _with_incident_job(event):
+    """A resolved event whose GPU holds no job now, seen with the job its
+    incident's alerts named ("incident_job", else "incident_job_pid"): a job
+    that ended and freed the GPU is named, not taken for a hidden one."""
+    if _state_class(event) != "resolved" or _jobs_of(event) or _procs_of(event):
+        return event
+    job = event.get("incident_job")
+    if not isinstance(job, dict) and _as_int(event.get("incident_job_pid")) is not None:
+        job = {"pid": event["incident_job_pid"]}
+    return dict(event, job=job, jobs=None) if isinstance(job, dict) else event
+
+
 def _procs_of(event):
     p = event.get("processes")
     return [x for x in p if isinstance(x, dict)] if isinstance(p, list) else []
@@ -457,7 +469,7 @@ def _stuck_resolved_lines(events, lang, env):
     key = {"busy": "stuck_busy", "released": "stuck_released"}.get(reason, "stuck_resolved_other")
     return [_msg(lang, key, gpus=_ranges([e.get("gpu") for e in events]),
                 idle=_duration(max((_as_int(e.get("idle_seconds")) or 0) for e in events), lang),
-                job=_job_label(events, lang, env), reason=_defuse(reason),
+                job=_job_label([_with_incident_job(e) for e in events], lang, env), reason=_defuse(reason),
                 power=_span([e.get("power_draw_w") for e in events], " W") or _msg(lang, "unknown"))]
 
 
@@ -485,7 +497,7 @@ def _fault_text(events, lang):
 def _idle_resolved_lines(events, lang, env):
     gpus = _ranges([e.get("gpu") for e in events])
     idle = _duration(max((_as_int(e.get("idle_seconds")) or 0) for e in events), lang)
-    job = _job_label(events, lang, env)
+    job = _job_label([_with_incident_job(e) for e in events], lang, env)
     reason = str(events[0].get("reason") or "")
     util = _span([e.get("utilization") for e in events], "%") or _msg(lang, "unknown")
     key = {"busy": "idle_busy", "released": "idle_released", "gone": "idle_gone"}.get(reason, "idle_resolved_other")
@@ -504,7 +516,7 @@ def _group_events(events):
     for e in events:
         kind = e.get("event")
         if kind in ("gpu_idle", "gpu_stuck"):
-            extra = _job_key(e) + ((str(e.get("reason")),) if _state_class(e) == "resolved" else ())
+            extra = _job_key(_with_incident_job(e)) + ((str(e.get("reason")),) if _state_class(e) == "resolved" else ())
         elif kind == "gpu_degraded":
             # faulted GPUs together, per fault (one line: "GPU 2,5: GPU requires reset")
             extra = (str(e.get("fault")) if _state_class(e) == "firing" else str(e.get("reason")),)

@@ -2,6 +2,7 @@
 rules (IDLE_RULES), as a user meets them: real processes stand in for the
 training job (they hold a stand-in GPU device file), the nvidia-smi double
 lists their PIDs, and the watchdog's events name the job."""
+import contextlib
 import getpass
 import json
 import os
@@ -49,7 +50,9 @@ class Job:
         self.pid = self.proc.pid
 
     def stop(self):
-        os.killpg(self.pid, 9)
+        # a test may have ended the job already (it ended on its own)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pid, 9)
         self.proc.wait()
 
 
@@ -204,6 +207,27 @@ def test_resolved_after_the_job_left_keeps_the_incident_job_pid(gbox, jobs):
     firing, resolved = gbox.events()
     assert resolved["state"] == "resolved" and resolved["reason"] == "released"
     assert resolved["incident_job_pid"] == firing["job"]["pid"] == job.pid
+
+
+def test_resolved_after_the_job_ended_names_the_job_not_a_container(gbox, jobs):
+    """The job is killed and frees the GPU: the resolved message names the
+    job the alert named (it was visible all along), not "container?"."""
+    job = jobs(1, ["train.py"])
+    held = {"gpus": [idle_gpu()], "apps": [app(job.pids[0])]}
+    gone = {"gpus": [idle_gpu(mem=0)], "apps": []}
+    gbox.write_scenario([held] * 3 + [gone])
+    for t in range(3):
+        gbox.once(now=1000 + 60 * t)
+    job.stop()
+    gbox.once(now=1180)
+    firing, resolved = gbox.events()
+    for lang, said, hidden in (("en", "; job Slurm job 4242", "container?"), ("zh", "；任务 Slurm 作业 4242", "容器？")):
+        (line,) = render._render(resolved, lang, {})[1]
+        assert line.endswith(said) and hidden not in line
+        # with no process list ever seen there is no job to name
+        (line,) = render._render(dict(resolved, incident_job=None, incident_job_pid=None), lang, {})[1]
+        assert hidden in line
+    assert resolved["job"] is None and resolved["incident_job"] == firing["job"]
 
 
 # ----------------------------------------------------------- idle rules --
