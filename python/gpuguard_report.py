@@ -38,7 +38,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpuguard_ledger
-from gpuguard_files import write_atomic
+from gpuguard_files import Refused, descriptor_of, write_named
 from gpuguard_history import identity_read, read_history
 from gpuguard_leakstat import median, params_from, theil_sen
 
@@ -50,6 +50,11 @@ _PALETTE = ("#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#17becf", "#7f7f7f", "#
 
 class _UsageError(Exception):
     pass
+
+
+class _WriteError(Exception):
+    """The report could not be written (disk full, /dev/full, a FIFO's reader
+    gone): one line naming --out, exit 1."""
 
 
 # ------------------------------------------------------------------ input --
@@ -1214,9 +1219,17 @@ def report(state_dir, args, env, now=None, today_text=""):
     host = env.get("GPUGUARD_HOST") or os.uname().nodename
     text = _render(gpus, procs, events, host, now, opts, _ledger_section(env, opts, now, today_text))
     out = opts["out"]
-    if os.path.isdir(out):
+    if os.path.isdir(out) and descriptor_of(out) is None:
         raise _UsageError("--out %s is a folder; give a file name" % out)
-    write_atomic(out, text, mode=0o644)
+    try:
+        # never replaces what is not a regular file: a device, a FIFO or a
+        # link at --out is written through or refused (gpuguard_files)
+        write_named(out, text, mode=0o644)
+    except Refused as e:
+        raise _UsageError("--out %s" % e) from None
+    except OSError as e:
+        # the user's name, not the temporary file's
+        raise _WriteError("cannot write %s: %s" % (out, e.strerror or e)) from None
     report.unmatched = _unmatched(opts, gpus, procs, events)
     return out, len(gpus), len(procs), len(text.encode("utf-8"))
 
@@ -1246,7 +1259,10 @@ def main(argv):
             now = float(env["GPUGUARD_NOW"]) if env.get("GPUGUARD_NOW") else None
             today = "" if sys.stdin is None or sys.stdin.isatty() else sys.stdin.read(1 << 20)
             out, ng, npr, size = report(state_dir, argv[2:], env, now, today)
-            print("wrote %s (%d GPUs, %d processes, %d KiB)" % (out, ng, npr, (size + 1023) // 1024))
+            # the HTML went to stdout ("-", /dev/stdout): the line goes beside it
+            print("wrote %s (%d GPUs, %d processes, %d KiB)" % ("stdout" if out == "-" else out, ng, npr,
+                                                               (size + 1023) // 1024),
+                  file=sys.stderr if descriptor_of(out) == 1 else sys.stdout)
             if report.unmatched:
                 print("gpuguard: %s" % report.unmatched, file=sys.stderr)
             return 0
@@ -1258,7 +1274,7 @@ def main(argv):
     except _UsageError as e:
         print("gpuguard: %s" % e, file=sys.stderr)
         return 2
-    except OSError as e:
+    except (OSError, _WriteError) as e:
         print("gpuguard report: %s" % e, file=sys.stderr)
         return 1
     print("usage: gpuguard_report.py report [--out FILE] [--since WHEN] [--pid PID] [--gpu N] | leaks", file=sys.stderr)

@@ -6,7 +6,9 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
+import threading
 
 import cdp
 import pytest
@@ -144,6 +146,97 @@ def test_empty_state_folder_says_what_to_run(tmp_path):
     assert r.returncode == 0, r.stderr
     text = out.read_text()
     assert "run <code>gpu-leak-watch</code>" in text and "yichuidingyin.sh" in text
+
+
+# ------------------------------------------------------ where --out points --
+# --out names where the HTML goes, as a shell's > does, but what is there is
+# never replaced: the rename of an atomic write had turned /dev/full (as
+# root), a FIFO and a link to /proc/self/fd/1 into regular files, exit 0.
+
+BOTH = ["bin/gpuguard", "bin/gpu-leak-watch"]
+
+
+def _read_fifo_in_background(fifo):
+    got = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    return reader, got
+
+
+@pytest.mark.parametrize("cmd", BOTH)
+def test_out_writes_through_a_fifo_and_leaves_it_a_fifo(tmp_path, cmd):
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    reader, got = _read_fifo_in_background(fifo)
+    r = gg_report(tmp_path / "nothing", "--out", str(fifo), cmd=cmd)
+    reader.join(30)
+    assert r.returncode == 0, r.stderr
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    assert got and got[0].startswith(b"<!doctype html>") and got[0].rstrip().endswith(b"</html>")
+
+
+@pytest.mark.parametrize("cmd", BOTH)
+@pytest.mark.parametrize("target", ["mine.html", "/proc/self/fd/1"])
+def test_out_naming_a_symlink_is_refused_and_the_link_kept(tmp_path, cmd, target):
+    folder = tmp_path / "out"
+    folder.mkdir()
+    mine = folder / "mine.html"
+    mine.write_text("my own notes\n")
+    link = folder / "link.html"
+    link.symlink_to(target)
+    r = gg_report(tmp_path / "nothing", "--out", str(link), cmd=cmd)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr == "gpuguard: --out %s is a symbolic link (to %s), neither followed nor replaced: " \
+        "name the file itself\n" % (link, target)
+    assert os.readlink(link) == target and mine.read_text() == "my own notes\n"
+    assert r.stdout == ""                  # not followed into stdout either
+    assert sorted(os.listdir(folder)) == ["link.html", "mine.html"]     # no temporary file left
+
+
+@pytest.mark.parametrize("cmd", BOTH)
+def test_out_to_character_devices_writes_through_them(tmp_path, cmd):
+    # /dev/null and /dev/full made in tmp_path: the real /dev is never touched
+    require(os.geteuid() == 0, "mknod of a character device needs root")
+    require(not os.statvfs(tmp_path).f_flag & os.ST_NODEV, "tmp_path is on a nodev mount: its devices cannot be opened")
+    folder = tmp_path / "out"
+    folder.mkdir()
+    null, full = folder / "null", folder / "full"
+    os.mknod(null, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    os.mknod(full, 0o666 | stat.S_IFCHR, os.makedev(1, 7))
+    r = gg_report(tmp_path / "nothing", "--out", str(null), cmd=cmd)
+    assert r.returncode == 0 and r.stdout.startswith("wrote %s (" % null), r.stderr
+    r = gg_report(tmp_path / "nothing", "--out", str(full), cmd=cmd)
+    assert (r.returncode, r.stderr) == (1, "gpuguard report: cannot write %s: No space left on device\n" % full)
+    for dev, minor in ((null, 3), (full, 7)):
+        st = os.lstat(dev)
+        assert stat.S_ISCHR(st.st_mode) and os.major(st.st_rdev) == 1 and os.minor(st.st_rdev) == minor
+    assert sorted(os.listdir(folder)) == ["full", "null"]
+
+
+@pytest.mark.parametrize("cmd", BOTH)
+@pytest.mark.parametrize("out", ["-", "/dev/stdout"])
+def test_out_dash_or_dev_stdout_writes_the_html_to_stdout(tmp_path, cmd, out):
+    r = gg_report(tmp_path / "nothing", "--out", out, cmd=cmd, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("<!doctype html>") and r.stdout.rstrip().endswith("</html>")
+    # the summary line beside the HTML, not in it
+    assert r.stderr.startswith("wrote %s (0 GPUs, 0 processes, " % ("stdout" if out == "-" else out))
+    assert not [n for n in os.listdir(tmp_path) if n != "nothing"]
+
+
+def test_out_to_a_process_substitution(tmp_path):
+    got = tmp_path / "got.html"
+    env = user_environ(GPUGUARD_CONFIG="/dev/null", GPUGUARD_STATE_DIR=str(tmp_path / "nothing"))
+    r = subprocess.run(["bash", "-c", 'gpuguard report --out >(cat > "$1"); wait', "-", str(got)],
+                       env=dict(env, PATH="%s:%s" % (ROOT / "bin", env["PATH"])), capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert wait_for(lambda: got.exists() and got.read_text().rstrip().endswith("</html>"), timeout=10)
+
+
+def test_out_naming_a_descriptor_that_is_not_open_is_refused(tmp_path):
+    r = gg_report(tmp_path / "nothing", "--out", "/dev/fd/57")
+    assert (r.returncode, r.stderr) == (2, "gpuguard: --out /dev/fd/57: descriptor 57 is not open\n")
 
 
 # --------------------------------------------------------- GPU history file --
