@@ -11,6 +11,7 @@ write_named writes where a user pointed an option (a report's --out): a
 regular file or a new name gets write_atomic; anything else that is already
 there is never replaced (see its docstring).
 """
+import errno
 import os
 import re
 import stat
@@ -29,6 +30,11 @@ def fsync_dir(folder):
         os.close(fd)
 
 
+class _NoTemporary(OSError):
+    """write_atomic could not create its temporary file: the folder is
+    missing, not a folder, or closed to us. Nothing was created."""
+
+
 def write_atomic(path, data, mode=0o600, durable=False):
     """Replaces path with data (bytes, or text written as UTF-8); mode is set
     whatever the umask."""
@@ -42,6 +48,8 @@ def write_atomic(path, data, mode=0o600, durable=False):
             break
         except FileExistsError:
             continue
+        except OSError as e:
+            raise _NoTemporary(e.errno, e.strerror, tmp) from None
     try:
         os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as f:
@@ -89,6 +97,8 @@ def write_named(path, data, mode=0o644):
     - "-", /dev/stdout, /dev/stderr, /dev/fd/N, /proc/self/fd/N: written to
       that descriptor of this process (Refused when it is not open);
     - a new name or a regular file: write_atomic (created or replaced whole);
+      Refused, naming the folder, when that folder is missing or not ours
+      to write in;
     - a FIFO or a character device (/dev/null, a terminal): written through
       it, opened without O_CREAT, O_TRUNC or following a link, and checked
       after the open (a name swapped for a regular file meanwhile, maybe a
@@ -109,10 +119,13 @@ def write_named(path, data, mode=0o644):
         return
     try:
         st = os.lstat(path)
-    except FileNotFoundError:
-        st = None
+    except (FileNotFoundError, NotADirectoryError):
+        st = None           # write_atomic's temporary file says why
     if st is None or stat.S_ISREG(st.st_mode):
-        write_atomic(path, data, mode=mode)
+        try:
+            write_atomic(path, data, mode=mode)
+        except _NoTemporary as e:
+            _refuse_folder(path, e)
         return
     if stat.S_ISLNK(st.st_mode):
         try:
@@ -132,6 +145,20 @@ def write_named(path, data, mode=0o644):
         _write_fd(fd, data)
     finally:
         os.close(fd)
+
+
+def _refuse_folder(path, err):
+    """Refused naming the folder the user gave (not the temporary file) when
+    it is missing or closed to us; err raised again for anything else."""
+    folder = os.path.dirname(path) or "."
+    if err.errno in (errno.ENOENT, errno.ENOTDIR) and not os.path.isdir(folder):
+        if os.path.lexists(folder):
+            raise Refused("%s: %s is not a folder" % (path, folder)) from None
+        raise Refused("%s: folder %s does not exist" % (path, folder)) from None
+    if err.errno in (errno.ENOENT, errno.EACCES, errno.EPERM, errno.EROFS):
+        raise Refused("%s: folder %s is not writable%s" % (
+            path, folder, " (read-only file system)" if err.errno == errno.EROFS else "")) from None
+    raise err
 
 
 def _kind(st_mode):

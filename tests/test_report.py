@@ -8,6 +8,7 @@ import re
 import shutil
 import stat
 import subprocess
+import tempfile
 import threading
 
 import cdp
@@ -237,6 +238,50 @@ def test_out_to_a_process_substitution(tmp_path):
 def test_out_naming_a_descriptor_that_is_not_open_is_refused(tmp_path):
     r = gg_report(tmp_path / "nothing", "--out", "/dev/fd/57")
     assert (r.returncode, r.stderr) == (2, "gpuguard: --out /dev/fd/57: descriptor 57 is not open\n")
+
+
+@pytest.mark.parametrize("cmd", BOTH)
+def test_out_into_a_missing_folder_is_one_line_naming_it(tmp_path, cmd):
+    # was Python's "[Errno 2] ... '.x.html.b66c123b510b.tmp'", exit 1
+    r = gg_report(tmp_path / "nothing", "--out", "nodir/x.html", cmd=cmd, cwd=tmp_path)
+    assert (r.returncode, r.stderr) == (2, "gpuguard: --out nodir/x.html: folder nodir does not exist\n")
+    (tmp_path / "afile").write_text("")
+    r = gg_report(tmp_path / "nothing", "--out", "afile/x.html", cmd=cmd, cwd=tmp_path)
+    assert (r.returncode, r.stderr) == (2, "gpuguard: --out afile/x.html: afile is not a folder\n")
+    assert not (tmp_path / "nodir").exists() and (tmp_path / "afile").read_text() == ""
+
+
+def as_nobody_when_root(argv, state):
+    """argv run as user nobody when the tests run as root (root may write in
+    any folder), else as is; state is handed to nobody."""
+    if os.geteuid() != 0:
+        return argv
+    import pwd
+    try:
+        nobody = pwd.getpwnam("nobody")
+    except KeyError:
+        require(False, "needs a second user: nobody")
+    require(shutil.which("setpriv"), "needs setpriv to drop to user nobody")
+    os.chown(state, nobody.pw_uid, nobody.pw_gid)
+    return ["setpriv", "--reuid", str(nobody.pw_uid), "--regid", str(nobody.pw_gid), "--clear-groups"] + argv
+
+
+@pytest.mark.parametrize("cmd", BOTH)
+def test_out_into_a_folder_not_writable_is_one_line_naming_it(cmd):
+    base = tempfile.mkdtemp(prefix="gpuguard-out-")      # pytest's tmp is root's only
+    try:
+        os.chmod(base, 0o755)
+        closed, state = os.path.join(base, "closed"), os.path.join(base, "state")
+        os.mkdir(closed, 0o555)
+        os.mkdir(state, 0o700)
+        argv = as_nobody_when_root([str(ROOT / cmd), "report", "--out", closed + "/r.html"], state)
+        r = subprocess.run(argv, env=user_environ(GPUGUARD_CONFIG="/dev/null", GPUGUARD_STATE_DIR=state),
+                           cwd=base, capture_output=True, text=True, timeout=60)
+        assert (r.returncode, r.stderr) == (2, "gpuguard: --out %s/r.html: folder %s is not writable\n"
+                                            % (closed, closed))
+        assert os.listdir(closed) == []
+    finally:
+        shutil.rmtree(base)
 
 
 # --------------------------------------------------------- GPU history file --
