@@ -1231,7 +1231,25 @@ def report(state_dir, args, env, now=None, today_text=""):
         # the user's name, not the temporary file's
         raise _WriteError("cannot write %s: %s" % (out, e.strerror or e)) from None
     report.unmatched = _unmatched(opts, gpus, procs, events)
+    report.nothing_recorded = _nothing_recorded(state_dir, today_text)
     return out, len(gpus), len(procs), len(text.encode("utf-8"))
+
+
+def _nothing_recorded(state_dir, today_text=""):
+    """True when the state folder holds nothing a report draws from (no GPU
+    history, event, leak history or ledger day): an empty report then says
+    so, rather than pass for a quiet box. Only read: a missing folder is
+    not created."""
+    if today_text.strip():
+        return False
+    for name in ("gpu-history.tsv", "gpu-history.tsv.1", "events.jsonl"):
+        try:
+            if os.path.getsize(os.path.join(state_dir, name)) > 0:
+                return False
+        except OSError:
+            pass
+    return not any(glob.glob(os.path.join(glob.escape(os.path.join(state_dir, sub)), pattern))
+                   for sub, pattern in (("history", "*.csv"), ("ledger", "*.tsv")))
 
 
 def _unmatched(opts, gpus, procs, events):
@@ -1254,17 +1272,21 @@ def main(argv):
     env = os.environ
     cmd = argv[1] if len(argv) > 1 else ""
     state_dir = env.get("GPUGUARD_STATE_DIR") or "."
+    # messages name the command the user typed (gpu-leak-watch report passes it)
+    prog = env.get("GG_PROG") or "gpuguard"
     try:
         if cmd == "report":
             now = float(env["GPUGUARD_NOW"]) if env.get("GPUGUARD_NOW") else None
             today = "" if sys.stdin is None or sys.stdin.isatty() else sys.stdin.read(1 << 20)
             out, ng, npr, size = report(state_dir, argv[2:], env, now, today)
+            empty = "; nothing recorded in %s yet: yichuidingyin.sh and gpu-leak-watch record there" % state_dir \
+                if report.nothing_recorded else ""
             # the HTML went to stdout ("-", /dev/stdout): the line goes beside it
-            print("wrote %s (%d GPUs, %d processes, %d KiB)" % ("stdout" if out == "-" else out, ng, npr,
-                                                               (size + 1023) // 1024),
+            print("wrote %s (%d GPUs, %d processes, %d KiB)%s" % ("stdout" if out == "-" else out, ng, npr,
+                                                                 (size + 1023) // 1024, empty),
                   file=sys.stderr if descriptor_of(out) == 1 else sys.stdout)
             if report.unmatched:
-                print("gpuguard: %s" % report.unmatched, file=sys.stderr)
+                print("%s: %s" % (prog, report.unmatched), file=sys.stderr)
             return 0
         if cmd == "leaks":
             leaks(state_dir, sys.stdout, params_from(env)["threshold"])
@@ -1272,10 +1294,10 @@ def main(argv):
             _ended(state_dir, sys.stdout, set(_read_leak_states(state_dir)), now)
             return 0
     except _UsageError as e:
-        print("gpuguard: %s" % e, file=sys.stderr)
+        print("%s: %s" % (prog, e), file=sys.stderr)
         return 2
     except (OSError, _WriteError) as e:
-        print("gpuguard report: %s" % e, file=sys.stderr)
+        print("%s report: %s" % (prog, e), file=sys.stderr)
         return 1
     print("usage: gpuguard_report.py report [--out FILE] [--since WHEN] [--pid PID] [--gpu N] | leaks", file=sys.stderr)
     return 2

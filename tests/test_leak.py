@@ -152,6 +152,23 @@ def test_replay_bad_input_is_one_line_exit_2(tmp_path):
     assert (r.returncode, r.stderr) == (2, "gpu-leak-watch: %s is a folder; --replay takes a CSV file\n" % tmp_path)
 
 
+def test_replay_needs_no_state_folder(tmp_path):
+    # a replay reads its CSV and prints: it had refused to run ("state folder
+    # ... is not writable", exit 2) where the state folder could not be made,
+    # as for user nobody (HOME=/nonexistent) after a root install
+    (tmp_path / "a-file").write_text("")
+    unusable = {"GPUGUARD_STATE_DIR": str(tmp_path / "a-file" / "state")}   # not even root can make it
+    csv_path = tmp_path / "trace.csv"
+    write_csv(csv_path, [(60 * i, 20000 + 3 * i) for i in range(720)])        # +180 MiB/h for 12 h
+    r = run(["--replay", str(csv_path)], env=unusable)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout.splitlines()[0])["state"] == "firing"
+    assert r.stderr.startswith("gpu-leak-watch: replayed 720 samples, 1 series, 12.0 h: 1 events; 4242: leak +180")
+    # the watcher keeps its state there: it still says so
+    r = run(["--all", "--once"], env=unusable)
+    assert r.returncode == 2 and "is not writable" in r.stderr
+
+
 @pytest.mark.parametrize("args,message", [
     ([], "say what to watch"),
     (["--pid", "abc"], "--pid needs a process ID (got 'abc')"),

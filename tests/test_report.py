@@ -157,6 +157,11 @@ def test_empty_state_folder_says_what_to_run(tmp_path):
 BOTH = ["bin/gpuguard", "bin/gpu-leak-watch"]
 
 
+def prog_of(cmd):
+    """The name a command's messages start with."""
+    return os.path.basename(cmd)
+
+
 def _read_fifo_in_background(fifo):
     got = []
     reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()), daemon=True)
@@ -187,8 +192,8 @@ def test_out_naming_a_symlink_is_refused_and_the_link_kept(tmp_path, cmd, target
     link.symlink_to(target)
     r = gg_report(tmp_path / "nothing", "--out", str(link), cmd=cmd)
     assert r.returncode == 2, r.stdout + r.stderr
-    assert r.stderr == "gpuguard: --out %s is a symbolic link (to %s), neither followed nor replaced: " \
-        "name the file itself\n" % (link, target)
+    assert r.stderr == "%s: --out %s is a symbolic link (to %s), neither followed nor replaced: " \
+        "name the file itself\n" % (prog_of(cmd), link, target)
     assert os.readlink(link) == target and mine.read_text() == "my own notes\n"
     assert r.stdout == ""                  # not followed into stdout either
     assert sorted(os.listdir(folder)) == ["link.html", "mine.html"]     # no temporary file left
@@ -207,7 +212,8 @@ def test_out_to_character_devices_writes_through_them(tmp_path, cmd):
     r = gg_report(tmp_path / "nothing", "--out", str(null), cmd=cmd)
     assert r.returncode == 0 and r.stdout.startswith("wrote %s (" % null), r.stderr
     r = gg_report(tmp_path / "nothing", "--out", str(full), cmd=cmd)
-    assert (r.returncode, r.stderr) == (1, "gpuguard report: cannot write %s: No space left on device\n" % full)
+    assert (r.returncode, r.stderr) == (1, "%s report: cannot write %s: No space left on device\n"
+                                        % (prog_of(cmd), full))
     for dev, minor in ((null, 3), (full, 7)):
         st = os.lstat(dev)
         assert stat.S_ISCHR(st.st_mode) and os.major(st.st_rdev) == 1 and os.minor(st.st_rdev) == minor
@@ -244,10 +250,10 @@ def test_out_naming_a_descriptor_that_is_not_open_is_refused(tmp_path):
 def test_out_into_a_missing_folder_is_one_line_naming_it(tmp_path, cmd):
     # was Python's "[Errno 2] ... '.x.html.b66c123b510b.tmp'", exit 1
     r = gg_report(tmp_path / "nothing", "--out", "nodir/x.html", cmd=cmd, cwd=tmp_path)
-    assert (r.returncode, r.stderr) == (2, "gpuguard: --out nodir/x.html: folder nodir does not exist\n")
+    assert (r.returncode, r.stderr) == (2, "%s: --out nodir/x.html: folder nodir does not exist\n" % prog_of(cmd))
     (tmp_path / "afile").write_text("")
     r = gg_report(tmp_path / "nothing", "--out", "afile/x.html", cmd=cmd, cwd=tmp_path)
-    assert (r.returncode, r.stderr) == (2, "gpuguard: --out afile/x.html: afile is not a folder\n")
+    assert (r.returncode, r.stderr) == (2, "%s: --out afile/x.html: afile is not a folder\n" % prog_of(cmd))
     assert not (tmp_path / "nodir").exists() and (tmp_path / "afile").read_text() == ""
 
 
@@ -277,11 +283,53 @@ def test_out_into_a_folder_not_writable_is_one_line_naming_it(cmd):
         argv = as_nobody_when_root([str(ROOT / cmd), "report", "--out", closed + "/r.html"], state)
         r = subprocess.run(argv, env=user_environ(GPUGUARD_CONFIG="/dev/null", GPUGUARD_STATE_DIR=state),
                            cwd=base, capture_output=True, text=True, timeout=60)
-        assert (r.returncode, r.stderr) == (2, "gpuguard: --out %s/r.html: folder %s is not writable\n"
-                                            % (closed, closed))
+        assert (r.returncode, r.stderr) == (2, "%s: --out %s/r.html: folder %s is not writable\n"
+                                            % (prog_of(cmd), closed, closed))
         assert os.listdir(closed) == []
     finally:
         shutil.rmtree(base)
+
+
+# ------------------------------------------- gpu-leak-watch report agrees --
+
+@pytest.mark.parametrize("cmd", BOTH)
+def test_report_of_no_history_creates_nothing_and_says_so(tmp_path, cmd):
+    # a state folder that is not there, and one that cannot be made even by
+    # root: a report only reads it (gpu-leak-watch report had refused the
+    # second, "is not writable", exit 2, and made history/ and outbox/ in the
+    # first, and both commands wrote an empty report as if the box were quiet)
+    (tmp_path / "a-file").write_text("")
+    for state in (tmp_path / "none", tmp_path / "a-file" / "state"):
+        out = tmp_path / "r.html"
+        r = gg_report(state, "--out", str(out), cmd=cmd)
+        assert r.returncode == 0, r.stderr
+        assert re.fullmatch(r"wrote %s \(0 GPUs, 0 processes, \d+ KiB\); nothing recorded in %s yet: "
+                            r"yichuidingyin.sh and gpu-leak-watch record there\n" % (re.escape(str(out)),
+                                                                                     re.escape(str(state))),
+                            r.stdout), r.stdout
+        assert r.stderr == "" and "run <code>gpu-leak-watch</code>" in out.read_text()
+    assert sorted(os.listdir(tmp_path)) == ["a-file", "r.html"]          # no state folder made
+
+
+@pytest.mark.parametrize("cmd", BOTH)
+def test_pid_gpu_and_since_filter_both_commands_alike(story, tmp_path, cmd):
+    out = tmp_path / "r.html"
+    r = gg_report(story, "--pid", "99999", "--out", str(out), cmd=cmd)
+    # gpu-leak-watch report had dropped --pid silently: the whole report, no word
+    assert (r.returncode, r.stderr) == (0, "%s: --pid 99999 matches no process in the history\n" % prog_of(cmd))
+    assert r.stdout.startswith("wrote %s (0 GPUs, 0 processes, " % out) and "nothing recorded" not in r.stdout
+    r = gg_report(story, "--pid=1329", "--out", str(out), cmd=cmd)
+    assert r.returncode == 0 and [c for c, _ in rows_of(out.read_text(), "summary-table")] == ["row-healthy"]
+    r = gg_report(story, "--gpu", "0", "--since", str(fx.T0), "--out", str(out), cmd=cmd)
+    assert r.returncode == 0 and [c for c, _ in rows_of(out.read_text(), "summary-table")] == ["row-LEAK"]
+
+
+@pytest.mark.parametrize("args", [["--all"], ["--match", "train"], ["--once"], ["--interval", "5"],
+                                  ["--", "true"], ["--colour"]])
+def test_gpu_leak_watch_report_refuses_a_watch_option(story, tmp_path, args):
+    r = gg_report(story, *args, cmd="bin/gpu-leak-watch", cwd=tmp_path)
+    assert (r.returncode, r.stderr) == (2, "gpu-leak-watch: unknown option '%s' for 'report' (see --help)\n" % args[0])
+    assert os.listdir(tmp_path) == []                                   # nothing written
 
 
 # --------------------------------------------------------- GPU history file --
