@@ -406,6 +406,7 @@ leak_detector_send() {
 
 # Feeds the samples to the detector and handles what it prints
 # (tab-separated):
+#   warn MESSAGE           -> one warning in the log
 #   event STATE PID JSON   -> events_emit, then the --on-leak action
 #   status PID SLOPE FIRING USED SEVERITY OOM_S NAME -> LEAK_STATUS
 #     (by PID, the fields after it), for the textfile metrics: read only
@@ -462,6 +463,8 @@ leak_run_detector() {
         ;;
       # for status lines the second field is the PID
       status) LEAK_STATUS[$state]="$pid"$'\t'"$rest" ;;
+      # a problem with an optional input (--loss-log, rules), said once
+      warn) gg_log warn "${line#*$'\t'}" ;;
     esac
   done
   return 0

@@ -39,7 +39,10 @@ PROTOCOL (bash -> Python, one line per series, fields separated by tabs):
       job object of lib/jobinfo.sh: masked command line, user, start,
       folder, Slurm job or container, rank), kept in history/<key>.job.json
       beside its history and put into its leak alerts as "job"
-  FREE/TOTAL '' or '-' when unknown. Python -> bash (events first):
+  FREE/TOTAL '' or '-' when unknown. Python -> bash (warnings, then events):
+  warn MESSAGE
+      a problem with an optional input (the --loss-log, the rules file),
+      said once per detector process; bash logs it as a warning
   event STATE ROOT_PID JSON
   status ROOT_PID SLOPE FIRING USED SEVERITY OOM_S NAME
       SEVERITY none|info|warning|critical; OOM_S: seconds to OOM at the
@@ -322,23 +325,55 @@ def rule_for(rules, cmdline, default=None):
 
 # ------------------------------------------------------------------ loss --
 
-def loss_plateau(path, last=60):
+# The longest loss-log line read (bytes); ms-swift's are under a few KiB.
+_LOSS_LINE_MAX = 1 << 20
+
+
+def loss_plateau(path, last=60, problems=None):
     """True when the loss stopped falling (last third vs first third of the
     recent entries improved by under 2 %), False when it still falls, None
-    when unknown."""
-    losses = []
+    when unknown. A line that is not JSON, holds bytes that are not UTF-8
+    or is still being written (no line end yet) is skipped; a file that
+    cannot be read is None, and why goes into the list `problems` when one
+    is given (the live detector warns once; the loss-log is optional input
+    and must never cost an alert)."""
+    import collections
+    import stat
+    losses = collections.deque(maxlen=last)
     try:
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                try:
-                    v = json.loads(line).get("loss")
-                except (ValueError, AttributeError):
+        # O_NONBLOCK: a FIFO with no writer would block the open for ever;
+        # only a regular file is read (not a device such as /dev/zero)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise OSError("not a regular file")
+            too_long = False
+            while True:
+                # a bounded read: a file without line ends is not read whole
+                raw = f.readline(_LOSS_LINE_MAX)
+                if not raw:
+                    break
+                if not raw.endswith(b"\n"):
+                    if len(raw) < _LOSS_LINE_MAX:
+                        break           # the job is still appending this line
+                    too_long = True     # no log entry is that long: skipped
                     continue
-                if isinstance(v, (int, float)) and math.isfinite(v):
-                    losses.append(float(v))
-    except OSError:
+                if too_long:
+                    too_long = False    # the end of the long line
+                    continue
+                try:
+                    v = json.loads(raw.decode("utf-8", "replace")).get("loss")
+                    # (an integer of 400 digits does not fit a float)
+                    v = float(v) if isinstance(v, (int, float)) else None
+                except (ValueError, AttributeError, RecursionError, OverflowError):
+                    continue
+                if v is not None and math.isfinite(v):
+                    losses.append(v)
+    except OSError as e:
+        if problems is not None:
+            problems.append(e.strerror or str(e))
         return None
-    losses = losses[-last:]
+    losses = list(losses)
     if len(losses) < 9:
         return None
     third = len(losses) // 3
@@ -377,6 +412,27 @@ class _Cycle:
         self.trees = {}           # root key -> [pid, name, settings, used, cpu, rss]
         self.statuses = []
         self.member_events = {}   # root key -> [event]
+        self.warnings = []        # "warn" lines for the watcher's log
+
+    def warn_once(self, what, message):
+        """Queues a warning for the watcher's log, once per `what` for the
+        life of this process (the serve coprocess: once per watcher)."""
+        if what in _WARNED:
+            return
+        _WARNED.add(what)
+        # one protocol field: no tab, no line break, no control character
+        self.warnings.append("warn\t%s\n" % re.sub(r"[\x00-\x1f\x7f]", "?", message))
+
+    def loss_plateau(self):
+        """loss_plateau of the --loss-log for an alert; a file that cannot
+        be read is said once and the alert goes out without the verdict."""
+        problems = []
+        verdict = loss_plateau(self.loss_log, problems=problems)
+        if problems:
+            self.warn_once(("loss-log", self.loss_log),
+                           "cannot read the loss log %s (--loss-log): %s; leak alerts go out without "
+                           "loss_plateau" % (self.loss_log, problems[0]))
+        return verdict
 
 
 def check(env, stdin, stdout, keep=False):
@@ -388,6 +444,9 @@ def check(env, stdin, stdout, keep=False):
     # trees first: members take their settings from the tree's cmdline
     for parts in sorted(lines, key=lambda p: p[0] != "T"):
         _feed_line(cyc, parts, lines)
+    # warnings first: a watcher that writes no metrics stops reading at
+    # the first status line
+    stdout.write("".join(cyc.warnings))
     _tree_alerts(cyc, stdout)
     _forget_gone(cyc, stdout)
     # status lines after the events: a watcher that writes no metrics
@@ -475,7 +534,7 @@ def _feed_line(cyc, parts, lines):
             # acted on, the rank is named
             ev.update({"pid": trees[root_key][0], "leaking_pid": pid, "rank": rank})
         if cyc.loss_log:
-            ev["loss_plateau"] = loss_plateau(cyc.loss_log)
+            ev["loss_plateau"] = cyc.loss_plateau()
         cyc.member_events.setdefault(key if root_key is None else root_key, []).append(ev)
 
 
@@ -567,6 +626,11 @@ def _forget_gone(cyc, stdout):
     for key in list(series):
         if key not in cyc.seen:
             series.pop(key)
+
+
+# What this process has warned about (_Cycle.warn_once): a problem with an
+# optional input is said once, not every cycle.
+_WARNED = set()
 
 
 # serve's memory of the state it wrote: {path: (signature, series, meta)}.

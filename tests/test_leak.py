@@ -1,5 +1,6 @@
 """gpu-leak-watch: the detector on the shapes that fool naive rules, the
 replay CLI, and the live watcher on a real local process tree."""
+import io
 import json
 import math
 import os
@@ -368,6 +369,100 @@ def test_loss_plateau_reading(tmp_path):
     log.write_text("not json\n" + "".join(json.dumps({"loss": 0.7, "step": i}) + "\n" for i in range(60)))
     assert leak.loss_plateau(str(log)) is True
     assert leak.loss_plateau(str(tmp_path / "none")) is None
+
+
+def loss_lines(n, loss=0.7):
+    return "".join(json.dumps({"loss": loss, "global_step": i, "model": "通义千问"}, ensure_ascii=False) + "\n"
+                   for i in range(n)).encode()
+
+
+def write_loss_log_being_written(path):
+    """An ms-swift logging.jsonl as a running job leaves it: a line with
+    bytes that are not UTF-8, then the line being appended, cut in the
+    middle of a Chinese character."""
+    last = json.dumps({"loss": 0.7, "model": "通义千问"}, ensure_ascii=False).encode()
+    cut = last[:last.index("千".encode()) + 1]
+    path.write_bytes(loss_lines(30) + b'{"loss": 0.7, "note": "\xff\xfe"}\n' + loss_lines(30) + cut)
+
+
+def test_loss_log_with_bad_bytes_and_a_line_being_written_is_read(tmp_path):
+    log = tmp_path / "logging.jsonl"
+    write_loss_log_being_written(log)
+    assert leak.loss_plateau(str(log)) is True
+    # a line of 400 digits, a nested line, and a line too long for a log entry
+    log.write_bytes(b'{"loss": 1' + b"0" * 400 + b'}\n' + b"[" * 100000 + b"\n" + b"x" * (3 << 20) + b"\n"
+                    + loss_lines(60))
+    assert leak.loss_plateau(str(log)) is True
+
+
+def test_a_loss_log_that_is_a_fifo_or_a_folder_is_unknown_without_blocking(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for path in (fifo, tmp_path, tmp_path / "none"):
+        # a FIFO nobody writes to would block the open for ever
+        r = subprocess.run([sys.executable, str(ROOT / "python/gpuguard_leak.py"), "loss", str(path)],
+                           capture_output=True, text=True, timeout=20, env={"PYTHONPATH": str(ROOT / "python")})
+        assert (r.returncode, r.stdout) == (0, "null\n"), r.stderr
+
+
+@pytest.mark.slow
+def test_a_loss_log_the_job_is_writing_never_costs_the_alert(box, tmp_path):
+    """Seen with ms-swift writing Chinese text: bytes that are not UTF-8 in
+    the loss log failed every cycle of the detector that needed it (the one
+    that alerts), so the alert never came and --on-leak never acted."""
+    job = Job(tmp_path)
+    log = tmp_path / "logging.jsonl"
+    write_loss_log_being_written(log)
+    try:
+        leak_scenario(box, job.child())
+        out = watch_cycles(box, ["--pid", str(job.proc.pid), "--loss-log", str(log)], 22)
+    finally:
+        job.stop()
+    (event,) = [e for e in box.events() if e["event"] == "gpu_memory_leak"]
+    assert event["state"] == "firing" and event["loss_plateau"] is True
+    assert "leak detector failed" not in out and "loss log" not in out
+
+
+@pytest.mark.slow
+def test_a_loss_log_that_cannot_be_read_is_one_warning_and_the_alert_comes(box, tmp_path):
+    job = Job(tmp_path)
+    log = tmp_path / "logs"
+    log.mkdir()
+    try:
+        leak_scenario(box, job.child())
+        out = watch_cycles(box, ["--pid", str(job.proc.pid), "--loss-log", str(log)], 22)
+    finally:
+        job.stop()
+    (event,) = [e for e in box.events() if e["event"] == "gpu_memory_leak"]
+    assert event["state"] == "firing" and event["loss_plateau"] is None
+    warnings = [line for line in out.splitlines() if "loss log" in line]
+    assert len(warnings) == 1 and "WARN" in warnings[0] and str(log) in warnings[0], out
+    assert "Is a directory" in warnings[0] and "ERROR" not in out
+
+
+def rising_tree(key, ts, used):
+    return "\t".join(["T", key, str(ts), key.split("-")[0], str(used), str(143771 - used), "143771", "5", "300",
+                      "11", "python3", "python3 train.py"]) + "\n"
+
+
+def test_the_detector_says_an_unreadable_loss_log_once(tmp_path):
+    """Two trees alerting at different cycles of one detector process (the
+    watcher's coprocess): one warning, not one per alert."""
+    env = {"GPUGUARD_STATE_DIR": str(tmp_path), "GPUGUARD_HOST": "h", "LEAK_BUCKET_S": "60",
+           "LEAK_LOSS_LOG": str(tmp_path / "no-such.jsonl")}
+    out = []
+    for i in range(400):
+        ts = 1796206508 + 60 * i
+        lines = [rising_tree("10-1", ts, 3000 + 100 * i)]
+        if i >= 100:
+            lines.append(rising_tree("20-1", ts, 3000 + 100 * (i - 100)))
+        buf = io.StringIO()
+        leak.check(env, io.StringIO("".join(lines)), buf)
+        out += buf.getvalue().splitlines()
+    fired = [line for line in out if line.startswith("event\tfiring")]
+    warned = [line for line in out if line.startswith("warn\t")]
+    assert {line.split("\t")[2] for line in fired} == {"10", "20"}
+    assert len(warned) == 1 and "no-such.jsonl" in warned[0] and "No such file" in warned[0]
 
 
 def test_watched_job_ending_resolves_and_the_watcher_survives(box, tmp_path):
