@@ -771,9 +771,31 @@ leak_job_watch_check() {
     LEAK_UNWATCHED="$NVIDIA_SMI is not installed"
   elif [[ -n $LEAK_RULES && ! (-f $LEAK_RULES && -r $LEAK_RULES) ]]; then
     LEAK_UNWATCHED="cannot read rules file $LEAK_RULES"
+  elif ! leak_rules_problem_into LEAK_UNWATCHED; then
+    # (watched without its rules, a job the user exempted could be killed
+    # by --on-leak kill)
+    return 0
   else
     leak_sweep_job_locks
   fi
+}
+
+# Checks the rules file (LEAK_RULES) with the detector's own parser, so
+# that a bad line is said once at start rather than failing every cycle.
+# Arguments:
+#   $1 name of the variable to set to "FILE:LINE: why" ('' when good)
+# Returns:
+#   1 when the file is not a good rules file
+leak_rules_problem_into() {
+  local -n problem_ref=$1
+  problem_ref=''
+  [[ -n $LEAK_RULES ]] || return 0
+  problem_ref=$(gg_python gpuguard_leak.py "" rules "$LEAK_RULES" 2>&1) && problem_ref='' && return 0
+  # the detector's line, without its "gpu-leak-watch: "
+  problem_ref=${problem_ref%%$'\n'*}
+  problem_ref=${problem_ref#"$GG_PROG: "}
+  problem_ref=${problem_ref:-"cannot check rules file $LEAK_RULES"}
+  return 1
 }
 
 # The watcher beside a wrapped job, run as a background subshell so that

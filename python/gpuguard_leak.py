@@ -24,6 +24,8 @@ Commands:
                   The state is written each cycle exactly as by `check`, so
                   a kill -9 loses nothing, and read back only when the file
                   is no longer the one it wrote; ends at end of input.
+  rules FILE      check a rules file (LEAK_RULES): nothing when it is good,
+                  else "FILE:LINE: why" and exit 2 (the watcher's check at start)
   loss FILE       say whether the loss in an ms-swift logging.jsonl plateaued
   slopes          print "PID SLOPE FIRING" for every watched process tree
 
@@ -283,9 +285,16 @@ def load_rules(path):
     rules = []
     if not path or not os.path.exists(path):
         return rules
-    with open(path, encoding="utf-8-sig") as f:
-        for n, line in enumerate(f, 1):
-            line = line.strip()
+    import stat
+    # O_NONBLOCK: a FIFO put in its place would block the open
+    with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise ValueError("%s: not a regular file" % path)
+        for n, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8-sig" if n == 1 else "utf-8").strip()
+            except UnicodeDecodeError:
+                raise ValueError("%s:%d: not UTF-8 text" % (path, n))
             if not line or line.startswith("#"):
                 continue
             parts = line.split()
@@ -309,6 +318,8 @@ def load_rules(path):
                                      % (path, n, key, ", ".join(sorted(_RULE_KEYS))))
                 try:
                     settings[key] = _RULE_KEYS[key](value)
+                    if not math.isfinite(settings[key]):
+                        raise ValueError
                 except ValueError:
                     raise ValueError("%s:%d: %s must be a number (got %r)" % (path, n, key, value))
             rules.append((rx, settings))
@@ -401,7 +412,8 @@ class _Cycle:
     def __init__(self, env):
         self.state_dir = env.get("GPUGUARD_STATE_DIR") or "."
         self.params = params_from(env)
-        self.rules = load_rules(env.get("LEAK_RULES") or "")
+        self.warnings = []        # "warn" lines for the watcher's log
+        self.rules = self.live_rules(env.get("LEAK_RULES") or "")
         self.path = _state_path(self.state_dir, env.get("LEAK_INSTANCE") or "")
         self.max_rows = int(env.get("LEAK_HISTORY_MAX_ROWS") or 20000)
         self.loss_log = env.get("LEAK_LOSS_LOG") or ""
@@ -412,7 +424,32 @@ class _Cycle:
         self.trees = {}           # root key -> [pid, name, settings, used, cpu, rss]
         self.statuses = []
         self.member_events = {}   # root key -> [event]
-        self.warnings = []        # "warn" lines for the watcher's log
+
+    def live_rules(self, path):
+        """The rules in force this cycle. The watcher checked the file at
+        start (`rules`); one edited into a bad state since, or made
+        unreadable, is said once and the rules read last stay in force
+        (none if none were): a rules file never stops the detector."""
+        if not path:
+            return []
+        sig = _file_signature(path)
+        known = _RULES_CACHE.get(path)
+        if known is not None and sig is not None and known[0] == sig:
+            return known[1]
+        problem = None
+        try:
+            if sig is None:
+                raise FileNotFoundError(2, "no such file")
+            rules = load_rules(path)
+        except OSError as e:
+            problem = "cannot read rules file %s (%s)" % (path, e.strerror or e)
+        except ValueError as e:
+            problem = str(e)            # "FILE:LINE: why"
+        if problem is not None:
+            self.warn_once(("rules", path, sig), "%s; the rules read before stay in force" % problem)
+            return known[1] if known is not None else []
+        _RULES_CACHE[path] = (sig, rules)
+        return rules
 
     def warn_once(self, what, message):
         """Queues a warning for the watcher's log, once per `what` for the
@@ -628,6 +665,11 @@ def _forget_gone(cyc, stdout):
             series.pop(key)
 
 
+# The rules file's rules by path: (signature, rules), read again when the
+# file changes (_Cycle.live_rules).
+_RULES_CACHE = {}
+
+
 # What this process has warned about (_Cycle.warn_once): a problem with an
 # optional input is said once, not every cycle.
 _WARNED = set()
@@ -770,13 +812,17 @@ def main(argv):
                 print("%s %.0f %d" % (data.get("pid"), (data.get("last") or {}).get("slope", 0.0) or 0.0,
                                       data.get("firing", False)))
             return 0
+        if cmd == "rules" and len(argv) >= 3:
+            # the watcher's check at start: "FILE:LINE: why" and exit 2
+            load_rules(argv[2])
+            return 0
         if cmd == "loss" and len(argv) >= 3:
             print(json.dumps(loss_plateau(argv[2])))
             return 0
     except (OSError, ValueError) as e:
         print("gpu-leak-watch: %s" % e, file=sys.stderr)
         return 2
-    print("usage: gpuguard_leak.py replay FILE | check | serve | loss FILE | slopes", file=sys.stderr)
+    print("usage: gpuguard_leak.py replay FILE | check | serve | rules FILE | loss FILE | slopes", file=sys.stderr)
     return 2
 
 

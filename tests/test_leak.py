@@ -287,6 +287,28 @@ def test_rules_exempt_a_pattern(box, tmp_path):
     assert box.events() == []
 
 
+def test_rules_edited_into_a_bad_state_mid_run_are_one_warning_and_the_old_ones_stay(tmp_path):
+    """The watcher checks the rules at start; a file edited badly while it
+    runs used to fail every cycle of the detector (no analysis at all)."""
+    rules = tmp_path / "rules"
+    rules.write_text("train\\.py ignore\n")
+    env = {"GPUGUARD_STATE_DIR": str(tmp_path), "GPUGUARD_HOST": "h", "LEAK_RULES": str(rules)}
+    out = []
+    for i in range(6):
+        if i == 2:
+            rules.write_text("train\\.py ignore\n[bad( 30\n")
+        if i == 4:
+            rules.unlink()
+        buf = io.StringIO()
+        leak.check(env, io.StringIO(rising_tree("10-1", 1796206508 + 60 * i, 3000 + 100 * i)), buf)
+        out += buf.getvalue().splitlines()
+    assert [line.split("\t")[5] for line in out if line.startswith("status\t")] == ["none"] * 6   # still ignored
+    assert [line for line in out if line.startswith("warn\t")] == [
+        "warn\t%s:2: bad regex: unterminated character set at position 0; the rules read before stay in force"
+        % rules,
+        "warn\tcannot read rules file %s (no such file); the rules read before stay in force" % rules]
+
+
 def test_on_leak_signal_is_sent_to_the_root(box, tmp_path):
     job = Job(tmp_path, trap_usr1=True)
     try:

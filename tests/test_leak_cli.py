@@ -397,6 +397,41 @@ def test_the_job_runs_with_a_warning_when_the_watcher_cannot(box, tmp_path, setu
     assert "WARN" in r.stderr and warning in r.stderr and "the job runs normally" in r.stderr
 
 
+# ---------------------------------------------------------------- rules --
+
+@pytest.mark.parametrize("text,why", [
+    ("python ignore\n[bad( 30\n", ":2: bad regex: unterminated character set at position 0"),
+    ("root:x:0:0:root:/root:/bin/bash\n", ":1: expected 'REGEX ignore|THRESHOLD|KEY=VALUE...'"),
+    ("python ignore\ncaf\xe9 30\n", ":2: not UTF-8 text"),
+    ("python threshold=nan\n", ":1: threshold must be a number (got 'nan')"),
+], ids=["regex", "passwd", "latin1", "nan"])
+def test_a_bad_rules_file_is_one_line_and_exit_2_at_start(box, text, why):
+    """Before, the watcher started, logged the same error and "leak detector
+    failed" every cycle, never analysed anything, and exited 0."""
+    rules = box.tmp / "bad.rules"
+    rules.write_bytes(text.encode("latin-1"))
+    box.write_scenario([{"gpus": [{"utilization.gpu": 0, "memory.used": 0, "power.draw": 70.0}], "apps": []}])
+    target = subprocess.Popen(["sleep", "3"])
+    try:
+        for once in (["--once"], ["--interval", "1"]):
+            r = watch(box, "--rules", str(rules), "--pid", str(target.pid), *once)
+            assert (r.returncode, r.stderr) == (2, "gpu-leak-watch: %s%s\n" % (rules, why))
+    finally:
+        target.kill()
+        target.wait()
+
+
+def test_a_bad_rules_file_beside_a_job_is_one_warning_and_the_job_runs(box):
+    rules = box.tmp / "bad.rules"
+    rules.write_text("python ignore\n[bad( 30\n")
+    r = watch(box, "--rules", str(rules), "--", "bash", "-c", "echo ran; exit 6")
+    assert (r.returncode, r.stdout) == (6, "ran\n"), r.stderr
+    (warning,) = [line for line in r.stderr.splitlines() if "WARN" in line]
+    assert warning.endswith("not watching job PID %s for leaks: %s:2: bad regex: unterminated character set "
+                            "at position 0 (the job runs normally)" % (warning.split("PID ")[1].split()[0], rules))
+    assert "leak detector failed" not in r.stderr
+
+
 # ---------------------------------------------------------------- match --
 
 def test_match_that_matches_nothing_says_what_it_waits_for(box, tmp_path):
