@@ -771,13 +771,35 @@ leak_job_watch_check() {
     LEAK_UNWATCHED="$NVIDIA_SMI is not installed"
   elif [[ -n $LEAK_RULES && ! (-f $LEAK_RULES && -r $LEAK_RULES) ]]; then
     LEAK_UNWATCHED="cannot read rules file $LEAK_RULES"
-  elif ! leak_rules_problem_into LEAK_UNWATCHED; then
+  elif ! leak_settings_problem_into LEAK_UNWATCHED || ! leak_rules_problem_into LEAK_UNWATCHED; then
     # (watched without its rules, a job the user exempted could be killed
     # by --on-leak kill)
     return 0
   else
     leak_sweep_job_locks
   fi
+}
+
+# Checks the detector's settings that only the environment can give beside
+# the options (LEAK_BUCKET_S, LEAK_GPU_TOTAL_MIB: --bucket and
+# --gpu-total-mib check theirs): a bucket of 0 or "abc" failed every cycle.
+# Arguments:
+#   $1 name of the variable to set to the problem ('' when none)
+# Returns:
+#   1 when one is not a whole number of at least 1
+# shellcheck disable=SC2034 # nameref: assigns the caller's variable (value: the check's output, unused)
+leak_settings_problem_into() {
+  local -n settings_ref=$1
+  local name value shown
+  settings_ref=''
+  for name in LEAK_BUCKET_S LEAK_GPU_TOTAL_MIB; do
+    [[ -n ${!name:-} ]] || continue
+    gg_number_into value "${!name}" int 1 '' && continue
+    gg_shown_into shown "${!name}" 40
+    settings_ref="$name must be a whole number of at least 1 (got $shown)"
+    return 1
+  done
+  return 0
 }
 
 # Checks the rules file (LEAK_RULES) with the detector's own parser, so

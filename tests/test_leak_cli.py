@@ -432,6 +432,27 @@ def test_a_bad_rules_file_beside_a_job_is_one_warning_and_the_job_runs(box):
     assert "leak detector failed" not in r.stderr
 
 
+@pytest.mark.parametrize("name,value", [("LEAK_BUCKET_S", "abc"), ("LEAK_BUCKET_S", "0"),
+                                        ("LEAK_GPU_TOTAL_MIB", "lots")])
+def test_a_bad_detector_setting_from_the_environment_is_said_at_start(box, name, value):
+    """Only --bucket was checked: LEAK_BUCKET_S=abc from the environment
+    failed every cycle ("could not convert string to float"), and 0 ended
+    the detector with a traceback every cycle."""
+    box.write_scenario([{"gpus": [{"utilization.gpu": 0, "memory.used": 0, "power.draw": 70.0}], "apps": []}])
+    line = "gpu-leak-watch: %s must be a whole number of at least 1 (got '%s')\n" % (name, value)
+    target = subprocess.Popen(["sleep", "30"])
+    try:
+        r = watch(box, "--pid", str(target.pid), "--once", env=env_for(box, **{name: value}))
+        assert (r.returncode, r.stderr) == (2, line)
+    finally:
+        target.kill()
+        target.wait()
+    r = watch(box, "--replay", str(box.tmp / "none.csv"), env=env_for(box, **{name: value}))
+    assert (r.returncode, r.stderr) == (2, line)
+    r = watch(box, "--", "bash", "-c", "exit 4", env=env_for(box, **{name: value}))
+    assert r.returncode == 4 and "not watching job PID" in r.stderr and line.split(": ", 1)[1].strip() in r.stderr
+
+
 # ---------------------------------------------------------------- match --
 
 def test_match_that_matches_nothing_says_what_it_waits_for(box, tmp_path):
