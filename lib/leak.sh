@@ -524,9 +524,35 @@ leak_option() {
       [[ $2 == notify || $2 == kill || $2 =~ ^signal:[A-Z0-9]+$ ]] ||
         gg_usage_error "--on-leak takes notify, kill or signal:NAME (got '$2')" || return
       LEAK_ACTION=$2
+      if [[ $2 == signal:* ]]; then
+        # said now, not when the leak comes ("could not signal PID")
+        leak_signal_name_into LEAK_ACTION "${2#signal:}" ||
+          gg_usage_error "--on-leak $2: no such signal (kill -l lists them)" || return
+        LEAK_ACTION=signal:$LEAK_ACTION
+      fi
       ;;
   esac
   return 0
+}
+
+# Puts the name of signal $2 (a name, with or without SIG, or a number)
+# into the variable named $1: USR1 for USR1, SIGUSR1 or 10.
+# Returns:
+#   1 when it is no signal that kill can send (0, EXIT, FOO, 99, 137)
+# shellcheck disable=SC2034 # nameref: assigns the caller's variable
+leak_signal_name_into() {
+  local -n signal_ref=$1
+  local sig=${2#SIG} other
+  other=$(kill -l "$sig" 2>/dev/null) || return 1
+  if [[ $sig =~ ^[0-9]{1,2}$ ]]; then
+    # a number names a signal from 1 to 64 (kill -l also turns exit
+    # statuses such as 137 into names; 32 and 33 have none)
+    ((10#$sig >= 1 && 10#$sig <= 64)) && [[ -n $other ]] || return 1
+    signal_ref=$other
+  else
+    [[ $other =~ ^[0-9]+$ ]] && ((other >= 1 && other <= 64)) || return 1
+    signal_ref=$sig
+  fi
 }
 
 # Sets the option values collected by leak_option, before config_load so

@@ -176,6 +176,11 @@ def test_replay_needs_no_state_folder(tmp_path):
     (["--match", "(unclosed"], "--match: invalid regular expression '(unclosed'"),
     (["--interval", "0", "--all"], "--interval needs a whole number of at least 1 (got '0')"),
     (["--on-leak", "explode", "--all"], "--on-leak takes notify, kill or signal:NAME (got 'explode')"),
+    # said at start, not as "could not signal PID" when the leak comes
+    (["--on-leak", "signal:FOO", "--all", "--once"], "--on-leak signal:FOO: no such signal (kill -l lists them)"),
+    (["--on-leak", "signal:99", "--all", "--once"], "--on-leak signal:99: no such signal (kill -l lists them)"),
+    (["--on-leak", "signal:0", "--all", "--once"], "--on-leak signal:0: no such signal (kill -l lists them)"),
+    (["--on-leak", "signal:FOO", "--", "true"], "--on-leak signal:FOO: no such signal (kill -l lists them)"),
     (["--"], "nothing to run after --"),
 ])
 def test_bad_usage_exit_2(tmp_path, args, message):
