@@ -1016,6 +1016,31 @@ leak_match_notice() {
   return 0
 }
 
+# Checks the --pid targets at start: when none of them exists (a typo)
+# it says so and returns 2, rather than a first cycle that finds nothing
+# and a "stopping" that looks like success; one missing among others is a
+# warning. Existing means /proc shows it, as for leak_all_targets_gone.
+# Targets this instance watched before (its state file is there) are not
+# checked: cron's --once run after the job ended resolves its alerts.
+leak_pids_check() {
+  local pid
+  local -a gone=() here=()
+  [[ ! -e $GPUGUARD_STATE_DIR/leak-state-$LEAK_INSTANCE.json ]] || return 0
+  for pid in "${LEAK_PIDS[@]}"; do
+    if [[ -d /proc/$pid && $pid != 0* ]]; then
+      here+=("$pid")
+    else
+      gone+=("$pid")
+    fi
+  done
+  ((${#gone[@]})) || return 0
+  if ((${#here[@]} == 0)); then
+    gg_usage_error "--pid ${gone[*]}: no such process"
+    return
+  fi
+  gg_log warn "--pid ${gone[*]}: no such process; watching PID ${here[*]}"
+}
+
 # True when only --pid targets are watched and none of them runs any more
 # (their series were closed by the cycle that just ran).
 leak_all_targets_gone() {

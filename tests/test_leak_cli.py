@@ -397,6 +397,30 @@ def test_the_job_runs_with_a_warning_when_the_watcher_cannot(box, tmp_path, setu
     assert "WARN" in r.stderr and warning in r.stderr and "the job runs normally" in r.stderr
 
 
+# ------------------------------------------------------------------ pid --
+
+@pytest.mark.parametrize("pid", ["99999999", "0"])
+def test_a_pid_that_does_not_exist_is_no_such_process_and_exit_2(box, pid):
+    """Before, a typo looked like success: "every watched process has
+    ended; stopping" and exit 0."""
+    box.write_scenario([{"gpus": [{"utilization.gpu": 0, "memory.used": 0, "power.draw": 70.0}], "apps": []}])
+    for once in ([], ["--once"]):
+        r = watch(box, "--pid", pid, "--interval", "1", *once)
+        assert (r.returncode, r.stderr) == (2, "gpu-leak-watch: --pid %s: no such process\n" % pid)
+
+
+def test_one_missing_pid_among_others_is_a_warning(box):
+    box.write_scenario([{"gpus": [{"utilization.gpu": 0, "memory.used": 0, "power.draw": 70.0}], "apps": []}])
+    target = subprocess.Popen(["sleep", "30"])
+    try:
+        r = watch(box, "--pid", str(target.pid), "--pid", "99999999", "--once")
+    finally:
+        target.kill()
+        target.wait()
+    assert r.returncode == 0, r.stderr
+    assert "WARN  gpu-leak-watch: --pid 99999999: no such process; watching PID %d\n" % target.pid in r.stderr
+
+
 # ---------------------------------------------------------------- rules --
 
 @pytest.mark.parametrize("text,why", [
