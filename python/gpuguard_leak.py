@@ -9,7 +9,10 @@ Commands:
                   the capacity); a UTF-8 BOM is ignored. One JSON line per
                   event on stdout, then one summary line on stderr
                   ("replayed N samples, K series, H h: E events; PID: verdict,
-                  ..."). A malformed file is exit 2 naming the line.
+                  ..."). A malformed file is exit 2 naming the line (text
+                  that is not UTF-8, a timestamp that is not Unix seconds);
+                  a row with an impossible used memory (nvidia-smi's
+                  garbage) is left out and counted in the summary.
   check           live mode, one call per watch cycle. Reads tab-separated
                   lines on stdin (see PROTOCOL), keeps compact per-series
                   state in $GPUGUARD_STATE_DIR/leak-state-$LEAK_INSTANCE.json,
@@ -103,13 +106,36 @@ def _replay_columns(cols, params, out=None):
     return events
 
 
-def _read_csv_columns(path, gpu_total=None):
+# What a replay takes as a sample. A timestamp is Unix time in seconds
+# (one of milliseconds, 1.7e12, is over the bound); GPU memory is at most
+# lib/smi.sh's SMI_MAX_MIB (16 TiB), as the live path reads nvidia-smi:
+# above it is garbage such as 18446744073709551615 (unsigned -1).
+_TS_MAX = 1e10
+_MAX_MIB = 16777216
+
+
+def _decode_replay(path, data):
+    """The text of a replay file's bytes (a UTF-8 BOM dropped); ValueError
+    naming the line of the first byte that is not UTF-8."""
+    if data[:2] == b"\x1f\x8b":
+        raise ValueError("%s:1: not text but gzip-compressed: gunzip it first (zcat %s > FILE.csv)"
+                         % (path, path))
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise ValueError("%s:%d: not UTF-8 text (byte 0x%02x)"
+                         % (path, data.count(b"\n", 0, e.start) + 1, data[e.start]))
+
+
+def _read_csv_columns(path, gpu_total=None, skipped=None):
     """{pid: (timestamps, used_mib, free_mib)} of a replay CSV (free from
     the file's gpu_used_mib/gpu_total_mib, else from gpu_total, else None);
-    ValueError naming the line on bad input."""
+    ValueError naming the line on bad input. A row whose used memory is
+    impossible (over _MAX_MIB) is left out, as the live path leaves out
+    such a sample, and its line number goes into the list `skipped`."""
     import csv  # replay only: a live cycle does not pay for it
-    with open(path, newline="", encoding="utf-8-sig") as f:
-        text = f.read()
+    with open(path, "rb") as f:
+        text = _decode_replay(path, f.read())
     # the header alone first: a clean body is never split into lines
     head, _, body = text.partition("\n")
     first = head.splitlines()
@@ -160,6 +186,12 @@ def _read_csv_columns(path, gpu_total=None):
         except (TypeError, ValueError):
             raise ValueError("%s:%d: not a number in %r (expected %d comma-separated numbers)"
                              % (path, n + 1, line, width))
+        if not 0 <= ts < _TS_MAX:
+            raise ValueError("%s:%d: timestamp %s is not Unix time in seconds" % (path, n + 1, row[it].strip()))
+        if mib > _MAX_MIB:
+            if skipped is not None:
+                skipped.append(n + 1)
+            continue
         if last_ts is not None and ts < last_ts - 1:
             raise ValueError("%s:%d: timestamp %s goes back in time" % (path, n + 1, row[it]))
         last_ts = ts
@@ -215,6 +247,8 @@ def _fast_columns(body, width, it, ip, iu, ig, itot, gpu_total):
         total = sum(ts) + sum(used)
         if not math.isfinite(total) or min(used) < 0:
             return None
+        if min(ts) < 0 or max(ts) >= _TS_MAX or max(used) > _MAX_MIB:
+            return None                 # the careful reader names or skips the line
         if ts != sorted(ts):
             return None                 # a step back: the careful reader decides
         if itot is not None:
@@ -250,7 +284,8 @@ def _fast_columns(body, width, it, ip, iu, ig, itot, gpu_total):
 def _replay(path, params, gpu_total=None, out=sys.stdout, err=sys.stderr):
     """Runs the detector over a CSV; returns the events. Prints one summary
     line on `err` even when there is no event."""
-    cols = _read_csv_columns(path, gpu_total)
+    skipped = []
+    cols = _read_csv_columns(path, gpu_total, skipped)
     events = _replay_columns(cols, params, out)
     series = replay_rows.series
     n = sum(len(c[0]) for c in cols.values())
@@ -266,6 +301,10 @@ def _replay(path, params, gpu_total=None, out=sys.stdout, err=sys.stderr):
                 e["projected_oom_hours"] if e["projected_oom_hours"] is not None else "?"))
         else:
             parts.append("%s: no leak (%s, %+.0f MiB/h)" % (pid, s.last.get("trend", "too short"), slope))
+    if skipped:
+        # nvidia-smi's garbage in a recording: left out, and said
+        parts.append("skipped %d row%s with an impossible used_memory_mib (over %d MiB; first %s:%d)" % (
+            len(skipped), "" if len(skipped) == 1 else "s", _MAX_MIB, path, skipped[0]))
     err.write("gpu-leak-watch: replayed %d samples, %d series, %.1f h: %d events; %s\n" % (
         n, len(series), hours, len(events), "; ".join(parts) or "no series"))
     return events

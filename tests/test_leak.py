@@ -170,6 +170,50 @@ def test_replay_needs_no_state_folder(tmp_path):
     assert r.returncode == 2 and "is not writable" in r.stderr
 
 
+def test_replay_of_a_file_that_is_not_utf8_text_names_it_and_the_line(tmp_path):
+    """Before: "'utf-8' codec can't decode byte 0xff in position 31", with
+    neither the file nor the line."""
+    import gzip
+    env = {"GPUGUARD_STATE_DIR": str(tmp_path / "s")}
+    bad = tmp_path / "latin1.csv"
+    bad.write_bytes(b"timestamp,pid,used_memory_mib\n1796206508,1,5\n1796206509,1,5 caf\xe9\n")
+    r = run(["--replay", str(bad)], env=env)
+    assert (r.returncode, r.stdout, r.stderr) == (2, "", "gpu-leak-watch: %s:3: not UTF-8 text (byte 0xe9)\n" % bad)
+    packed = tmp_path / "trace.csv.gz"
+    packed.write_bytes(gzip.compress(b"timestamp,pid,used_memory_mib\n1796206508,1,5\n"))
+    r = run(["--replay", str(packed)], env=env)
+    assert (r.returncode, r.stderr) == (2, "gpu-leak-watch: %s:1: not text but gzip-compressed: gunzip it first "
+                                           "(zcat %s > FILE.csv)\n" % (packed, packed))
+
+
+@pytest.mark.parametrize("ts", ["99999999999999999999", "1796206510000", "-5"])
+def test_replay_of_an_impossible_timestamp_is_exit_2_naming_the_line(tmp_path, ts):
+    """Before, 99999999999999999999 was taken: the summary said
+    27777777777278824.0 h."""
+    bad = tmp_path / "bad.csv"
+    bad.write_text("timestamp,pid,used_memory_mib\n1796206508,1,5\n1796206509,1,5\n%s,1,5\n" % ts)
+    r = run(["--replay", str(bad)], env={"GPUGUARD_STATE_DIR": str(tmp_path / "s")})
+    assert (r.returncode, r.stdout, r.stderr) == (
+        2, "", "gpu-leak-watch: %s:4: timestamp %s is not Unix time in seconds\n" % (bad, ts))
+
+
+def test_replay_leaves_out_nvidia_smi_garbage_memory_and_says_so(tmp_path):
+    """18446744073709551615 (unsigned -1) is what a glitching nvidia-smi
+    prints; the live path takes such a sample as unknown. Before, the
+    replay took it as 16 EiB in use, silently."""
+    rows = [(t, 3000) for t in range(60)]
+    trace = tmp_path / "trace.csv"
+    write_csv(trace, rows)
+    text = trace.read_text().splitlines()
+    text[31] = "1796206538,4242,18446744073709551615"
+    trace.write_text("\n".join(text) + "\n")
+    r = run(["--replay", str(trace)], env={"GPUGUARD_STATE_DIR": str(tmp_path / "s")})
+    assert (r.returncode, r.stdout) == (0, ""), r.stderr
+    assert r.stderr.startswith("gpu-leak-watch: replayed 59 samples, 1 series")
+    assert r.stderr.endswith("; skipped 1 row with an impossible used_memory_mib (over 16777216 MiB; first %s:32)\n"
+                             % trace)
+
+
 @pytest.mark.parametrize("args,message", [
     ([], "say what to watch"),
     (["--pid", "abc"], "--pid needs a process ID (got 'abc')"),
