@@ -54,20 +54,27 @@ leak_cmdline_into() {
 #   LEAK_PIDS (from --pid or the started job), LEAK_MATCH, LEAK_ALL
 leak_select_roots() {
   LEAK_ROOT_PIDS=()
-  local pid cmd parent_cmd
+  local pid cmd parent parent_cmd
   if ((LEAK_ALL)); then
     # every compute process; also those whose PID this namespace cannot see
     for pid in "${!SMI_PIDS_MEM[@]}"; do
       LEAK_ROOT_PIDS+=("$pid")
     done
   elif [[ -n $LEAK_MATCH ]]; then
+    local -A own=()
+    leak_own_pids_into own
     for pid in "${!GG_PROC_PPID[@]}"; do
-      ((pid == $$ || pid == BASHPID)) && continue
+      [[ -z ${own[$pid]:-} ]] || continue
       leak_cmdline_into "$pid" cmd
       [[ $cmd =~ $LEAK_MATCH ]] || continue
-      # keep only the topmost match: its tree holds the others
-      leak_cmdline_into "${GG_PROC_PPID[$pid]}" parent_cmd
-      [[ $parent_cmd =~ $LEAK_MATCH ]] && continue
+      # keep only the topmost match: its tree holds the others (a parent
+      # that is the watcher's own, such as the script that started it,
+      # is not watched, so its matching child is the topmost)
+      parent=${GG_PROC_PPID[$pid]}
+      if [[ -z ${own[$parent]:-} ]]; then
+        leak_cmdline_into "$parent" parent_cmd
+        [[ $parent_cmd =~ $LEAK_MATCH ]] && continue
+      fi
       LEAK_ROOT_PIDS+=("$pid")
     done
   fi
@@ -77,6 +84,29 @@ leak_select_roots() {
     fi
   done
   return 0
+}
+
+# Puts the watcher's own processes into the associative array named $1
+# (PID -> 1), which --match never watches: the watching shell and its
+# ancestors (`timeout 5 gpu-leak-watch --match X` would match X in its own
+# command line, as would a launcher script), and what the watching shell
+# started (the detector, python3 ...gpuguard_leakcheck.py, matched
+# --match python; nvidia-smi's loops; sleep). A wrapped job is the
+# wrapper's child, not the watching subshell's: it is not among them.
+# shellcheck disable=SC2034,SC2004 # nameref: fills the caller's associative array
+leak_own_pids_into() {
+  local -n own_ref=$1
+  local pid=$BASHPID
+  local -a tree
+  while [[ -n $pid && $pid != 0 && -z ${own_ref[$pid]:-} ]]; do
+    own_ref[$pid]=1
+    pid=${GG_PROC_PPID[$pid]:-}
+  done
+  own_ref[$$]=1
+  gg_proc_tree_into "$BASHPID" tree
+  for pid in "${tree[@]}"; do
+    own_ref[$pid]=1
+  done
 }
 
 # One cycle: sample, build the sample lines, run the detector, emit events,

@@ -493,6 +493,51 @@ def test_match_that_matches_nothing_says_what_it_waits_for(box, tmp_path):
     assert "no process matches 'no-such-training-job-[0-9]+' yet; waiting for one" in err_of(proc)
 
 
+@pytest.mark.slow
+def test_match_never_watches_the_watcher_its_launcher_or_its_detector(box, tmp_path):
+    """Before, `timeout 5 gpu-leak-watch --match zzz-nothing` found 1
+    process matching: timeout's own command line; and a pattern matching
+    the detector (python3 ...gpuguard_leakcheck.py serve) watched it."""
+    box.write_scenario([{"gpus": [{"utilization.gpu": 0, "memory.used": 0, "power.draw": 70.0}], "apps": []}])
+    pattern = "zzz-nothing|gpuguard_leakcheck"
+    err_path = tmp_path / "watch.err"
+    with open(err_path, "w") as err:
+        proc = subprocess.Popen(["timeout", "60", WATCH, "--match", pattern],
+                                env=env_for(box, LEAK_MATCH_NOTICE_S="1"), stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=err, preexec_fn=default_signals)
+    try:
+        assert wait_for(lambda: err_path.read_text().count("still waiting for a process matching") >= 2,
+                        timeout=30), err_path.read_text()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        finish(proc)
+    assert "found" not in err_path.read_text()
+
+
+@pytest.mark.slow
+def test_match_from_a_launcher_that_matches_watches_its_matching_job(box, tmp_path):
+    """A launcher script whose own command line matches the pattern, and
+    that starts the job and the watcher: the job is watched, not the
+    launcher (which holds the watcher itself)."""
+    box.write_scenario([{"gpus": [{"utilization.gpu": 0, "memory.used": 0, "power.draw": 70.0}], "apps": []}])
+    job_pid = tmp_path / "job.pid"
+    launcher = ('python3 -c "import time; time.sleep(120)" job-marker-42 & echo $! > "$2"; '
+                '"$1" --match job-marker-42; kill $!')
+    err_path = tmp_path / "watch.err"
+    with open(err_path, "w") as err:
+        proc = subprocess.Popen(["bash", "-c", launcher, "job-marker-42", WATCH, str(job_pid)],
+                                env=env_for(box), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=err, preexec_fn=default_signals, start_new_session=True)
+    try:
+        assert wait_for(lambda: "matching 'job-marker-42'" in err_path.read_text(), timeout=30), \
+            err_path.read_text()
+        pid = int(job_pid.read_text())
+        assert "found 1 process(es) matching 'job-marker-42': PID %d\n" % pid in err_path.read_text()
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        finish(proc)
+
+
 def test_match_with_an_invalid_pattern_is_one_line_exit_2(box):
     r = watch(box, "--match", "train(")
     assert r.returncode == 2 and r.stderr == "gpu-leak-watch: --match: invalid regular expression 'train('\n"
