@@ -638,24 +638,35 @@ leak_lock() {
   return 1
 }
 
-# Removes the lock files of a wrapped job's instance: the name is used once
-# (the wrapper's PID), so leaving them would grow the state folder forever.
+# Removes the lock files and the detector state of a wrapped job's
+# instance once its watcher has stopped: the name is used once (the
+# wrapper's PID), so leaving them would grow the state folder forever.
+# Nothing needs the state after the job: its history and identity stay in
+# history/ for `report` (pruned by gg_retention), and `status` lists the
+# job as ended once no state holds its series (as a daemon's detector
+# forgets a process that ended).
 leak_unlock_job() {
   [[ $LEAK_INSTANCE == job-* && -n $LEAK_LOCK_FILE ]] || return 0
-  rm -f -- "$LEAK_LOCK_FILE" "$LEAK_LOCK_FILE.pid"
+  rm -f -- "$LEAK_LOCK_FILE" "$LEAK_LOCK_FILE.pid" "$GPUGUARD_STATE_DIR/leak-state-$LEAK_INSTANCE.json"
 }
 
-# Removes the lock files of wrapped jobs whose wrapper was killed before it
-# could, so they do not pile up. A job lock is named after its wrapper's
-# PID: no such process, no owner. (Taking the lock to test it would make a
-# starting wrapper's own gg_lock fail.)
-leak_sweep_job_locks() {
-  local lockfile pid
-  for lockfile in "$GPUGUARD_STATE_DIR"/leak-job-*.lock; do
-    pid=${lockfile##*/leak-job-}
+# Removes the lock files and detector states of wrapped jobs whose wrapper
+# was killed before it could, so they do not pile up. They are named after
+# the wrapper's PID: no such process, no owner. (Taking the lock to test it
+# would make a starting wrapper's own gg_lock fail.)
+leak_sweep_jobs() {
+  local path pid
+  for path in "$GPUGUARD_STATE_DIR"/leak-job-*.lock; do
+    pid=${path##*/leak-job-}
     pid=${pid%.lock}
     [[ $pid =~ ^[0-9]+$ && ! -d /proc/$pid ]] || continue
-    rm -f -- "$lockfile" "$lockfile.pid"
+    rm -f -- "$path" "$path.pid"
+  done
+  for path in "$GPUGUARD_STATE_DIR"/leak-state-job-*.json; do
+    pid=${path##*/leak-state-job-}
+    pid=${pid%.json}
+    [[ $pid =~ ^[0-9]+$ && ! -d /proc/$pid ]] || continue
+    rm -f -- "$path"
   done
   return 0
 }
@@ -832,7 +843,7 @@ leak_job_watch_check() {
     # by --on-leak kill)
     return 0
   else
-    leak_sweep_job_locks
+    leak_sweep_jobs
   fi
 }
 

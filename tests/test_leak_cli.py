@@ -5,6 +5,7 @@ terminal), several watchers share a box, --match says what it waits for,
 runner started in the background of a script inherits SIGINT ignored, which
 would hide a job that cannot be interrupted)."""
 import fcntl
+import json
 import os
 import resource
 import select
@@ -335,6 +336,57 @@ def test_two_wrapped_jobs_run_at_once_on_one_state_folder(box, tmp_path):
     # timestamp,pid,used_memory_mib[,...]
     assert [history_rows(box, pid)[0].split(",")[1:3] for pid in pids] == [[str(pids[0]), "3000"],
                                                                             [str(pids[1]), "5000"]]
+
+
+@pytest.mark.slow
+def test_a_wrapped_job_leaves_no_detector_state_and_status_lists_it_as_ended(box, tmp_path):
+    """Each `gpu-leak-watch -- CMD` left leak-state-job-<pid>.json behind
+    for ever (retention kept it), and while it was there `gpuguard status`
+    took the job for one still watched, never for one that ended."""
+    box.write_scenario([{"gpus": [{"utilization.gpu": 0, "memory.used": 0, "power.draw": 70.0}], "apps": []}])
+    cmd, started, release = gate_job(tmp_path, "a", 3)
+    proc = start(box, tmp_path, "--", *cmd)
+    try:
+        assert wait_for(started.exists, timeout=30), err_of(proc)
+        pid = job_pid_of(proc)
+        box.write_scenario([{"gpus": [{"utilization.gpu": 50, "memory.used": 5000, "power.draw": 300.0}],
+                             "apps": [{"pid": pid, "process_name": "bash", "used_memory": 3000}]}])
+        assert wait_for(lambda: len(history_rows(box, pid)) >= 2 and any(box.state.glob("leak-state-job-*")),
+                        timeout=30), err_of(proc)
+        release.touch()
+        assert finish(proc) == 3, err_of(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert list(box.state.glob("leak-state*")) == [] and history_rows(box, pid)
+    box.write_scenario([{"gpus": [{"utilization.gpu": 0, "memory.used": 0, "power.draw": 70.0}], "apps": []}])
+    r = subprocess.run([str(ROOT / "bin" / "gpuguard"), "status", "--json"], env=env_for(box), text=True,
+                       capture_output=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert [j["pid"] for j in json.loads(r.stdout)["ended_jobs"]] == [pid]
+
+
+def test_detector_states_of_killed_wrappers_and_of_long_gone_watchers_are_swept(box):
+    box.state.mkdir()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    killed = box.state / f"leak-state-job-{dead.pid}.json"      # its wrapper was killed by SIGKILL
+    old = box.state / "leak-state-pid-77.json"                  # a watcher that last ran 40 days ago
+    for path in (killed, old):
+        path.write_text('{"series":{},"meta":{}}')
+    os.utime(old, (time.time() - 40 * 86400,) * 2)
+    box.write_scenario([{"gpus": [{"utilization.gpu": 0, "memory.used": 0, "power.draw": 70.0}], "apps": []}])
+    r = watch(box, "--", "true", env=env_for(box, LEAK_INTERVAL="60"))
+    assert r.returncode == 0, r.stderr
+    assert not killed.exists()
+    target = subprocess.Popen(["sleep", "30"])
+    try:
+        r = watch(box, "--pid", str(target.pid), "--once")
+    finally:
+        target.kill()
+        target.wait()
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in box.state.glob("leak-state*")) == ["leak-state-pid-%d.json" % target.pid]
 
 
 def test_a_wrapped_job_runs_beside_an_all_daemon_and_a_second_daemon_is_refused(box, tmp_path):
