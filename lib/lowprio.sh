@@ -35,90 +35,226 @@ lowprio_init() {
   fi
 }
 
-# The shipped tiers table, used when the tiers file cannot be read (a guard
-# never stops a job from starting): same columns as etc/lowprio-tiers.conf.
+# The shipped tiers table, used when the tiers file cannot be read or has a
+# bad line (a guard never stops a job from starting): same columns as
+# etc/lowprio-tiers.conf.
 LP_BUILTIN_TIERS='system -5 best-effort:0 200 - -
 online 0 best-effort:4 100 - -
 batch 15 idle idle 60 weight=10,wbps=12%,rbps=10%,adaptive=on
 offline 19 idle idle - weight=1,wbps=2%,rbps=10%,adaptive=on'
 
-# Loads a tier from the tiers table into the plan.
-# Globals:
-#   LOWPRIO_TIERS (file; default etc/lowprio-tiers.conf)
-lowprio_load_tier() {
-  local want=$1 file=${LOWPRIO_TIERS:-$GPUGUARD_ROOT/etc/lowprio-tiers.conf}
-  local tier nice io weight cap disk names='' table
-  if [[ -r $file ]]; then
-    table=$(<"$file")
+# The largest size --io-max, --mem-high and --mem-max take: 1024T (2^50
+# bytes). Far above any disk or memory, and far below 2^63, where bash's
+# arithmetic would wrap a larger N times its unit around to a small or
+# negative number.
+LP_SIZE_MAX=1125899906842624
+
+# Sets LP_WHY to "WHAT (got 'VALUE')", the value shown as an error line may
+# show it (one line, no control characters).
+lowprio_why_got() {
+  # (gg_shown_into splits a list by IFS: a caller's IFS=, must not reach it)
+  local shown IFS=$' \t\n'
+  gg_shown_into shown "$2" 40
+  LP_WHY="$1 (got $shown)"
+}
+
+# Puts a whole number within MIN..MAX into the variable named $1: decimal
+# digits only, a leading '-' only where MIN is below 0, leading zeros read
+# as decimal ("09" is 9, "010" is 10). The text goes through the one
+# numeric check (gg_number_into) before any arithmetic: bash would read
+# "09" as a bad octal number (a raw "value too great for base" line) and
+# "010" as 8, and wrap a number past 2^63.
+# Arguments:
+#   $1 variable, $2 text, $3 MIN, $4 MAX
+# Returns:
+#   1 (the variable set to '') when the text is not such a number
+lowprio_int_into() {
+  local -n _int_ref=$1
+  local _int_text=$2 _int_min=$3 _int_max=$4 _int_abs
+  _int_ref=''
+  if [[ $_int_text == -* ]]; then
+    ((_int_min < 0)) || return 1
+    gg_number_into _int_abs "${_int_text#-}" int 0 "$((-_int_min))" || return 1
+    _int_ref=$((-_int_abs))
   else
-    gg_log warn "cannot read the tiers file $file: using the built-in tiers"
-    table=$LP_BUILTIN_TIERS
+    ((_int_max >= 0)) || return 1
+    gg_number_into _int_abs "$_int_text" int "$((_int_min > 0 ? _int_min : 0))" "$_int_max" || return 1
+    # shellcheck disable=SC2034 # nameref: assigns the caller's variable
+    _int_ref=$_int_abs
   fi
+}
+
+# Checks a nice value (-20..19) into the variable named $1; LP_WHY says why
+# not.
+lowprio_nice_into() {
+  lowprio_int_into "$1" "$2" -20 19 && return 0
+  lowprio_why_got "takes -20..19" "$2"
+  return 1
+}
+
+# Checks a CPU weight (1-10000, or idle: the cgroup idle class) into the
+# variable named $1; LP_WHY says why not.
+lowprio_weight_into() {
+  local -n _weight_ref=$1
+  if [[ $2 == idle ]]; then
+    # shellcheck disable=SC2034 # nameref: assigns the caller's variable
+    _weight_ref=idle
+    return 0
+  fi
+  lowprio_int_into "$1" "$2" 1 10000 && return 0
+  lowprio_why_got "takes 1-10000 or idle" "$2"
+  return 1
+}
+
+# Loads a tier from the tiers table into the plan. Only --tier's name can
+# be wrong here (the user's own typo: exit 2): the table was checked as a
+# whole when read.
+lowprio_load_tier() {
+  local want=$1 tier nice io weight cap disk names='' table
+  lowprio_tiers_into table
   while read -r tier nice io weight cap disk; do
-    [[ -z $tier || $tier == \#* ]] && continue
     names+="${names:+, }$tier"
     [[ $tier == "$want" ]] || continue
     LP_TIER=$tier
-    LP_NICE=$nice
-    lowprio_parse_io "$io" || return
+    lowprio_nice_into LP_NICE "$nice"
+    lowprio_parse_io "$io"
+    lowprio_weight_into weight "$weight"
     LP_SET[cpu_weight]=$weight
     if [[ $cap != - ]]; then
+      lowprio_int_into cap "$cap" 1 100
       LP_SET[cpu_max]=$((cap * $(nproc) * 10)) # millicores
     fi
     lowprio_parse_disk_policy "${disk:--}"
-    return
+    return 0
   done <<<"$table"
   gg_usage_error "unknown tier '$want' (tiers: $names)"
+}
+
+# Puts the tiers table into the variable named $1, one tier a line with
+# comments and blank lines left out: the tiers file (LOWPRIO_TIERS, default
+# etc/lowprio-tiers.conf) read and checked as a whole, every column as
+# --nice, --io-class, --cpu-weight and the disk policy check them. A file
+# that cannot be read, or a bad line in it (one warning each,
+# "FILE:LINE: why"), gives the built-in tiers: a typo there must neither
+# stop every job nor reach a cgroup file. A UTF-8 BOM and CRLF line ends
+# (a file edited on Windows) are read as plain text.
+lowprio_tiers_into() {
+  local -n tiers_ref=$1
+  local file=${LOWPRIO_TIERS:-$GPUGUARD_ROOT/etc/lowprio-tiers.conf}
+  local line n=0 bad=0 tier nice io weight cap disk extra v text='' why
+  local -A seen=()
+  tiers_ref=$LP_BUILTIN_TIERS
+  if [[ ! -f $file || ! -r $file ]]; then
+    gg_log warn "cannot read the tiers file $file: using the built-in tiers"
+    return 0
+  fi
+  while IFS= read -r line || [[ -n $line ]]; do
+    n=$((n + 1))
+    ((n == 1)) && line=${line#$'\xef\xbb\xbf'}
+    line=${line%$'\r'}
+    read -r tier nice io weight cap disk extra <<<"$line"
+    [[ -z $tier || $tier == \#* ]] && continue
+    why=''
+    if [[ -n $extra ]]; then
+      why="more than 6 columns"
+    elif [[ -z $cap ]]; then
+      why="too few columns (tier nice io cpu_weight cpu_max_pct [disk])"
+    elif [[ ! $tier =~ ^[A-Za-z0-9_.-]+$ ]]; then
+      lowprio_why_got "a tier's name is letters, digits, '_', '.' or '-'" "$tier"
+      why=$LP_WHY
+    elif [[ -n ${seen[$tier]:-} ]]; then
+      why="tier $tier is defined twice (first on line ${seen[$tier]})"
+    elif ! lowprio_nice_into v "$nice"; then
+      why="the nice column $LP_WHY"
+    elif ! lowprio_parse_io "$io"; then
+      why="the I/O class column $LP_WHY"
+    elif ! lowprio_weight_into v "$weight"; then
+      why="the cpu_weight column $LP_WHY"
+    elif [[ $cap != - ]] && ! lowprio_int_into v "$cap" 1 100; then
+      lowprio_why_got "the cpu_max_pct column takes - or 1-100" "$cap"
+      why=$LP_WHY
+    elif ! lowprio_parse_disk_policy "${disk:--}"; then
+      why="the disk column $LP_WHY"
+    fi
+    if [[ -n $why ]]; then
+      gg_log warn "$file:$n: $why; using the built-in tiers"
+      bad=1
+      continue
+    fi
+    seen[$tier]=$n
+    text+="${text:+$'\n'}$tier $nice $io $weight $cap ${disk:--}"
+  done <"$file"
+  if ((bad)); then
+    return 0
+  fi
+  if [[ -z $text ]]; then
+    gg_log warn "$file: no tier in it: using the built-in tiers"
+    return 0
+  fi
+  # shellcheck disable=SC2034 # nameref: assigns the caller's variable
+  tiers_ref=$text
 }
 
 # Parses a tier's disk column: "-" (the disk is not bounded) or
 # weight=W,wbps=P%,rbps=P%[,adaptive=on|off]: io.weight W where iocost is
 # on; io.max at those fractions of the disk's measured write and read
 # bandwidth, only while another cgroup uses the disk (adaptive=on), or
-# always where iocost is off (adaptive=off).
+# always where iocost is off (adaptive=off). Returns 1 with LP_WHY saying
+# why when the column is not that.
 lowprio_parse_disk_policy() {
-  local kv
+  local kv v
   LP_DISK_WEIGHT='' LP_DISK_WPCT='' LP_DISK_RPCT='' LP_DISK_ADAPTIVE=off
   [[ $1 == - ]] && return 0
   local IFS=,
   for kv in $1; do
     case $kv in
-      weight=*) [[ ${kv#*=} =~ ^[0-9]+$ ]] && ((${kv#*=} >= 1 && ${kv#*=} <= 10000)) && LP_DISK_WEIGHT=${kv#*=} && continue ;;
-      wbps=*%) [[ ${kv:5:-1} =~ ^[0-9]+$ ]] && ((${kv:5:-1} >= 1 && ${kv:5:-1} <= 100)) && LP_DISK_WPCT=${kv:5:-1} && continue ;;
-      rbps=*%) [[ ${kv:5:-1} =~ ^[0-9]+$ ]] && ((${kv:5:-1} >= 1 && ${kv:5:-1} <= 100)) && LP_DISK_RPCT=${kv:5:-1} && continue ;;
+      weight=*) lowprio_int_into v "${kv#*=}" 1 10000 && LP_DISK_WEIGHT=$v && continue ;;
+      wbps=*%) lowprio_int_into v "${kv:5:-1}" 1 100 && LP_DISK_WPCT=$v && continue ;;
+      rbps=*%) lowprio_int_into v "${kv:5:-1}" 1 100 && LP_DISK_RPCT=$v && continue ;;
       adaptive=on | adaptive=off) LP_DISK_ADAPTIVE=${kv#*=} && continue ;;
     esac
-    gg_usage_error "tier $LP_TIER: the disk column takes - or weight=1-10000,wbps=1-100%,rbps=1-100%,adaptive=on|off (got '$kv')"
-    return
+    lowprio_why_got "takes - or weight=1-10000,wbps=1-100%,rbps=1-100%,adaptive=on|off" "$kv"
+    return 1
   done
+  [[ -n $1 ]] && return 0
+  lowprio_why_got "takes - or weight=1-10000,wbps=1-100%,rbps=1-100%,adaptive=on|off" "$1"
+  return 1
 }
 
 # Parses an I/O class: idle | best-effort[:LEVEL] | LEVEL (best-effort).
+# Returns 1 with LP_WHY saying why when it is not one.
 lowprio_parse_io() {
   case $1 in
     idle) LP_IO_CLASS=3 LP_IO_LEVEL='' ;;
     best-effort) LP_IO_CLASS=2 LP_IO_LEVEL=4 ;;
     best-effort:[0-7]) LP_IO_CLASS=2 LP_IO_LEVEL=${1#*:} ;;
     [0-7]) LP_IO_CLASS=2 LP_IO_LEVEL=$1 ;;
-    realtime* | 1:*) gg_usage_error "the realtime I/O class is not offered: it can starve the box" ;;
-    *) gg_usage_error "--io-class takes idle, best-effort or 0-7 (got '$1')" ;;
+    realtime* | 1:*)
+      LP_WHY="takes idle, best-effort or 0-7: the realtime I/O class is not offered, it can starve the box"
+      return 1
+      ;;
+    *)
+      lowprio_why_got "takes idle, best-effort, best-effort:0-7 or 0-7" "$1"
+      return 1
+      ;;
   esac
 }
 
-# Converts a size (bytes, or with K/M/G/T, base 1024) to bytes in $2.
+# Converts a size (bytes, or with K/M/G/T, base 1024) to bytes in $2: the
+# number in decimal digits, the bytes at most LP_SIZE_MAX.
 # shellcheck disable=SC2034 # nameref: assigns the caller's variable
 lowprio_size_into() {
   # private names: a caller's variable of the same name would be shadowed
   local -n size_ref=$2
-  local _size_num=${1%[KkMmGgTt]} _size_unit=${1:${#1}-1}
-  [[ $_size_num =~ ^[0-9]+$ ]] || return 1
+  local _size_num=${1%[KkMmGgTt]} _size_unit=${1:${#1}-1} _size_mult=1
   case $_size_unit in
-    [Kk]) size_ref=$((_size_num * 1024)) ;;
-    [Mm]) size_ref=$((_size_num * 1024 ** 2)) ;;
-    [Gg]) size_ref=$((_size_num * 1024 ** 3)) ;;
-    [Tt]) size_ref=$((_size_num * 1024 ** 4)) ;;
-    *) size_ref=$_size_num ;;
+    [Kk]) _size_mult=1024 ;;
+    [Mm]) _size_mult=$((1024 ** 2)) ;;
+    [Gg]) _size_mult=$((1024 ** 3)) ;;
+    [Tt]) _size_mult=$((1024 ** 4)) ;;
   esac
+  lowprio_int_into _size_num "$_size_num" 0 "$((LP_SIZE_MAX / _size_mult))" || return 1
+  size_ref=$((_size_num * _size_mult))
 }
 
 # Adds --io-max [DEV:]rbps=N,wbps=N to LP_IO_MAX_USER, keyed by the whole
@@ -148,12 +284,26 @@ lowprio_io_max_add() {
   local IFS=,
   for kv in $spec; do
     if [[ ! $kv =~ ^(rbps|wbps)=([0-9]+[KkMmGgTt]?)$ ]] || ! lowprio_size_into "${kv#*=}" bytes || ((bytes == 0)); then
-      gg_usage_error "--io-max: '$kv' is not rbps=N or wbps=N with N bytes per second and an optional K, M, G or T (base 1024), e.g. wbps=200M"
+      gg_usage_error "--io-max: '$kv' is not rbps=N or wbps=N with N bytes per second and an optional K, M, G or T (base 1024), at most 1024T, e.g. wbps=200M"
       return
     fi
     out+="${out:+ }${kv%%=*}=$bytes"
   done
   LP_IO_MAX_USER[$majmin]=$out
+}
+
+# Puts --cpu-max's CPUs ("2", "0.5": one decimal at most) into the variable
+# named $1 as millicores; LP_WHY says why not.
+lowprio_cpu_max_into() {
+  local -n _cpu_ref=$1
+  local _cpu_whole _cpu_tenth=0
+  if [[ $2 =~ ^([0-9]+)(\.([0-9]))?$ ]] && lowprio_int_into _cpu_whole "${BASH_REMATCH[1]}" 0 65536; then
+    [[ -n ${BASH_REMATCH[3]} ]] && _cpu_tenth=${BASH_REMATCH[3]}
+    _cpu_ref=$((_cpu_whole * 1000 + _cpu_tenth * 100))
+    ((_cpu_ref > 0 && _cpu_ref <= 65536000)) && return 0
+  fi
+  lowprio_why_got "takes a number of CPUs such as 2 or 0.5" "$2"
+  return 1
 }
 
 # Parses the options into the plan; sets LP_ARGS to the command.
@@ -189,25 +339,21 @@ lowprio_parse_options() {
       --tier) shift ;;
       --tier=*) ;;
       --nice)
-        [[ ${2:-} =~ ^-?[0-9]+$ ]] && ((${2} >= -20 && ${2} <= 19)) ||
-          gg_usage_error "--nice takes -20..19 (got '${2:-}')" || return
-        LP_NICE=$2
+        lowprio_nice_into LP_NICE "${2:-}" || gg_usage_error "--nice $LP_WHY" || return
         shift
         ;;
       --io-class)
-        lowprio_parse_io "${2:-}" || return
+        lowprio_parse_io "${2:-}" || gg_usage_error "--io-class $LP_WHY" || return
         shift
         ;;
       --cpu-weight)
-        [[ ${2:-} == idle || (${2:-} =~ ^[0-9]+$ && $2 -ge 1 && $2 -le 10000) ]] ||
-          gg_usage_error "--cpu-weight takes 1-10000 or idle (got '${2:-}')" || return
-        LP_SET[cpu_weight]=$2
+        lowprio_weight_into v "${2:-}" || gg_usage_error "--cpu-weight $LP_WHY" || return
+        LP_SET[cpu_weight]=$v
         shift
         ;;
       --cpu-max)
-        [[ ${2:-} =~ ^([0-9]+)(\.([0-9]))?$ ]] && [[ ${2} != 0 && $2 != 0.0 ]] ||
-          gg_usage_error "--cpu-max takes a number of CPUs such as 2 or 0.5 (got '${2:-}')" || return
-        LP_SET[cpu_max]=$((BASH_REMATCH[1] * 1000 + ${BASH_REMATCH[3]:-0} * 100))
+        lowprio_cpu_max_into v "${2:-}" || gg_usage_error "--cpu-max $LP_WHY" || return
+        LP_SET[cpu_max]=$v
         shift
         ;;
       --mem-high | --mem-max)
@@ -246,13 +392,16 @@ lowprio_parse_options() {
         done
         ;;
       --pids-max)
-        [[ ${2:-} =~ ^[0-9]+$ && $2 -ge 1 ]] || gg_usage_error "--pids-max takes a number (got '${2:-}')" || return
-        LP_SET[pids_max]=$2
+        # the kernel's own ceiling on PIDs (PID_MAX_LIMIT)
+        lowprio_int_into v "${2:-}" 1 4194304 || gg_usage_error "--pids-max takes 1-4194304 (got '${2:-}')" || return
+        LP_SET[pids_max]=$v
         shift
         ;;
       --cpulimit)
-        [[ ${2:-} =~ ^[0-9]+$ && $2 -ge 1 ]] || gg_usage_error "--cpulimit takes a percentage (got '${2:-}')" || return
-        LP_CPULIMIT=$2
+        # cpulimit's own range: 100 % per CPU
+        lowprio_int_into v "${2:-}" 1 "$(($(nproc) * 100))" ||
+          gg_usage_error "--cpulimit takes a percentage, 1-$(($(nproc) * 100)) here (got '${2:-}')" || return
+        LP_CPULIMIT=$v
         shift
         ;;
       --attach)

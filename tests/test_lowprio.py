@@ -105,6 +105,41 @@ def test_bad_input_is_one_line_and_exit_2(args, message):
     assert message in r.stderr and len(r.stderr.splitlines()) == 1
 
 
+@pytest.mark.parametrize("args,message", [
+    (["--io-max", "wbps=9999999999T"], "--io-max: 'wbps=9999999999T' is not rbps=N or wbps=N"),   # wrapped past 2^64
+    (["--io-max", "wbps=99999999999999999999"], "--io-max: 'wbps=99999999999999999999' is not rbps=N"),
+    (["--io-max", "wbps=1025T"], "--io-max: 'wbps=1025T' is not rbps=N or wbps=N"),
+    (["--nice", "1O"], "--nice takes -20..19 (got '1O')"),
+    (["--nice", "99999999999999999999"], "--nice takes -20..19 (got '99999999999999999999')"),
+    (["--nice", "-099"], "--nice takes -20..19 (got '-099')"),
+    (["--cpu-weight", "0x10"], "--cpu-weight takes 1-10000 or idle (got '0x10')"),
+    (["--cpu-max", "99999999999999999999"], "--cpu-max takes a number of CPUs such as 2 or 0.5"),
+    (["--pids-max", "99999999999999999999"], "--pids-max takes 1-4194304 (got '99999999999999999999')"),
+    (["--mem-max", "99999999999999999999G"], "--mem-max takes a size such as 8G or 512M"),
+])
+def test_a_number_that_is_not_plain_decimal_or_too_large_is_one_line_exit_2(tmp_path, args, message):
+    """One check for every number: decimal digits only, an upper bound; no
+    raw bash arithmetic error, no value wrapped around in 64 bits."""
+    require(disk_of(tmp_path) is not None, "the test's folder on a block device")
+    marker = tmp_path / "started"
+    r = run(args + ["--", "touch", str(marker)], cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert message in r.stderr and len(r.stderr.splitlines()) == 1, r.stderr
+    assert not marker.exists()
+
+
+def test_leading_zeros_are_read_as_decimal():
+    """'09' is 9 and '010' is 10 (bash alone reads the first as a bad octal
+    number and the second as 8)."""
+    r = run(["--nice", "09", "--cpu-weight", "010", "--pids-max", "08", "--cpu-max", "02.5", "--explain"])
+    assert r.returncode == 0, r.stderr
+    assert "would apply: nice 9," in r.stdout
+    for setting in ("cpu_weight=10", "pids_max=8", "cpu_max=2500"):
+        assert setting in r.stdout
+    r = run(["--nice", "010", "--dry-run", "--", "x"])
+    assert r.returncode == 0 and " nice -n 10 " in r.stdout, r.stderr
+
+
 def test_raising_priority_needs_root(tmp_path):
     if os.geteuid() != 0:
         r = run(["--tier", "system", "--", "true"])
@@ -625,6 +660,61 @@ def test_an_unreadable_tiers_file_does_not_stop_the_job():
         assert "cannot read the tiers file %s: using the built-in tiers" % tiers in r.stderr
     finally:
         subprocess.run(["rm", "-rf", top])
+
+
+def shipped_tiers():
+    return (ROOT / "etc" / "lowprio-tiers.conf").read_text()
+
+
+NICE_AND_WEIGHT = "cut -d' ' -f19 /proc/self/stat"
+
+
+@pytest.mark.parametrize("tier,old,new,why", [
+    ("batch", r"^batch(\s+)15 ", r"batch\g<1>1O ", "the nice column takes -20..19 (got '1O')"),
+    ("batch", r"^(batch.*)wbps=12%", r"\g<1>wbps=12", "the disk column takes - or weight=1-10000,wbps=1-100%,rbps=1-100%,"
+                                      "adaptive=on|off (got 'wbps=12')"),
+    ("batch", r"^(batch.*)adaptive=on", r"\g<1>adaptive=yes", "the disk column takes - or weight=1-10000,wbps=1-100%,rbps=1-100%,"
+                                              "adaptive=on|off (got 'adaptive=yes')"),
+    ("batch", r"^batch(\s+15\s+)idle", r"batch\g<1>idel", "the I/O class column takes idle, best-effort, "
+                                                           "best-effort:0-7 or 0-7 (got 'idel')"),
+    ("batch", r"^online.*$", "garbage", "too few columns"),
+    ("offline", r"^offline.*$", "offline 19 idle", "too few columns"),
+    ("offline", r"^(offline\s+19\s+idle\s+)idle", r"\g<1>idl", "the cpu_weight column takes 1-10000 or idle (got 'idl')"),
+], ids=["nice", "percent", "adaptive", "io-class", "garbage", "cut-row", "weight"])
+def test_a_typo_in_the_tiers_file_is_named_once_and_the_job_runs_under_the_built_in_tiers(tmp_path, tier, old,
+                                                                                            new, why):
+    """A tiers file is checked as a whole when read: a bad line is one
+    warning, FILE:LINE: why, and the job starts fully limited by the
+    built-in tiers; no bash error, no bogus value in a cgroup file."""
+    text = re.sub(old, new, shipped_tiers(), count=1, flags=re.MULTILINE)
+    assert text != shipped_tiers()
+    line = next(i for i, (a, b) in enumerate(zip(text.splitlines(), shipped_tiers().splitlines()), 1) if a != b)
+    tiers = tmp_path / "tiers.conf"
+    tiers.write_text(text)
+    root = fake_v2_root(tmp_path)
+    r = run(["--tier", tier, "--", "sh", "-c", NICE_AND_WEIGHT],
+            env=dict(fake_v2_env(tmp_path, root), LOWPRIO_TIERS=str(tiers)))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == {"batch": "15", "offline": "19"}[tier]
+    warnings = [x for x in r.stderr.splitlines() if str(tiers) in x]
+    assert warnings == [warnings[0]] and "%s:%d: %s" % (tiers, line, why) in warnings[0], r.stderr
+    assert "using the built-in tiers" in warnings[0]
+    assert "((" not in r.stderr and "invalid" not in r.stderr
+    (leaf,) = root.glob("gpuguard-lowprio-*")
+    files = {p.name: p.read_text().strip() for p in leaf.iterdir()}
+    assert files["cpu.idle"] == "1" and "cpu.weight" not in files
+    assert files.get("cpu.max") == ({"batch": "%d 100000" % (60 * CPUS * 10 * 100)}.get(tier))
+
+
+def test_a_tiers_file_with_crlf_and_a_bom_is_read_as_plain_text(tmp_path):
+    """Saved by a Windows editor: the BOM and the CR line ends are no typo."""
+    tiers = tmp_path / "tiers.conf"
+    text = re.sub(r"^batch(\s+)15 ", r"batch\g<1>12 ", shipped_tiers(), flags=re.MULTILINE)
+    tiers.write_bytes(b"\xef\xbb\xbf" + text.replace("\n", "\r\n").encode())
+    r = run(["--", "sh", "-c", NICE_AND_WEIGHT], env={"LOWPRIO_MECHANISM": "autogroup", "LOWPRIO_TIERS": str(tiers)})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "12\n"
+    assert "tiers" not in r.stderr
 
 
 @pytest.mark.parametrize("text,name", [("write error: Device or resource busy", "EBUSY"),
