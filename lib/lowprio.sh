@@ -619,7 +619,9 @@ lowprio_ionice_opts_into() {
 }
 
 # The command prefix that applies nice and ionice before exec (inherited by
-# every thread and child), and cpulimit when asked.
+# every thread and child), and cpulimit when asked. It ends with "--", so
+# that a job whose name starts with '-' is run, not read as an option of
+# the tool before it.
 lowprio_wrapper_into() {
   local -n wrap_ref=$1
   wrap_ref=(nice -n "$LP_NICE")
@@ -633,8 +635,36 @@ lowprio_wrapper_into() {
   if [[ -n $LP_CPULIMIT ]]; then
     # LimitCPU (Debian's cpulimit): -m follows forks. It works by SIGSTOP:
     # it can freeze NCCL collectives; cpu.max is the better cap.
-    wrap_ref+=(cpulimit -l "$LP_CPULIMIT" -m --)
+    wrap_ref+=(cpulimit -l "$LP_CPULIMIT" -m)
   fi
+  wrap_ref+=(--)
+}
+
+# Prints a shell's one-line error naming lowprio-run and the command, and
+# returns 127 (not found) or 126 (not executable), when the job's command
+# cannot be run; returns 0 when it can. Checked before anything is set up,
+# so that the error is not nice's or ionice's ("ionice: failed to execute
+# ...") and nothing is measured or created for a job that cannot start.
+lowprio_command_check() {
+  local cmd=$1
+  if [[ $cmd == */* ]]; then
+    if [[ ! -e $cmd ]]; then
+      printf '%s: %s: No such file or directory\n' "$GG_PROG" "$cmd" >&2
+      return 127
+    fi
+    if [[ -d $cmd ]]; then
+      printf '%s: %s: Is a directory\n' "$GG_PROG" "$cmd" >&2
+      return 126
+    fi
+    if [[ ! -x $cmd ]]; then
+      printf '%s: %s: Permission denied\n' "$GG_PROG" "$cmd" >&2
+      return 126
+    fi
+  elif ! type -P -- "$cmd" >/dev/null; then
+    printf '%s: %s: command not found\n' "$GG_PROG" "$cmd" >&2
+    return 127
+  fi
+  return 0
 }
 
 # Passes a signal on to the job. Before the job exists it is kept and sent
@@ -663,6 +693,15 @@ lowprio_keyboard_reached_job() {
   gg_proc_stat_into "/proc/$$/stat" m && gg_proc_stat_into "/proc/$LP_CHILD/stat" j || return 1
   # field 5 is the process group, field 8 (tpgid) the terminal's foreground one
   ((m[7] > 0 && m[4] == m[7] && j[4] == m[7]))
+}
+
+# Before anything is set up for a job (not for --explain, --dry-run or
+# --attach): its command must exist, else the shell's exit status (127 or
+# 126) and nothing is created or measured.
+lowprio_run_prepare() {
+  ((LP_EXPLAIN || LP_DRY_RUN)) && return 0
+  [[ -z $LP_ATTACH ]] || return 0
+  lowprio_command_check "${LP_ARGS[0]}"
 }
 
 # Runs the command under the plan; forwards INT, TERM, HUP and QUIT;

@@ -60,9 +60,9 @@ def run(args, env=None, timeout=60, **kw):
 def test_dry_run_shows_tier_and_overrides():
     r = run(["--tier", "offline", "--dry-run", "--", "swift", "sft", "--model_type", "qwen3-7b"])
     assert r.returncode == 0, r.stderr
-    assert r.stdout.endswith("nice -n 19 ionice -c 3 swift sft --model_type qwen3-7b\n")
+    assert r.stdout.endswith("nice -n 19 ionice -c 3 -- swift sft --model_type qwen3-7b\n")
     r = run(["--tier", "batch", "--nice", "10", "--io-class", "5", "--dry-run", "--", "x"])
-    assert r.stdout.endswith("nice -n 10 ionice -c 2 -n 5 x\n")
+    assert r.stdout.endswith("nice -n 10 ionice -c 2 -n 5 -- x\n")
 
 
 def test_io_max_without_a_device_limits_the_disk_of_the_current_folder():
@@ -158,6 +158,29 @@ def test_arguments_pass_verbatim_and_exit_code_returns(mechanism):
     assert r.stdout == "".join("[%s]\n" % a for a in args)
     r = run(["--", "sh", "-c", "exit 42"], env={"LOWPRIO_MECHANISM": mechanism})
     assert r.returncode == 42
+
+
+@pytest.mark.parametrize("mechanism", ["autogroup", "cgroup-v2"])
+def test_a_missing_command_is_named_by_lowprio_run_and_a_dash_command_runs(tmp_path, mechanism):
+    """The error names lowprio-run and the job's command, as a shell would
+    (not ionice's "failed to execute"); a job whose name starts with '-'
+    runs as a command, not as an option of nice or ionice."""
+    env = {"LOWPRIO_MECHANISM": mechanism}
+    if mechanism == "cgroup-v2":
+        env.update(fake_v2_env(tmp_path, fake_v2_root(tmp_path)))
+    r = run(["--", "nosuchcmd-gg", "arg"], env=env)
+    assert r.returncode == 127
+    assert r.stderr == "lowprio-run: nosuchcmd-gg: command not found\n"
+    r = run(["--", str(tmp_path / "nothere")], env=env)
+    assert r.returncode == 127 and r.stderr == "lowprio-run: %s: No such file or directory\n" % (tmp_path / "nothere")
+    dash = tmp_path / "bin" / "-x"
+    dash.parent.mkdir()
+    dash.write_text('#!/bin/sh\necho "ran $*"\n')
+    dash.chmod(0o755)
+    env["PATH"] = "%s:%s" % (dash.parent, os.environ["PATH"])
+    r = run(["--", "-x", "a b"], env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "ran a b\n"
 
 
 def default_signals():
@@ -745,7 +768,7 @@ def test_systemd_scope_when_systemd_owns_the_tree(tmp_path):
     assert args[:4] == ["--scope", "--quiet", "--collect", "--unit"]
     for prop in ("CPUWeight=idle", "CPUQuota=%d%%" % (60 * CPUS), "MemoryMax=4294967296", "MemorySwapMax=0"):
         assert prop in args
-    assert args[args.index("--") + 1:] == ["nice", "-n", "15", "ionice", "-c", "3", "sh", "-c", "echo ran; exit 3"]
+    assert args[args.index("--") + 1:] == ["nice", "-n", "15", "ionice", "-c", "3", "--", "sh", "-c", "echo ran; exit 3"]
 
 
 def test_cpulimit_only_when_asked_and_with_the_debian_flags(tmp_path):
