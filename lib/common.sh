@@ -422,7 +422,8 @@ gg_rotate_by_size() {
 # Bounds the state folder's disk use in one pass: events.jsonl and the log
 # rotated by size (one old copy each), rejected outbox files (*.bad) and
 # leak watcher states (leak-state-*.json) untouched for RETENTION_DAYS
-# removed, stray temporary files after an hour, history files
+# removed, stray temporary files after an hour (a disk measurement's
+# 256 MiB file of a lowprio-run killed mid-way too), history files
 # (one per leak series) removed after RETENTION_DAYS and then, oldest first,
 # until at most HISTORY_MAX_FILES files and HISTORY_MAX_MB remain.
 # Ages count from gg_now (GPUGUARD_NOW pins it), so replays age files too.
@@ -440,7 +441,8 @@ gg_retention() {
   # (a leak watcher writes its leak-state-<instance>.json every cycle: one
   # untouched for RETENTION_DAYS is a watcher's that is long gone)
   find "$dir" "$dir/outbox" "$dir/history" "$dir/ledger" -maxdepth 1 -type f \
-    \( \( -name '*.tmp' -o -name '*.tmp.*' -o -name '*.tmp[0-9]*' \) ! -newermt "@$((now - 3600))" \
+    \( \( -name '*.tmp' -o -name '*.tmp.*' -o -name '*.tmp[0-9]*' -o -name '.gpuguard-disk-measure.*' \) \
+    ! -newermt "@$((now - 3600))" \
     -o \( -path "$dir/outbox/*.bad" -o -path "$dir/leak-state*.json" \) ! -newermt "@$cutoff" \) \
     -delete 2>/dev/null || true
   # newest first: keep while under both caps and younger than the cutoff

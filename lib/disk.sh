@@ -134,49 +134,151 @@ disk_rate_since() {
   printf '%d' "$((bytes * 1000000 / usec))"
 }
 
+# The measurement's temporary files: ".gpuguard-disk-measure.XXXXXX" in the
+# folder disk_probe_folder picks. One left behind (lowprio-run killed with
+# SIGKILL mid-measurement) is removed by the next measurement in that
+# folder and by gg_retention in the state folder, once an hour old (a
+# measurement takes two minutes at most).
+DISK_MEASURE_PREFIX=.gpuguard-disk-measure.
+
+# Removes this user's measurement files older than an hour from folder $1.
+disk_measure_sweep() {
+  find "$1" -maxdepth 1 -type f -name "$DISK_MEASURE_PREFIX*" -user "$EUID" -mmin +60 -delete 2>/dev/null || true
+}
+
 # Measures a disk: writes LOWPRIO_MEASURE_MIB (default 256) MiB with
 # O_DIRECT and a final flush into a new temporary file on it, reads it back
 # with O_DIRECT, removes it; caches and puts "WRITE_B/S READ_B/S UNIX_TIME"
 # into the variable named $2. Returns 1 with DISK_ERROR set when it cannot
 # (no writable folder on the disk, too little space, no O_DIRECT there).
+# INT, TERM, HUP and QUIT stop it at once (its dd runs in the background,
+# where a signal does not wait for it to finish): the temporary file is
+# removed, DISK_ERROR says which signal, DISK_SIGNAL holds it, and the
+# signal is raised again for the caller's own handling once its traps are
+# back (lowprio-run keeps it for the job it then starts; --measure-disk
+# ends by it).
 # Arguments:
 #   $1 MAJ:MIN, $2 variable, $3 an extra folder to try (the job's)
 # shellcheck disable=SC2034 # DISK_ERROR is read by the callers
 disk_measure_into() {
-  local majmin=$1 extra=${3:-} dir tmp mib=${LOWPRIO_MEASURE_MIB:-256} start w r avail err
+  local majmin=$1 extra=${3:-} dir tmp mib start w r avail err saved_traps rc
   local -n measured_ref=$2
-  DISK_ERROR=''
+  DISK_ERROR='' DISK_SIGNAL=''
+  # (a test knob: anything but a plain number is the default; no bash
+  # arithmetic on it before that)
+  gg_number_into mib "${LOWPRIO_MEASURE_MIB:-256}" int 1 1000000000000 || mib=256
   if ! dir=$(disk_probe_folder "$majmin" "$extra"); then
     DISK_ERROR="no folder on disk $majmin that $(id -un) may write a temporary file in"
     return 1
   fi
+  disk_measure_sweep "$dir"
   avail=$(df -Pk -- "$dir" 2>/dev/null | awk 'NR == 2 { print $4 }')
   if [[ ! $avail =~ ^[0-9]+$ ]] || ((avail < mib * 1024 * 2)); then
     DISK_ERROR="less than $((mib * 2)) MiB free in $dir for the measurement"
     return 1
   fi
-  tmp=$(mktemp -- "$dir/.gpuguard-disk-measure.XXXXXX") || {
+  saved_traps=$(trap -p INT TERM HUP QUIT)
+  trap 'DISK_SIGNAL=${DISK_SIGNAL:-INT}' INT
+  trap 'DISK_SIGNAL=${DISK_SIGNAL:-TERM}' TERM
+  trap 'DISK_SIGNAL=${DISK_SIGNAL:-HUP}' HUP
+  trap 'DISK_SIGNAL=${DISK_SIGNAL:-QUIT}' QUIT
+  if ! disk_measure_file_into tmp "$dir"; then
     DISK_ERROR="cannot create a temporary file in $dir"
-    return 1
-  }
-  start=$EPOCHREALTIME
-  # bounded: a disk that hangs must not keep the job from starting
-  if ! err=$(timeout 60 dd if=/dev/zero of="$tmp" bs=1M count="$mib" oflag=direct conv=fsync,notrunc status=none 2>&1); then
-    rm -f -- "$tmp"
-    DISK_ERROR="the O_DIRECT write in $dir failed: ${err:-took over 60 s}"
-    DISK_ERROR=${DISK_ERROR%%$'\n'*}
-    return 1
-  fi
-  w=$(disk_rate_since "$((mib * 1048576))" "$start")
-  start=$EPOCHREALTIME
-  if timeout 60 dd if="$tmp" of=/dev/null bs=1M iflag=direct status=none 2>/dev/null; then
-    r=$(disk_rate_since "$((mib * 1048576))" "$start")
   else
-    r=0
+    start=$EPOCHREALTIME
+    rc=0
+    disk_dd_into err if=/dev/zero of="$tmp" bs=1M count="$mib" oflag=direct conv=fsync,notrunc || rc=$?
+    if [[ -z $DISK_SIGNAL ]] && ((rc != 0)); then
+      DISK_ERROR="the O_DIRECT write in $dir failed: ${err:-took over 60 s}"
+    elif [[ -z $DISK_SIGNAL ]]; then
+      w=$(disk_rate_since "$((mib * 1048576))" "$start")
+      start=$EPOCHREALTIME
+      if disk_dd_into err if="$tmp" of=/dev/null bs=1M iflag=direct; then
+        r=$(disk_rate_since "$((mib * 1048576))" "$start")
+      else
+        r=0
+      fi
+    fi
+    rm -f -- "$tmp"
   fi
-  rm -f -- "$tmp"
+  trap - INT TERM HUP QUIT
+  eval "$saved_traps"
+  if [[ -n $DISK_SIGNAL ]]; then
+    DISK_ERROR="interrupted by SIG$DISK_SIGNAL"
+    kill -s "$DISK_SIGNAL" "$BASHPID"
+    return 1
+  fi
+  [[ -z $DISK_ERROR ]] || return 1
   measured_ref="$w $r $(printf '%(%s)T' -1)"
   disk_cache_store "$majmin" "$measured_ref"
+}
+
+# Creates the measurement's temporary file in folder $2 (a new name, never
+# one already there) and puts its path into the variable named $1. In this
+# shell, not in mktemp's command substitution: a ^C there would kill the
+# substitution after the file was made and before its name came back,
+# leaving a file nobody knows to remove.
+disk_measure_file_into() {
+  local -n file_ref=$1
+  local name try had_noclobber=0
+  file_ref=''
+  [[ $- == *C* ]] && had_noclobber=1
+  set -C
+  for try in 1 2 3 4 5; do
+    printf -v name '%s/%s%03x%03x' "$2" "$DISK_MEASURE_PREFIX" "$((RANDOM % 4096))" "$((RANDOM % 4096))"
+    [[ -e $name || -L $name ]] && continue
+    if { : >"$name"; } 2>/dev/null; then
+      file_ref=$name
+    fi
+    break
+  done
+  ((had_noclobber)) || set +C
+  [[ -n $file_ref ]]
+}
+
+# Runs dd with the arguments given, bounded to 60 s (a disk that hangs must
+# not keep the job from starting), in the background so that a signal
+# caught meanwhile (disk_measure_into's traps set DISK_SIGNAL) stops it at
+# once instead of after the whole write. Puts dd's first error line into
+# the variable named $1.
+# Returns:
+#   dd's status (timeout's 124 after 60 s); 1 when stopped by a signal
+disk_dd_into() {
+  local -n dd_err=$1
+  shift
+  local pid rc pipe tries=0
+  dd_err=''
+  [[ -z $DISK_SIGNAL ]] || return 1
+  # dd's error line waits in a pipe (no file); both ends on one descriptor
+  exec {pipe}<> <(:)
+  timeout 60 dd "$@" status=none 2>&"$pipe" &
+  pid=$!
+  while :; do
+    rc=0
+    wait "$pid" || rc=$?
+    # a caught signal ends wait early, with the dd still running
+    if [[ -n $DISK_SIGNAL ]]; then
+      # timeout leads a process group of its own, so a ^C at the terminal
+      # did not reach the dd. TERM goes to that whole group: timeout
+      # signalled alone before it knows its child's PID exits and leaves
+      # the dd writing. Then wait for the group to be gone.
+      kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
+      wait "$pid" 2>/dev/null || true
+      while kill -0 -- "-$pid" 2>/dev/null && ((tries < 100)); do
+        sleep 0.05
+        tries=$((tries + 1))
+      done
+      rc=1
+      break
+    fi
+    ((rc > 128)) && kill -0 "$pid" 2>/dev/null && continue
+    break
+  done
+  if ((rc != 0)) && read -r -t 0 -u "$pipe"; then
+    read -r -u "$pipe" dd_err || true
+  fi
+  exec {pipe}<&-
+  return "$rc"
 }
 
 # Replaces a disk's line in the cache (other disks' lines stay). A cache

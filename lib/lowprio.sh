@@ -682,8 +682,22 @@ lowprio_forward() {
     gg_log debug "$sig from the terminal reached the job too: not sent again"
     return 0
   fi
+  lowprio_job_wait_exec
   gg_log debug "passing $sig on to the job (PID $LP_CHILD)"
   kill -s "$sig" "$LP_CHILD" 2>/dev/null || true
+}
+
+# Waits (5 s at most) until the job's process has left lowprio-run's own
+# bash for nice, setsid or systemd-run: a forked bash still runs
+# lowprio-run's trap handlers for a moment and then resets them, and a
+# signal caught in between is lost (a HUP kept from the set-up reached a
+# job that then ran on). It may be entering its cgroup meanwhile.
+lowprio_job_wait_exec() {
+  local tries=0
+  while [[ /proc/$LP_CHILD/exe -ef /proc/$$/exe ]] && ((tries < 100)); do
+    sleep 0.05
+    tries=$((tries + 1))
+  done
 }
 
 # True when lowprio-run and the job are both in the foreground process group
@@ -697,11 +711,21 @@ lowprio_keyboard_reached_job() {
 
 # Before anything is set up for a job (not for --explain, --dry-run or
 # --attach): its command must exist, else the shell's exit status (127 or
-# 126) and nothing is created or measured.
+# 126) and nothing is created or measured. From here on INT, TERM, HUP and
+# QUIT are kept for the job: one that comes during the set-up (the disk's
+# first measurement takes seconds) stops what is under way, is passed on
+# once the job has started, and lowprio-run then ends with the job's
+# status. A guard never stops a job from starting, and lowprio-run never
+# dies alone half-way, leaving a cgroup or a measurement file behind.
 lowprio_run_prepare() {
+  local sig
   ((LP_EXPLAIN || LP_DRY_RUN)) && return 0
   [[ -z $LP_ATTACH ]] || return 0
-  lowprio_command_check "${LP_ARGS[0]}"
+  lowprio_command_check "${LP_ARGS[0]}" || return
+  for sig in INT TERM HUP QUIT; do
+    # shellcheck disable=SC2064 # the signal name is fixed now
+    trap "lowprio_forward $sig" "$sig"
+  done
 }
 
 # Runs the command under the plan; forwards INT, TERM, HUP and QUIT;
@@ -720,13 +744,10 @@ lowprio_run() {
     return 0
   fi
   lowprio_report
-  local sig started=$EPOCHREALTIME
-  # Set before the job starts: a signal that comes while it is being
-  # started is kept and passed on, not lost or fatal to lowprio-run alone.
-  for sig in INT TERM HUP QUIT; do
-    # shellcheck disable=SC2064 # the signal name is fixed now
-    trap "lowprio_forward $sig" "$sig"
-  done
+  local started=$EPOCHREALTIME
+  # (the traps are set since lowprio_run_prepare: a signal that comes while
+  # the job is being started is kept and passed on, not lost or fatal to
+  # lowprio-run alone)
   # stdin passed explicitly: bash gives background jobs /dev/null.
   (
     # In the child, before exec: bash makes a background job ignore QUIT
@@ -1218,7 +1239,11 @@ lowprio_disk_fallback() {
       return 0
     fi
     gg_state_dir_init >/dev/null 2>&1 || true
-    if ! disk_measure_into "$majmin" bw "$PWD"; then
+    if [[ -n ${LP_PENDING_SIGNAL:-} ]]; then
+      # the job gets a signal as soon as it starts: no measurement first
+      DISK_ERROR="not measured: SIG$LP_PENDING_SIGNAL came before the job started"
+    fi
+    if [[ -n ${LP_PENDING_SIGNAL:-} ]] || ! disk_measure_into "$majmin" bw "$PWD"; then
       if [[ -n $iocost ]]; then
         LP_DISK_MECH[$majmin]+="; no adaptive io.max: the disk's bandwidth could not be measured: $DISK_ERROR"
         return 0

@@ -1175,6 +1175,88 @@ def test_bad_disk_input_is_one_line_exit_2_and_the_job_never_starts(tmp_path, ar
     assert not marker.exists()
 
 
+MEASURE_MIB = 300
+
+
+def measuring(tmp_path):
+    """The measurement's temporary files in the state folder (where a
+    first measurement writes when the state folder is on the job's disk)."""
+    return list((tmp_path / "state").glob(".gpuguard-disk-measure.*"))
+
+
+def start_measuring(tmp_path, args):
+    """Starts lowprio-run in a session of its own with a first disk
+    measurement of MEASURE_MIB to do; returns once its file exists."""
+    require(disk_of(tmp_path) is not None, "the test's folder on a block device")
+    free = os.statvfs(tmp_path)
+    require(free.f_bavail * free.f_frsize > 3 * MEASURE_MIB << 20, "%d MiB free for the measurement" % (3 * MEASURE_MIB))
+    root = fake_v2_root(tmp_path)
+    env = dict(lowprio_environ(**fake_v2_env(tmp_path, root)), LOWPRIO_MEASURE_MIB=str(MEASURE_MIB))
+    proc = subprocess.Popen([str(ROOT / "bin/lowprio-run")] + args, cwd=tmp_path, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=default_signals, start_new_session=True)
+    assert wait_for(lambda: measuring(tmp_path) or proc.poll() is not None, timeout=60)
+    require(proc.poll() is None, "the disk measured %d MiB before a signal could be sent" % MEASURE_MIB)
+    return proc
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig,to", [(signal.SIGTERM, "lowprio-run"), (signal.SIGINT, "its group"),
+                                    (signal.SIGHUP, "lowprio-run")])
+def test_a_signal_during_the_first_disk_measurement_stops_it_removes_its_file_and_reaches_the_job(tmp_path, sig,
+                                                                                                  to):
+    """TERM to lowprio-run (a scheduler) or ^C to its group (the terminal)
+    while the disk is being measured for the first time: the measurement
+    stops at once and its temporary file goes; the job still starts (a
+    guard never stops it), gets the signal, and its status is lowprio-run's."""
+    proc = start_measuring(tmp_path, ["--", "sleep", "30"])
+    try:
+        if to == "its group":
+            os.killpg(proc.pid, sig)
+        else:
+            proc.send_signal(sig)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert measuring(tmp_path) == [], err
+    assert proc.returncode == 128 + sig, err
+    assert "could not be measured: interrupted by %s" % sig.name in err
+    assert "job ended with status %d" % (128 + sig) in err
+    assert not (tmp_path / "state" / "disk-bandwidth").exists()
+    assert subprocess.run(["pgrep", "-f", "of=%s/state/.gpuguard-disk-measure" % tmp_path]).returncode == 1
+
+
+@pytest.mark.slow
+def test_measure_disk_interrupted_leaves_no_file_and_a_stale_one_is_swept(tmp_path):
+    proc = start_measuring(tmp_path, ["--measure-disk"])
+    try:
+        os.killpg(proc.pid, signal.SIGINT)                       # ^C
+        proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == -signal.SIGINT
+    assert measuring(tmp_path) == []
+    # one left by a lowprio-run killed with SIGKILL two hours ago
+    stale = tmp_path / "state" / ".gpuguard-disk-measure.AbC123"
+    stale.write_bytes(b"x" * 4096)
+    os.utime(stale, (time.time() - 7200, time.time() - 7200))
+    r = subprocess.run(["bash", "-c", "source lib/common.sh; gg_retention"], cwd=ROOT, capture_output=True,
+                       text=True, env=lowprio_environ())
+    assert r.returncode == 0, r.stderr
+    assert not stale.exists()
+    stale.write_bytes(b"x" * 4096)
+    os.utime(stale, (time.time() - 7200, time.time() - 7200))
+    fresh = tmp_path / "state" / ".gpuguard-disk-measure.XyZ789"     # another run's, under way
+    fresh.write_bytes(b"x")
+    r = run(["--measure-disk"], cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert not stale.exists() and fresh.exists()
+
+
 def test_report_gives_each_disks_bytes_rate_and_time_held_back(tmp_path):
     disk = disk_of(tmp_path)
     require(disk is not None, "the test's folder on a block device")
