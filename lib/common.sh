@@ -26,10 +26,13 @@ gg_log() {
   local line
   printf -v line '%(%Y-%m-%d %H:%M:%S)T %-5s %s: %s' -1 "${level^^}" \
     "${GG_PROG:-gpuguard}" "$*"
+  # A line that cannot be written (stderr on a terminal that hung up: EIO)
+  # is lost, never fatal: under set -e it would end a command that must
+  # outlive its terminal (gpu-leak-watch's wrapper, waiting for its job).
   if [[ -n "${GPUGUARD_LOG:-}" ]]; then
-    gg_append "$GPUGUARD_LOG" "$line"$'\n' 2>/dev/null || printf '%s\n' "$line" >&2
+    gg_append "$GPUGUARD_LOG" "$line"$'\n' 2>/dev/null || printf '%s\n' "$line" >&2 2>/dev/null || true
   else
-    printf '%s\n' "$line" >&2
+    printf '%s\n' "$line" >&2 2>/dev/null || true
   fi
   if [[ "${GPUGUARD_SYSLOG:-0}" == 1 ]] && command -v logger >/dev/null; then
     local prio=$level

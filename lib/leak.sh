@@ -803,18 +803,18 @@ leak_job_grouped() {
 # Trap handler for SIGTSTP (Ctrl-Z at the terminal): stops the job's group,
 # then the wrapper, as a shell's job would stop. SIGSTOP, because the kernel
 # drops SIGTSTP sent to a group in another session (orphaned) that keeps
-# the default action.
+# the default action. The SIGCONT of fg or bg resumes the wrapper right
+# here, and the job's group with it. SIGCONT has no trap of its own: a
+# terminal that hangs up sends SIGHUP and SIGCONT together, and bash,
+# waiting for the job, runs the trap of the one delivered last and drops
+# the other (its handler jumps out of the wait with the first one's
+# frame still stacked), so a CONT trap cost the job its SIGHUP.
 leak_job_suspend() {
   LEAK_JOB_SIGNALLED=1
   if [[ -n $LEAK_JOB_PID ]]; then
     kill -STOP -- "-$LEAK_JOB_PID" 2>/dev/null || kill -STOP "$LEAK_JOB_PID" 2>/dev/null || true
   fi
   kill -STOP $$
-}
-
-# Trap handler for SIGCONT (fg or bg in the calling shell): resumes the job.
-leak_job_resume() {
-  LEAK_JOB_SIGNALLED=1
   if [[ -n $LEAK_JOB_PID ]]; then
     kill -CONT -- "-$LEAK_JOB_PID" 2>/dev/null || kill -CONT "$LEAK_JOB_PID" 2>/dev/null || true
   fi
@@ -951,7 +951,6 @@ leak_job_main() {
     trap "leak_job_forward $sig" "$sig"
   done
   trap leak_job_suspend TSTP
-  trap leak_job_resume CONT
   # the configuration is read first: once the job runs, the wrapper only
   # waits (a job killed by a signal while the shell runs something else
   # gets bash's "Killed" notice printed)
@@ -992,7 +991,7 @@ leak_job_main() {
     wait "$watcher" 2>/dev/null || true
     leak_unlock_job
   fi
-  trap - INT TERM HUP QUIT TSTP CONT
+  trap - INT TERM HUP QUIT TSTP
   if [[ $LEAK_LAST_SIGNAL == INT ]] && ((rc == 130)); then
     kill -INT $$
   fi

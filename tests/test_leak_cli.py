@@ -299,6 +299,41 @@ def test_ctrl_z_at_a_terminal_stops_the_job_and_fg_resumes_it(box, tmp_path):
         term.close()
 
 
+def test_a_terminal_that_hangs_up_sends_the_job_sighup_and_the_wrapper_waits_for_it(box, tmp_path):
+    """An SSH connection drops: the terminal's session leader, the wrapper,
+    gets SIGHUP and SIGCONT together. The job gets SIGHUP, as it would run
+    directly, and the wrapper, whose log lines now go to a terminal that is
+    gone (EIO), waits for it and exits with its status."""
+    record, pid_file = tmp_path / "signals", tmp_path / "job.pid"
+    master, slave = os.openpty()
+
+    def session():
+        default_signals()
+        os.setsid()
+        fcntl.ioctl(slave, termios.TIOCSCTTY, 0)
+
+    job = ["sh", "-c", 'echo $$ > "$1"; shift; exec "$@"', "_", str(pid_file), sys.executable, "-c", RECORDER,
+           str(record)]
+    proc = subprocess.Popen([WATCH, "--", *job], env=env_for(box), stdin=slave, stdout=slave, stderr=slave,
+                            preexec_fn=session, pass_fds=(slave,))
+    os.close(slave)
+    try:
+        assert wait_for(lambda: (tmp_path / "signals.ready").exists(), timeout=30)
+        os.close(master)                                         # the terminal hangs up
+        master = None
+        rc = finish(proc)
+    finally:
+        if master is not None:
+            os.close(master)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if pid_file.exists() and state_of(int(pid_file.read_text())) != "gone":
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    assert record.read_text().splitlines() == ["SIGHUP"]
+    assert rc == 128 + signal.SIGHUP
+
+
 # ------------------------------------------------------ several per box --
 
 def job_pid_of(proc):
