@@ -11,6 +11,10 @@ lowprio_init() {
   declare -gA LP_SET=() # cgroup settings: cpu_weight cpu_max mem_high mem_max io_max io_prio pids_max
   declare -g LP_TIER='' LP_NICE='' LP_IO_CLASS='' LP_IO_LEVEL='' LP_CPULIMIT='' LP_ATTACH=''
   declare -g LP_MECHANISM='' LP_CHILD='' LP_PENDING_SIGNAL='' LP_REPORT=0
+  # the signal witnesses (PID, the pipe that keeps them alive), and until
+  # when a second copy of a signal is taken for the first one's twin
+  declare -g LP_WIT_GROUP_PID='' LP_WIT_GROUP_FD='' LP_WIT_SESSION_PID='' LP_WIT_SESSION_FD='' LP_SIGNAL_WHY=''
+  declare -gA LP_ECHO_UNTIL=()
   declare -ga LP_NOTES=()
   # the disks: --io-max per disk (MAJ:MIN -> "rbps=N wbps=N"), the tier's
   # disk policy, and, once planned, the disks the job may write with why
@@ -667,18 +671,213 @@ lowprio_command_check() {
   return 0
 }
 
-# Passes a signal on to the job. Before the job exists it is kept and sent
-# once the job is started. INT and QUIT typed at the terminal already reached
-# the job when it shares the terminal's foreground process group with
-# lowprio-run: sending them again would interrupt the job's own clean-up
-# (a second KeyboardInterrupt during a checkpoint save).
+# ------------------------------------------------- passing signals on --
+# INT, TERM, HUP and QUIT that reach lowprio-run are passed on to the job,
+# exactly once whichever way they came: a second SIGINT or SIGTERM breaks
+# the job's clean-up (a KeyboardInterrupt in the middle of a checkpoint
+# save). A signal sent to lowprio-run alone (kill PID, docker stop, a
+# supervisor's or Python's terminate()) reached only lowprio-run and must be
+# passed on. One sent to lowprio-run's process group (the terminal's ^C, ^\
+# and hang-up, timeout, kill -- -PGID, a shell's kill %1, gpu-leak-watch
+# passing one on) reached the job too when the job is in that group (every
+# mechanism but autogroup, whose job has a session of its own). One sent to
+# every process of a cgroup (systemd's KillMode=control-group, scancel)
+# reached the job too when the job is in lowprio-run's cgroup or below it
+# (every mechanism but systemd's, whose scope is a unit of its own).
+#
+# bash cannot see who sent a signal (no siginfo, no si_code), so two
+# witnesses tell: processes (a cat reading a pipe that only lowprio-run
+# writes) that keep these four signals blocked, so that one sent to them
+# stays pending, readable in /proc/PID/status, without the witness having
+# to run at all (no race, even when the job keeps every CPU busy). The
+# group witness shares lowprio-run's process group and cgroup; the session
+# witness has a session (and group) of its own in lowprio-run's cgroup. A
+# signal pending at the session witness was sent to the whole cgroup; at
+# the group witness alone, to the process group; at neither, to
+# lowprio-run alone. It is passed on unless the job, as it stands then
+# (its process group and cgroups are read), was among those it went to. A
+# witness that has seen a signal is replaced by a fresh one.
+
+# The bits of HUP (1), INT (2), QUIT (3) and TERM (15) in a signal mask.
+LP_WIT_MASK=$(((1 << 0) | (1 << 1) | (1 << 2) | (1 << 14)))
+
+# Prints the mask bit of signal $1 (HUP, INT, QUIT or TERM).
+lowprio_signal_bit() {
+  case $1 in
+    HUP) printf 1 ;;
+    INT) printf 2 ;;
+    QUIT) printf 4 ;;
+    TERM) printf '%d' $((1 << 14)) ;;
+    *) printf 0 ;;
+  esac
+}
+
+# Starts the witness $1 (group or session) in place of an earlier one and
+# waits (1 s at most) until its signals are blocked. None where env has no
+# --block-signal (coreutils before 8.31) or, for the session one, where
+# setsid is missing: lowprio_job_got then cannot tell.
+lowprio_witness_start() {
+  local kind=$1 fd pid tries
+  lowprio_witness_stop "$kind"
+  if [[ $kind == session ]]; then
+    command -v setsid >/dev/null || return 0
+    # (setsid does not fork: a process substitution leads no process group)
+    exec {fd}> >(exec setsid env --block-signal=INT,TERM,HUP,QUIT cat >/dev/null 2>&1)
+    pid=$!
+    LP_WIT_SESSION_FD=$fd LP_WIT_SESSION_PID=$pid
+  else
+    exec {fd}> >(exec env --block-signal=INT,TERM,HUP,QUIT cat >/dev/null 2>&1)
+    pid=$!
+    LP_WIT_GROUP_FD=$fd LP_WIT_GROUP_PID=$pid
+  fi
+  for ((tries = 0; tries < 20; tries++)); do
+    lowprio_witness_read "$pid" && return 0
+    [[ -d /proc/$pid ]] || break
+    sleep 0.05
+  done
+  gg_log debug "no $kind witness (env --block-signal?): every signal is passed on to the job"
+  lowprio_witness_stop "$kind"
+}
+
+# Ends the witness $1 (group or session): its pipe closed, then SIGKILL
+# (a governor started later holds the pipe too).
+lowprio_witness_stop() {
+  case $1 in
+    group)
+      [[ -n $LP_WIT_GROUP_FD ]] && exec {LP_WIT_GROUP_FD}>&-
+      [[ -n $LP_WIT_GROUP_PID ]] && { kill -KILL "$LP_WIT_GROUP_PID" 2>/dev/null || true; }
+      LP_WIT_GROUP_FD='' LP_WIT_GROUP_PID=''
+      ;;
+    session)
+      [[ -n $LP_WIT_SESSION_FD ]] && exec {LP_WIT_SESSION_FD}>&-
+      [[ -n $LP_WIT_SESSION_PID ]] && { kill -KILL "$LP_WIT_SESSION_PID" 2>/dev/null || true; }
+      LP_WIT_SESSION_FD='' LP_WIT_SESSION_PID=''
+      ;;
+  esac
+  return 0
+}
+
+# Puts the signals pending at witness PID $1 (a mask) into LP_WIT_PENDING.
+# Returns 1 unless it is our armed witness: a cat, lowprio-run's child,
+# with the four signals blocked (before its exec it is a bash, and a PID
+# can be reused once it is gone).
+lowprio_witness_read() {
+  local pid=$1 key value name='' ppid='' blocked=0 pending=0
+  LP_WIT_PENDING=0
+  [[ -n $pid ]] || return 1
+  {
+    while read -r key value; do
+      case $key in
+        Name:) name=$value ;;
+        PPid:) ppid=$value ;;
+        SigPnd: | ShdPnd:) [[ $value =~ ^[0-9a-f]{16}$ ]] && pending=$((pending | 16#$value)) ;;
+        SigBlk:) [[ $value =~ ^[0-9a-f]{16}$ ]] && blocked=$((16#$value)) ;;
+      esac
+    done <"/proc/$pid/status"
+  } 2>/dev/null || return 1
+  [[ $name == cat && $ppid == "$$" ]] && (((blocked & LP_WIT_MASK) == LP_WIT_MASK)) || return 1
+  LP_WIT_PENDING=$pending
+}
+
+# True when the job's process group is lowprio-run's.
+lowprio_job_in_our_group() {
+  local -a m j
+  gg_proc_stat_into "/proc/$$/stat" m && gg_proc_stat_into "/proc/$LP_CHILD/stat" j || return 1
+  # field 5: the process group
+  ((m[4] == j[4]))
+}
+
+# True when the job is in lowprio-run's cgroup or below it in every
+# hierarchy (a systemd scope is not: it is a unit of its own).
+lowprio_job_in_our_cgroup() {
+  local id list path ours
+  local -A mine=()
+  {
+    while IFS=: read -r id list path; do
+      mine["$id:$list"]=$path
+    done <"/proc/$$/cgroup"
+    while IFS=: read -r id list path; do
+      ours=${mine["$id:$list"]-/}
+      [[ $ours == / || $path == "$ours" || $path == "$ours"/* ]] || return 1
+    done <"/proc/$LP_CHILD/cgroup"
+  } 2>/dev/null || return 1
+}
+
+# Says whether the job already got signal $1 as it reached lowprio-run:
+# returns 0 (yes: not to be passed on), 1 (no), 2 (cannot tell: no armed
+# group witness). When neither witness shows it, it looks again 0.1 s
+# later: systemd and slurmstepd signal a cgroup's processes one at a time,
+# and timeout signals lowprio-run and then its group, so the witnesses'
+# copy can come a moment after lowprio-run's. The same signal again within
+# a second of one that went to the job's group or cgroup, with no trace at
+# the witnesses, is that delivery's twin (timeout's copy to lowprio-run,
+# caught by a trap run of its own).
+lowprio_job_got() {
+  local sig=$1 bit group=0 session=-1 look now got=1
+  bit=$(lowprio_signal_bit "$sig")
+  for look in 1 2; do
+    lowprio_witness_read "$LP_WIT_GROUP_PID" || return 2
+    group=$((LP_WIT_PENDING & bit))
+    session=-1
+    if lowprio_witness_read "$LP_WIT_SESSION_PID"; then
+      session=$((LP_WIT_PENDING & bit))
+    fi
+    ((group == 0 && session <= 0 && look == 1)) || break
+    sleep 0.1
+  done
+  now=${EPOCHREALTIME/[.,]/}
+  if ((session > 0)); then
+    # sent to every process of lowprio-run's cgroup
+    lowprio_job_in_our_cgroup && got=0
+    LP_SIGNAL_WHY="sent to every process of its cgroup"
+  elif ((group > 0 && session == 0)); then
+    lowprio_job_in_our_group && got=0
+    LP_SIGNAL_WHY="sent to its process group"
+  elif ((group > 0)); then
+    # no session witness: the group's or the cgroup's, whichever it was
+    lowprio_job_in_our_group && lowprio_job_in_our_cgroup && got=0
+    LP_SIGNAL_WHY="sent to its process group or cgroup"
+  elif ((now < ${LP_ECHO_UNTIL[$sig]:-0})); then
+    LP_SIGNAL_WHY="a second copy of one sent to its process group or cgroup just before"
+    return 0
+  else
+    return 1
+  fi
+  # the witness that saw it is replaced, so that the next one shows too
+  if ((group > 0)); then
+    lowprio_witness_start group
+  fi
+  if ((session > 0)); then
+    lowprio_witness_start session
+  fi
+  ((got == 0)) && LP_ECHO_UNTIL[$sig]=$((now + 1000000))
+  return "$got"
+}
+
+# Trap handler: passes signal $1 on to the job, unless the job got it
+# already (lowprio_job_got). Before the job exists it is kept, and sent
+# once the job is started ($2 "kept"); the job cannot have had it then.
+# Without witnesses, INT and QUIT are held back only when lowprio-run and
+# the job are both in the terminal's foreground process group (typed at
+# the terminal, they reached the job too).
 lowprio_forward() {
-  local sig=$1
+  local sig=$1 kept=${2:-} got=1
   if [[ -z $LP_CHILD ]]; then
     LP_PENDING_SIGNAL=$sig
     return 0
   fi
-  if [[ $sig == INT || $sig == QUIT ]] && lowprio_keyboard_reached_job; then
+  if [[ -z $kept ]]; then
+    got=0
+    lowprio_job_got "$sig" || got=$?
+  elif lowprio_witness_read "$LP_WIT_GROUP_PID" && ((LP_WIT_PENDING & $(lowprio_signal_bit "$sig"))); then
+    # a copy of the kept signal at the witness is spent
+    lowprio_witness_start group
+  fi
+  if ((got == 0)); then
+    gg_log debug "$sig reached the job too ($LP_SIGNAL_WHY): not sent again"
+    return 0
+  fi
+  if ((got == 2)) && [[ $sig == INT || $sig == QUIT ]] && lowprio_keyboard_reached_job; then
     gg_log debug "$sig from the terminal reached the job too: not sent again"
     return 0
   fi
@@ -726,6 +925,8 @@ lowprio_run_prepare() {
     # shellcheck disable=SC2064 # the signal name is fixed now
     trap "lowprio_forward $sig" "$sig"
   done
+  lowprio_witness_start group
+  lowprio_witness_start session
 }
 
 # Runs the command under the plan; forwards INT, TERM, HUP and QUIT;
@@ -756,6 +957,9 @@ lowprio_run() {
     # session and autogroup at the job's nice (nice alone does not cross
     # sessions).
     trap - INT QUIT
+    # the witnesses' pipes are lowprio-run's alone
+    [[ -z $LP_WIT_GROUP_FD ]] || exec {LP_WIT_GROUP_FD}>&-
+    [[ -z $LP_WIT_SESSION_FD ]] || exec {LP_WIT_SESSION_FD}>&-
     if [[ $LP_MECHANISM == cgroup-* ]]; then
       cg_enter "$BASHPID" || gg_log error "could not enter the cgroup: $CG_LAST_ERROR"
     fi
@@ -768,7 +972,7 @@ lowprio_run() {
   ) <&0 &
   LP_CHILD=$!
   if [[ -n $LP_PENDING_SIGNAL ]]; then
-    lowprio_forward "$LP_PENDING_SIGNAL"
+    lowprio_forward "$LP_PENDING_SIGNAL" kept
   fi
   lowprio_gov_start
   local rc reaped
@@ -780,6 +984,8 @@ lowprio_run() {
     [[ -n ${reaped:-} || $rc == 127 ]] && break
   done
   trap - INT TERM HUP QUIT
+  lowprio_witness_stop group
+  lowprio_witness_stop session
   lowprio_gov_stop
   # In a subshell: whatever a kernel's stat files hold, the report never
   # costs the job's exit status or the clean-up.

@@ -247,7 +247,7 @@ while not os.path.exists(stop):
 
 
 @pytest.mark.parametrize("mechanism,decision", [
-    ("auto", "INT from the terminal reached the job too: not sent again"),   # same process group
+    ("auto", "INT reached the job too (sent to its process group): not sent again"),   # same process group
     ("autogroup", "passing INT on to the job"),                              # own session (setsid)
 ])
 def test_ctrl_c_at_a_terminal_reaches_the_job_once(tmp_path, mechanism, decision):
@@ -274,6 +274,97 @@ def test_ctrl_c_at_a_terminal_reaches_the_job_once(tmp_path, mechanism, decision
         os.close(fd)
     assert os.waitstatus_to_exitcode(status) == 0
     assert marker.read_text() == "INT\n"
+
+
+# Records every INT, TERM, HUP and QUIT it gets, one line each; ends when told.
+RECORDING_JOB = r"""
+import os, signal, sys, time
+marker, ready, stop = sys.argv[1:]
+def got(num, frame):
+    with open(marker, "a") as f:
+        f.write(signal.Signals(num).name + "\n")
+for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+    signal.signal(s, got)
+open(ready, "w").close()
+while not os.path.exists(stop):
+    time.sleep(0.05)
+"""
+
+
+def mechanism_env(tmp_path, mechanism):
+    """The environment that makes lowprio-run pick a mechanism: its own
+    cgroup v2 leaf (a fake root), its own session and autogroup, or a
+    systemd scope (a recording systemd-run that runs what follows)."""
+    if mechanism == "cgroup-v2":
+        return fake_v2_env(tmp_path, fake_v2_root(tmp_path))
+    if mechanism == "systemd":
+        fake = recording_wrapper(tmp_path / "bin", "systemd-run", tmp_path / "args")
+        return {"PATH": "%s:%s" % (fake, os.environ["PATH"]), "LOWPRIO_SYSTEMD": "1"}
+    return {"LOWPRIO_MECHANISM": mechanism}
+
+
+def tree_of(pid):
+    """A process and all its descendants, parents first."""
+    found = [pid]
+    for task in os.listdir("/proc/%d/task" % pid):
+        try:
+            with open("/proc/%d/task/%s/children" % (pid, task)) as f:
+                children = f.read().split()
+        except OSError:
+            children = []
+        for child in children:
+            found += tree_of(int(child))
+    return found
+
+
+@pytest.mark.parametrize("mechanism", ["cgroup-v2", "autogroup", "systemd"])
+@pytest.mark.parametrize("sig,to", [("TERM", "group"), ("INT", "group"), ("HUP", "group"), ("QUIT", "group"),
+                                    ("TERM", "every process"), ("TERM", "lowprio-run")])
+def test_a_signal_to_the_whole_group_or_cgroup_reaches_the_job_exactly_once(tmp_path, mechanism, sig, to):
+    """timeout, kill -- -PGID, a terminal's ^C or gpu-leak-watch passing one
+    on send a signal to lowprio-run's whole process group; systemd and
+    scancel send one to every process of its cgroup. Where that reached the
+    job, lowprio-run must not send it again (a second TERM or INT breaks a
+    checkpoint save); sent to lowprio-run alone, it is passed on. While the
+    signal is sent lowprio-run is stopped, and it goes on only once the job
+    has its copy, so that a second copy from lowprio-run cannot merge with
+    the first in the job's pending signals."""
+    marker, ready, stop, log = tmp_path / "got", tmp_path / "ready", tmp_path / "stop", tmp_path / "log"
+    env = lowprio_environ(GPUGUARD_LOG_LEVEL="debug", GPUGUARD_LOG=str(log), **mechanism_env(tmp_path, mechanism))
+    proc = subprocess.Popen([str(ROOT / "bin/lowprio-run"), "--tier", "online", "--", sys.executable, "-c",
+                             RECORDING_JOB, str(marker), str(ready), str(stop)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=default_signals, start_new_session=True)
+    try:
+        assert wait_for(ready.exists, timeout=60)
+        number = getattr(signal, "SIG" + sig)
+        os.kill(proc.pid, signal.SIGSTOP)
+        if to == "group":
+            os.killpg(proc.pid, number)
+        elif to == "every process":
+            for pid in tree_of(proc.pid):
+                os.kill(pid, number)
+        else:
+            os.kill(proc.pid, number)
+        job_shares_group = mechanism != "autogroup"
+        if to == "every process" or (to == "group" and job_shares_group):
+            assert wait_for(marker.exists, timeout=30)
+        os.kill(proc.pid, signal.SIGCONT)
+        assert wait_for(lambda: log.exists() and ("%s reached the job too" % sig in log.read_text()
+                                                  or "passing %s on to the job" % sig in log.read_text()),
+                        timeout=30)
+        assert wait_for(marker.exists, timeout=30)
+        stop.touch()
+        _, err = proc.communicate(timeout=60)
+    finally:
+        stop.touch()
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert marker.read_text() == "SIG%s\n" % sig, log.read_text()
+    assert proc.returncode == 0, err
+    passed_on = "passing %s on to the job" % sig in log.read_text()
+    assert passed_on == (to == "lowprio-run" or (to == "group" and not job_shares_group)), log.read_text()
 
 
 def test_a_signal_during_start_up_is_not_lost(tmp_path):
