@@ -589,19 +589,24 @@ SMI_TS_GLOB='[0-9][0-9][0-9][0-9]/[0-9][0-9]/[0-9][0-9] [0-9][0-9]:[0-9][0-9]:[0
 # The wrapper of one stream, as `setsid sh -c SCRIPT sh DAEMON_PID CMD...`:
 # a watcher ends the process group once the daemon is gone, and the group
 # ends with nvidia-smi (kill 0: the group of this session leader). Each line
-# comes framed as six digits (its length with the newline) and the line,
-# one write each: bash then reads exact byte counts. (A read with -t or one
+# comes framed: STX (byte 2, which no line holds: control bytes become '?'),
+# six digits (its length with the newline), the line. A frame is built whole
+# and printed with one printf of one string, so it leaves awk in one write
+# of at most 4008 bytes, under PIPE_BUF, which a pipe hands over whole: once
+# a frame's first byte can be read, all of it can (mawk -W interactive
+# writes each piece of a printf format apart, three writes a frame). bash
+# then reads exact byte counts without a timeout. (A read with -t or one
 # of a line goes a byte per system call; a read -N with -t that times out
 # can keep bytes in bash's input buffer that the next read of any other fd
 # then returns.) NUL bytes are dropped (bash drops them and the count would
-# be off), control bytes become '?', a line is cut at 4000 bytes. mawk
-# reads a pipe in blocks unless told -W interactive (SMI_AWK, set by
-# smi_stream_begin, travels in the environment of that sh only).
+# be off), a line is cut at 4000 bytes. mawk reads a pipe in blocks unless
+# told -W interactive (SMI_AWK, set by smi_stream_begin, travels in the
+# environment of that sh only).
 # shellcheck disable=SC2016 # expanded by that sh, not here
 SMI_STREAM_SCRIPT='parent=$1; shift
 { tail -s 1 --pid="$parent" -f /dev/null; kill -KILL 0; } </dev/null >/dev/null 2>&1 &
 "$@" </dev/null | LC_ALL=C $SMI_AWK "{ gsub(/\000/, \"\"); gsub(/[\001-\010\013\014\016-\037\177]/, \"?\")
-  \$0 = substr(\$0, 1, 4000); printf \"%06d%s\\n\", length(\$0) + 1, \$0; fflush() }"
+  \$0 = substr(\$0, 1, 4000); printf \"%s\", sprintf(\"\\002%06d%s\\n\", length(\$0) + 1, \$0); fflush() }"
 kill -KILL 0'
 
 # Asks for resident streams, or for none. Called by a daemon before its
@@ -701,8 +706,14 @@ smi_stream_fail() {
 }
 
 # Appends the lines a stream's pipe holds now to the variable named $2:
-# while the pipe is readable, a frame's six-digit length, then the line
-# (reads of exact byte counts, in large chunks; see SMI_STREAM_SCRIPT).
+# while the pipe is readable, a frame's STX and six-digit length, then the
+# line (reads of exact byte counts, in large chunks; see SMI_STREAM_SCRIPT).
+# These reads have no timeout, and need none: the wrapper writes a frame in
+# one piece that a pipe hands over whole, so the rest of a frame whose first
+# byte came is there already. A frame that does not start with STX means
+# this reader is out of step (a byte lost): it is a broken frame at once,
+# never a length read from the middle of a line and waited for (the loops
+# are then restarted), and so is a length the wrapper never writes.
 # Arguments:
 #   $1 the pipe's fd, $2 variable, $3 (optional) the first byte of a frame,
 #   already read
@@ -710,23 +721,32 @@ smi_stream_fail() {
 #   1 at end of file (the loop ended), 3 on a broken frame
 smi_stream_drain() {
   local -n _sd_buf=$2
-  local _sd_len=${3:-} _sd_line _sd_got=0 LC_ALL=C
+  local _sd_head=${3:-} _sd_line _sd_got=0 LC_ALL=C
   # a flood is taken a bounded bite at a time (the rest waits in the pipe)
-  while ((_sd_got < SMI_STREAM_MAX_BYTES)) && { [[ -n $_sd_len ]] || read -r -t 0 -u "$1" 2>/dev/null; }; do
+  while ((_sd_got < SMI_STREAM_MAX_BYTES)) && { [[ -n $_sd_head ]] || read -r -t 0 -u "$1" 2>/dev/null; }; do
+    # the first byte alone, then the rest: nothing is read past a byte that
+    # is not STX (the pipe may hold less than a length's worth after it)
+    if [[ -z $_sd_head ]]; then
+      IFS= read -r -N 1 -u "$1" _sd_head 2>/dev/null || return 1
+    fi
+    [[ $_sd_head == $'\002' ]] || return 3
     _sd_line=''
-    IFS= read -r -N $((6 - ${#_sd_len})) -u "$1" _sd_line 2>/dev/null || return 1
-    _sd_len+=$_sd_line
-    [[ $_sd_len == +([0-9]) ]] || return 3
-    IFS= read -r -N $((10#$_sd_len)) -u "$1" _sd_line 2>/dev/null || return 1
+    IFS= read -r -N 6 -u "$1" _sd_line 2>/dev/null || return 1
+    # a length of 1 to 4001: a line of up to 4000 bytes and its newline
+    [[ $_sd_line == +([0-9]) ]] && ((10#$_sd_line >= 1 && 10#$_sd_line <= 4001)) || return 3
+    IFS= read -r -N $((10#$_sd_line)) -u "$1" _sd_line 2>/dev/null || return 1
+    # the length counts the line's newline: a frame without it lied
+    [[ $_sd_line == *$'\n' ]] || return 3
     _sd_buf+=$_sd_line
-    _sd_got=$((_sd_got + 10#$_sd_len)) _sd_len=''
+    _sd_got=$((_sd_got + ${#_sd_line})) _sd_head=''
   done
   return 0
 }
 
 # Waits up to the deadline for a stream to print, then drains it. The wait
 # reads one byte the unbuffered way (-n with -d ''), which a timeout cannot
-# cut in half.
+# cut in half; the rest of that frame is then read at once, whatever the
+# clock says.
 # Arguments:
 #   $1 fd, $2 buffer variable, $3 deadline (µs since the epoch)
 # Returns:
@@ -741,8 +761,12 @@ smi_stream_wait() {
   _sw_rc=0
   IFS= read -r -d '' -n 1 -t "$((_sw_left / 1000000)).$_sw_frac" -u "$1" _sw_byte 2>/dev/null || _sw_rc=$?
   # above 128: the deadline, or a signal to the daemon (the caller looks at
-  # the clock again)
-  ((_sw_rc > 128)) && return 0
+  # the clock again). bash checks the clock after it stores a byte too, so a
+  # byte that came as the deadline passed is in _sw_byte with that status:
+  # it is a frame's first byte and is drained like any other.
+  if ((_sw_rc > 128)) && [[ -z $_sw_byte ]]; then
+    return 0
+  fi
   [[ -n $_sw_byte ]] || return 1
   smi_stream_drain "$1" "$2" "$_sw_byte"
 }

@@ -5,13 +5,14 @@ garbage or loses a GPU is replaced by one-shot calls until it is restarted,
 without a false alert. Cycles are counted from gpu-history.tsv (one row per
 GPU per cycle); nothing here asserts a duration."""
 import os
+import select
 import signal
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, app, busy_gpu, default_signals, idle_gpu, start_daemon, stop_daemon, wait_for
+from conftest import H200_UUID, ROOT, app, busy_gpu, default_signals, idle_gpu, start_daemon, stop_daemon, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -304,3 +305,94 @@ def test_persistent_driver_fault_raises_one_monitor_degraded(box):
     run_daemon(box, 14, env={"SMI_FAIL_ALERT_CYCLES": "3", "MAX_IDLE_CYCLES": "3"})
     assert [(e["event"], e["state"]) for e in box.events()] == \
         [("gpu_idle", "firing"), ("monitor_degraded", "firing"), ("monitor_degraded", "resolved")]
+
+
+# A line as the process loop prints it, and a bash reader that calls
+# lib/smi.sh's smi_stream_wait on the pipe it is given (fd $4), as the
+# daemon does: it says "waiting" before each wait, then the wait's status
+# and every line it got.
+LINE = "2026/12/06 22:38:28.321, 32329, python3, 2556, " + H200_UUID
+READER = r"""
+source "$1/lib/common.sh"; source "$1/lib/smi.sh"
+for ((i = 0; i < $2; i++)); do
+  buf='' rc=0
+  echo waiting
+  smi_stream_wait "$4" buf $((${EPOCHREALTIME/[.,]/} + $3)) || rc=$?
+  printf 'rc %s\n%s' "$rc" "$buf"
+  ((rc == 1 || rc == 3)) && break
+done
+echo done
+"""
+
+
+def frames(*lines):
+    """The bytes the loop wrapper (SMI_STREAM_SCRIPT) prints for these lines,
+    whatever its framing."""
+    # (the wrapper ends with kill -KILL 0: its status says nothing)
+    script = 'source lib/common.sh; source lib/smi.sh; setsid sh -c "$SMI_STREAM_SCRIPT" sh $$ printf "%s\\n" "$@"'
+    out = subprocess.run(["bash", "-c", script, "bash"] + list(lines), cwd=ROOT, capture_output=True,
+                         env=dict(os.environ, SMI_AWK="awk"), check=False).stdout
+    assert out.count(b"\n") == len(lines), out
+    return out
+
+
+def start_reader(read_end, waits, wait_us):
+    return subprocess.Popen(["bash", "-c", READER, "bash", str(ROOT), str(waits), str(wait_us), str(read_end)],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True, pass_fds=(read_end,))
+
+
+def test_a_byte_that_comes_as_the_deadline_passes_is_kept():
+    """bash's `read -t` stores a byte and then looks at the clock: a byte that
+    came as the deadline passed is in the variable with the timeout's status.
+    The reader is stopped inside its wait, the frame written, the deadline let
+    pass, the reader let go: the whole line must come out of the next waits
+    (before the fix the byte was dropped and the frame read as broken; in a
+    daemon: 'the process loop printed something else than a sample: 026/12/06
+    ...', up to ~10 s blocked, the loops restarted)."""
+    r, w = os.pipe()
+    reader = start_reader(r, 4, 400000)
+    os.close(r)
+    try:
+        assert reader.stdout.readline() == "waiting\n"
+        began = time.monotonic()
+        time.sleep(0.15)                       # inside the read's wait by now
+        os.kill(reader.pid, signal.SIGSTOP)
+        os.write(w, frames(LINE))
+        time.sleep(max(0.0, began + 0.55 - time.monotonic()))    # past the deadline
+        os.kill(reader.pid, signal.SIGCONT)
+        time.sleep(0.2)
+        os.write(w, frames(LINE))
+        time.sleep(0.2)
+    finally:
+        os.kill(reader.pid, signal.SIGCONT)
+        os.close(w)
+        out, _ = reader.communicate(timeout=30)
+    lines = [x for x in out.splitlines() if x not in ("waiting", "done") and not x.startswith("rc ")]
+    statuses = [x for x in out.splitlines() if x.startswith("rc ")]
+    assert lines == [LINE, LINE], out
+    assert "rc 3" not in statuses, out
+
+
+def test_a_frame_cut_short_then_silence_returns_by_the_deadline():
+    """The stream's first byte lost (as bash's timeout used to drop it), then
+    the loop prints nothing more (the job ended: an empty process list prints
+    nothing). The rest read as a length ran past what was sent: the reader
+    used to wait for bytes that never came, in a read without a timeout
+    (the live daemon stalled ~9 s, until ten more samples filled it). It must
+    say "broken frame" (status 3, the loops are then restarted) by its
+    deadline."""
+    r, w = os.pipe()
+    reader = start_reader(r, 1, 300000)
+    os.close(r)
+    try:
+        assert reader.stdout.readline() == "waiting\n"
+        began = time.monotonic()
+        os.write(w, frames(LINE)[1:])
+        # the writer stays, silent, for 5 s; the answer is waited for 3 s
+        line = reader.stdout.readline() if select.select([reader.stdout], [], [], 3)[0] else "(none in 3 s)"
+        took = time.monotonic() - began
+    finally:
+        time.sleep(max(0.0, began + 5 - time.monotonic()))
+        os.close(w)
+        reader.communicate(timeout=30)
+    assert line == "rc 3\n" and took < 1.5, (line, took)

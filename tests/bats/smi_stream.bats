@@ -103,13 +103,18 @@ gpu_line() { # TS INDEX UUID UTIL
 @test "framed lines are read whole; a broken frame and the stream's end are told apart" {
   local fd buf='' rc=0
   # two frames, then the loop ends: both lines, and status 1
-  exec {fd}< <(printf '%06d%s\n%06d%s\n' 4 abc 6 'x y z')
+  exec {fd}< <(printf '\002%06d%s\n\002%06d%s\n' 4 abc 6 'x y z')
   sleep 0.2
   smi_stream_drain "$fd" buf || rc=$?
   assert_equal "$buf" $'abc\nx y z\n'
   assert_equal "$rc" 1
   exec {fd}<&-
   exec {fd}< <(printf 'garbage without a frame\n')
+  sleep 0.2
+  run smi_stream_drain "$fd" buf
+  assert_equal "$status" 3
+  # a frame read out of step (its STX lost): broken at its first byte
+  exec {fd}< <(printf '%06d%s\n' 4 abc)
   sleep 0.2
   run smi_stream_drain "$fd" buf
   assert_equal "$status" 3
