@@ -878,7 +878,8 @@ leak_settings_problem_into() {
 leak_rules_problem_into() {
   local -n problem_ref=$1
   problem_ref=''
-  [[ -n $LEAK_RULES ]] || return 0
+  # (without python3 there is no detector either: its cycle says so)
+  [[ -n $LEAK_RULES ]] && command -v python3 >/dev/null || return 0
   problem_ref=$(gg_python gpuguard_leak.py "" rules "$LEAK_RULES" 2>&1) && problem_ref='' && return 0
   # the detector's line, without its "gpu-leak-watch: "
   problem_ref=${problem_ref%%$'\n'*}
