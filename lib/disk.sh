@@ -202,7 +202,7 @@ disk_measure_into() {
     rm -f -- "$tmp"
   fi
   trap - INT TERM HUP QUIT
-  eval "$saved_traps"
+  disk_traps_restore "$saved_traps"
   if [[ -n $DISK_SIGNAL ]]; then
     DISK_ERROR="interrupted by SIG$DISK_SIGNAL"
     kill -s "$DISK_SIGNAL" "$BASHPID"
@@ -211,6 +211,17 @@ disk_measure_into() {
   [[ -z $DISK_ERROR ]] || return 1
   measured_ref="$w $r $(printf '%(%s)T' -1)"
   disk_cache_store "$majmin" "$measured_ref"
+}
+
+# Sets again the traps that `trap -p` printed ($1), without eval: each
+# line is trap -- 'COMMAND' SIGNAME, a ' in COMMAND written '\''.
+disk_traps_restore() {
+  local line command
+  while IFS= read -r line; do
+    [[ $line =~ ^trap\ --\ \'(.*)\'\ SIG([A-Z]+)$ ]] || continue
+    command=${BASH_REMATCH[1]//"'\\''"/"'"}
+    trap -- "$command" "${BASH_REMATCH[2]}"
+  done <<<"$1"
 }
 
 # Creates the measurement's temporary file in folder $2 (a new name, never

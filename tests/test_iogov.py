@@ -414,13 +414,19 @@ def test_bad_io_adaptive_is_one_line_exit_2_and_the_job_never_starts(tmp_path, a
     assert r.stderr.count("\n") == 1 and message in r.stderr
 
 
-def test_a_tiers_file_with_a_bad_adaptive_value_is_one_line_exit_2(tmp_path):
+def test_a_tiers_file_with_a_bad_adaptive_value_is_named_and_the_job_runs_under_the_built_in_tiers(tmp_path):
+    """A typo in the tiers file is not the user's command line: one warning
+    naming the line, and the job starts under the built-in tiers."""
     tiers = tmp_path / "tiers.conf"
     tiers.write_text("batch 15 idle idle 60 weight=10,wbps=8%,rbps=25%,adaptive=sometimes\n")
     flag = tmp_path / "started"
-    r = lowprio(["--", "touch", str(flag)], tmp_path, env={"LOWPRIO_TIERS": str(tiers)})
-    assert r.returncode == 2 and not flag.exists()
-    assert r.stderr.count("\n") == 1 and "adaptive=on|off (got 'adaptive=sometimes')" in r.stderr
+    r = lowprio(["--explain"], tmp_path, env={"LOWPRIO_TIERS": str(tiers)})
+    assert r.returncode == 0, r.stderr
+    assert "%s:1: the disk column takes - or weight=1-10000,wbps=1-100%%,rbps=1-100%%,adaptive=on|off " \
+           "(got 'adaptive=sometimes'); using the built-in tiers" % tiers in r.stderr
+    assert r.stderr.count("\n") == 1
+    r = lowprio(["--", "touch", str(flag)], tmp_path, env={"LOWPRIO_TIERS": str(tiers), "LOWPRIO_MECHANISM": "autogroup"})
+    assert r.returncode == 0 and flag.exists(), r.stderr
 
 
 def real_v2_io():
