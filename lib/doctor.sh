@@ -357,7 +357,7 @@ status_leak_into() {
 }
 
 # Puts a GPU's state into the variables named $2 (ok, idle?, IDLE, STUCK,
-# or freed / busy / exempt) and $3 (its colour). The counters are the
+# bad (values out of range), or freed / busy / exempt) and $3 (its colour). The counters are the
 # watchdog's, saved at its last cycle; the sample is this moment's. An
 # alert still open on a GPU that this sample shows free, busy or exempt is
 # about to be resolved by the watchdog's next cycle (or the watchdog has
@@ -376,6 +376,9 @@ status_state_into() {
     fi
     st_state=IDLE st_colour=${C_RED:-}
     [[ ${IDLE_KIND[$st_uuid]:-} == gpu_stuck ]] && st_state=STUCK
+  elif [[ -n ${SMI_BAD_VALUE[$st_uuid]:-} ]]; then
+    # values out of range: the watchdog does not judge it either
+    st_state=bad st_colour=${C_YEL:-}
   elif ((${IDLE_CYCLES[$st_uuid]:-0} > 0 || ${IDLE_SPIN[$st_uuid]:-0} > 0)); then
     st_state='idle?' st_colour=${C_YEL:-}
   fi
@@ -409,6 +412,7 @@ status_table() {
       "${SMI_MEM_USED[$uuid]:-?}" "${SMI_MEM_TOTAL[$uuid]:-?}" "${power:-n/a}" \
       "idle ${IDLE_CYCLES[$uuid]:-0}/$IDLE_T_MAX" "stuck ${IDLE_SPIN[$uuid]:-0}/$IDLE_T_SPIN" \
       "$colour" "$state" "$C_OFF" "$(status_spark "${IDLE_HISTORY[$uuid]:-}" 100)"
+    [[ -z ${SMI_BAD_VALUE[$uuid]:-} ]] || printf '       %snvidia-smi read %s%s\n' "$C_DIM" "${SMI_BAD_VALUE[$uuid]}" "$C_OFF"
     while IFS=$'\t' read -r pid name mem; do
       [[ -n $pid ]] || continue
       status_job "$pid" "${name##*/}"

@@ -41,10 +41,15 @@
 # Faults: a cycle whose process list could not be read (SMI_APPS_OK=0) or
 # whose GPU reads no utilization or memory changes no count and resolves
 # nothing; failed cycles in a row raise one monitor_degraded event after
-# SMI_FAIL_ALERT_CYCLES. A GPU whose line carries a device fault
-# (SMI_GPU_FAULT: "GPU requires reset", "Unknown Error") for
-# SMI_FAIL_ALERT_CYCLES readings raises one critical gpu_degraded event,
-# resolved when it reads fine again.
+# SMI_FAIL_ALERT_CYCLES. A GPU reading [N/A] utilization (MIG) is not
+# judged and logged once, and is no failure; a GPU reading values out of
+# their range (SMI_BAD_VALUE) is not judged and fails the cycle. A GPU
+# whose line carries a device fault (SMI_GPU_FAULT: "GPU requires reset",
+# "Unknown Error") for SMI_FAIL_ALERT_CYCLES readings raises one critical
+# gpu_degraded event, resolved when it reads fine again. One whose UUID
+# reads "[GPU is lost]" is followed under the UUID last read at its index
+# (smi_key_lost), so the incident resolves when that GPU reads fine, not
+# when another one does.
 #
 # Exactly once across kill -9: events of a cycle are first saved with the
 # state (one atomic write, "pending" lines), then enqueued (events_emit),
@@ -65,7 +70,11 @@ idle_init() {
   declare -g IDLE_PENDING_RECOVERED=0
   # filled by smi_sample (ARCHITECTURE.md, rule 1); declared so an older smi.sh reads as "no fault"
   declare -p SMI_GPU_FAULT &>/dev/null || declare -gA SMI_GPU_FAULT=()
+  declare -p SMI_BAD_VALUE &>/dev/null || declare -gA SMI_BAD_VALUE=()
   declare -p SMI_NAME &>/dev/null || declare -gA SMI_NAME=()
+  # the UUID last read at each GPU index (smi_key_lost), kept in the state
+  # so that cron mode knows a GPU whose UUID reads "[GPU is lost]" too
+  declare -p SMI_UUID_AT &>/dev/null || declare -gA SMI_UUID_AT=()
   declare -g MON_FAILS=0 MON_FIRING=0 MON_SINCE=0 MON_LAST_OK=0 MON_LAST_ERROR=''
   # whose tool failed (nvidia, or ascend: lib/npu.sh), for the event's words
   declare -g MON_VENDOR=nvidia
@@ -95,6 +104,14 @@ idle_state_load() {
           IDLE_ABSENT[$uuid]=${f[6]} IDLE_SPIN[$uuid]=${f[8]} IDLE_KIND[$uuid]=${f[9]}
           IDLE_JOB_PID[$uuid]=${f[10]} IDLE_FAULT[$uuid]=${f[11]} IDLE_FAULT_FIRING[$uuid]=${f[12]}
           [[ ${f[7]:-0} == 1 ]] && IDLE_NA_LOGGED[$uuid]=1
+          continue
+        fi
+        ;;
+      index)
+        # a GPU index and the UUID last read there
+        read -r -a f <<<"$line"
+        if ((${#f[@]} == 3)) && gg_is_uint "${f[1]}" && [[ ${f[2]} =~ ^(GPU|MIG)- ]]; then
+          SMI_UUID_AT[${f[1]}]=${f[2]}
           continue
         fi
         ;;
@@ -169,6 +186,9 @@ idle_state_save() {
   for uuid in "${!IDLE_JOB_JSON[@]}"; do
     [[ -n ${IDLE_CYCLES[$uuid]+set} ]] && state+="job $uuid ${IDLE_JOB_JSON[$uuid]}"$'\n'
   done
+  for i in "${!SMI_UUID_AT[@]}"; do
+    state+="index $i ${SMI_UUID_AT[$i]}"$'\n'
+  done
   for i in "${!IDLE_PENDING[@]}"; do
     state+="pending ${IDLE_PENDING_IDS[i]} ${IDLE_PENDING[i]}"$'\n'
   done
@@ -194,7 +214,17 @@ idle_cycle() {
     idle_monitor_failed "$now"
     idle_judge_all "$now" faults-only
   else
-    idle_monitor_ok "$now"
+    # a GPU whose line reads values out of range (utilization 250 %, more
+    # memory used than it has) is a failed reading of that GPU: it is not
+    # judged and the cycle counts towards monitor_degraded; the others are
+    # judged as usual
+    local bad
+    if smi_bad_values_into bad; then
+      SMI_ERROR="$bad; not judged"
+      idle_monitor_failed "$now"
+    else
+      idle_monitor_ok "$now"
+    fi
     idle_judge_all "$now"
   fi
   if ((${#IDLE_PENDING[@]})); then
@@ -243,14 +273,14 @@ idle_queue_event() {
 # Arguments:
 #   $1 now, $2 "faults-only" to judge device faults only (no process list)
 idle_judge_all() {
-  local now=$1 mode=${2:-} uuid
+  local now=$1 mode=${2:-} uuid index
   local -A seen=()
   idle_settings_default
   for uuid in "${SMI_UUIDS[@]}"; do
     seen[$uuid]=1
     IDLE_ABSENT[$uuid]=0
     : "${IDLE_CYCLES[$uuid]:=0}"
-    if idle_judge_fault "$now" "$uuid" && [[ $mode != faults-only ]]; then
+    if idle_judge_fault "$now" "$uuid" && [[ $mode != faults-only && -z ${SMI_BAD_VALUE[$uuid]:-} ]]; then
       idle_judge_gpu "$now" "$uuid"
     fi
   done
@@ -266,6 +296,12 @@ idle_judge_all() {
         "IDLE_KIND[$uuid]" "IDLE_LAST_ALERT[$uuid]" "IDLE_ABSENT[$uuid]" "IDLE_NA_LOGGED[$uuid]" \
         "IDLE_HISTORY[$uuid]" "IDLE_JOB_PID[$uuid]" "IDLE_JOB_JSON[$uuid]" "IDLE_FAULT[$uuid]" \
         "IDLE_FAULT_FIRING[$uuid]"
+      # a GPU gone this long is not the one a lost line at its index names
+      for index in "${!SMI_UUID_AT[@]}"; do
+        if [[ ${SMI_UUID_AT[$index]} == "$uuid" ]]; then
+          unset "SMI_UUID_AT[$index]"
+        fi
+      done
     fi
   done
 }

@@ -212,7 +212,7 @@ smi_describe_failure() {
 smi_reset() {
   declare -ga SMI_UUIDS=()
   declare -gA SMI_INDEX=() SMI_UTIL=() SMI_MEM_USED=() SMI_MEM_TOTAL=() \
-  SMI_POWER=() SMI_POWER_LIMIT=() SMI_NAME=() SMI_GPU_FAULT=() SMI_NPROCS=() \
+  SMI_POWER=() SMI_POWER_LIMIT=() SMI_NAME=() SMI_GPU_FAULT=() SMI_BAD_VALUE=() SMI_NPROCS=() \
   SMI_PROCS=() SMI_PIDS_MEM=() SMI_PID_UUIDS=()
   SMI_BAD_LINES=0
   SMI_TRUNCATED=0
@@ -254,7 +254,9 @@ smi_sample() {
 #   SMI_MEM_TOTAL, SMI_POWER, SMI_POWER_LIMIT, SMI_NAME (assoc, by UUID;
 #   "" = unknown: a placeholder, a fault or a value out of range, never 0);
 #   SMI_GPU_FAULT (assoc, by UUID: '' or the device fault nvidia-smi printed
-#   in that GPU's line, e.g. "GPU requires reset"); SMI_NPROCS (assoc, by
+#   in that GPU's line, e.g. "GPU requires reset"); SMI_BAD_VALUE (assoc,
+#   by UUID: '' or the values of that GPU's line out of their range, e.g.
+#   "utilization.gpu 250 (expected 0-100)"); SMI_NPROCS (assoc, by
 #   UUID); SMI_PROCS (assoc, by UUID: lines "pid<TAB>name<TAB>MiB");
 #   SMI_PIDS_MEM (assoc, by PID: MiB summed over GPUs); SMI_PID_UUIDS;
 #   SMI_APPS_OK (1 when this cycle's process list was read and parsed);
@@ -294,6 +296,22 @@ smi_sample_once() {
   fi
   smi_take_apps "$apps_rc" "$apps_output"
   return 0
+}
+
+# Puts one line naming each GPU of the sample that read values out of
+# their range, and those values, into the variable named $1.
+# Returns:
+#   1 when no GPU did
+smi_bad_values_into() {
+  local -n _smi_bv=$1
+  local uuid
+  _smi_bv=''
+  for uuid in "${SMI_UUIDS[@]}"; do
+    [[ -n ${SMI_BAD_VALUE[$uuid]:-} ]] || continue
+    _smi_bv+="${_smi_bv:+; }GPU ${SMI_INDEX[$uuid]} ($uuid): ${SMI_BAD_VALUE[$uuid]}"
+  done
+  [[ -n $_smi_bv ]] || return 1
+  _smi_bv="nvidia-smi read values out of range: $_smi_bv"
 }
 
 # Reads a process list answer into the sample. An unreadable one leaves
@@ -343,13 +361,27 @@ smi_fields_into() {
 # bracketed texts in smi_bracket_into.
 # Arguments:
 #   $1 variable for the value, $2 text, $3 int|dec, $4 MIN, $5 MAX,
-#   $6 variable collecting the fault text
+#   $6 variable collecting the fault text; for a GPU's value also $7
+#   variable collecting the values out of range, $8 the field's name
 smi_value_into() {
   case $2 in
     '' | N/A | '['*']') smi_bracket_into "$1" "$2" "$6" ;;
-    *) gg_number_into "$1" "$2" "$3" "$4" "$5" || SMI_BAD_VALUES=$((SMI_BAD_VALUES + 1)) ;;
+    *) gg_number_into "$1" "$2" "$3" "$4" "$5" || smi_bad_value "$2" "$4" "$5" "${@:7}" ;;
   esac
   return 0
+}
+
+# Counts a value that is no number in its range (SMI_BAD_VALUES) and, given
+# a variable and a field's name, adds what was read to that variable for
+# the log ("utilization.gpu 250 (expected 0-100)").
+# Arguments:
+#   $1 text, $2 MIN, $3 MAX, [$4 variable, $5 field name]
+smi_bad_value() {
+  SMI_BAD_VALUES=$((SMI_BAD_VALUES + 1))
+  [[ -n ${4:-} ]] || return 0
+  local -n _smi_bad=$4
+  local text=${1:0:40}
+  _smi_bad+="${_smi_bad:+, }$5 ${text//[![:print:]]/?} (expected $2-$3)"
 }
 
 # smi_value_into for a text that is no number: empty, N/A or bracketed (a
@@ -369,19 +401,23 @@ smi_bracket_into() {
 # of fields is truncated (SMI_TRUNCATED); any other line that is not a GPU
 # line (a warning, garbage) is skipped; both count in SMI_BAD_LINES. A value
 # that is not a valid number in range is unknown (''), counted in
-# SMI_BAD_VALUES. A second line for the same GPU is skipped.
+# SMI_BAD_VALUES. A second line for the same GPU is skipped. A line whose
+# UUID reads as a fault ("[GPU is lost]") is keyed by the UUID last read at
+# its index (SMI_UUID_AT), unless that GPU reads under another index in the
+# same sample; else by GPU-index-N.
 # Lines are split at commas by the shell in one step and each field is
 # checked by a pattern (a regular expression a line cost three times as
 # much); no forks: it runs every cycle for every GPU.
 smi_parse_gpus() {
-  local text=$1 line uuid index name fault nfields joined i
+  local text=$1 line uuid index name fault bad nfields joined i
   # a byte order mark: looked for at the start alone; ${1#BOM} on the
   # whole answer tries every prefix (18 ms on 30 kB in a UTF-8 locale)
   [[ $text == $'\xef\xbb\xbf'* ]] && text=${text#$'\xef\xbb\xbf'}
-  local -a raw lines
+  local -a raw lines lost=()
   local util used total power limit
-  # callers that declare the arrays themselves (tests) may predate these
-  declare -gA SMI_NAME SMI_GPU_FAULT
+  # callers that declare the arrays themselves (tests) may predate these;
+  # SMI_UUID_AT outlives a sample (never reset)
+  declare -gA SMI_NAME SMI_GPU_FAULT SMI_BAD_VALUE SMI_UUID_AT
   SMI_TRUNCATED=${SMI_TRUNCATED:-0} SMI_BAD_VALUES=${SMI_BAD_VALUES:-0}
   smi_lines_into lines "$text"
   for line in "${lines[@]}"; do
@@ -428,18 +464,23 @@ smi_parse_gpus() {
     uuid=${raw[1]}
     if [[ $uuid == '['* ]]; then
       # no UUID to key it by: the index stands in, so the fault still shows
+      # (smi_key_lost gives it the UUID known at that index, if any)
       fault=${uuid:1:-1}
       uuid=GPU-index-$index
+      lost+=("$index")
+    else
+      SMI_UUID_AT[$index]=$uuid
     fi
     if [[ -n ${SMI_INDEX[$uuid]+set} ]]; then
       SMI_BAD_LINES=$((SMI_BAD_LINES + 1))
       continue
     fi
-    smi_value_into total "${raw[4]}" int 1 "$SMI_MAX_MIB" fault
-    smi_value_into util "${raw[2]}" dec 0 100 fault
-    smi_value_into used "${raw[3]}" int 0 "${total:-$SMI_MAX_MIB}" fault
-    smi_value_into power "${raw[5]}" dec 0 "$SMI_MAX_WATTS" fault
-    smi_value_into limit "${raw[6]}" dec 0 "$SMI_MAX_WATTS" fault
+    bad=''
+    smi_value_into total "${raw[4]}" int 1 "$SMI_MAX_MIB" fault bad memory.total
+    smi_value_into util "${raw[2]}" dec 0 100 fault bad utilization.gpu
+    smi_value_into used "${raw[3]}" int 0 "${total:-$SMI_MAX_MIB}" fault bad memory.used
+    smi_value_into power "${raw[5]}" dec 0 "$SMI_MAX_WATTS" fault bad power.draw
+    smi_value_into limit "${raw[6]}" dec 0 "$SMI_MAX_WATTS" fault bad power.limit
     name=${raw[7]}
     case $name in
       '[N/A]' | N/A) name='' ;;
@@ -457,9 +498,35 @@ smi_parse_gpus() {
     SMI_POWER_LIMIT[$uuid]=$limit
     SMI_NAME[$uuid]=${name//$'\t'/ }
     SMI_GPU_FAULT[$uuid]=$fault
+    SMI_BAD_VALUE[$uuid]=$bad
     SMI_NPROCS[$uuid]=0
     SMI_PROCS[$uuid]=''
   done
+  for index in "${lost[@]}"; do
+    smi_key_lost "$index"
+  done
+  return 0
+}
+
+# Keys the GPU line of index $1, whose UUID read as a fault, by the UUID
+# last read at that index (SMI_UUID_AT, which a watchdog keeps across runs),
+# so that its incident is the GPU's own and resolves when that GPU reads
+# fine again. Not when that GPU reads under another index in this sample:
+# the indices moved, and a fault must not be put on a GPU that is fine.
+smi_key_lost() {
+  local old=GPU-index-$1 new=${SMI_UUID_AT[$1]:-} i
+  [[ -n $new && -z ${SMI_INDEX[$new]+set} && -n ${SMI_INDEX[$old]+set} ]] || return 0
+  local -n _kl
+  for _kl in SMI_INDEX SMI_UTIL SMI_MEM_USED SMI_MEM_TOTAL SMI_POWER SMI_POWER_LIMIT SMI_NAME SMI_GPU_FAULT \
+    SMI_BAD_VALUE SMI_NPROCS SMI_PROCS; do
+    # shellcheck disable=SC2004 # _kl names associative arrays: the keys are UUIDs
+    _kl[$new]=${_kl[$old]}
+    unset "_kl[$old]"
+  done
+  for i in "${!SMI_UUIDS[@]}"; do
+    [[ ${SMI_UUIDS[i]} == "$old" ]] && SMI_UUIDS[i]=$new
+  done
+  return 0
 }
 
 # Parses `--query-compute-apps=pid,process_name,used_memory,gpu_uuid` CSV.

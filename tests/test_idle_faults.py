@@ -144,6 +144,69 @@ def test_device_fault_names_the_gpu_among_eight(box):
     assert event["gpu"] == 5 and event["uuid"] == uuid_for(5) and event["gpu_name"] == "NVIDIA H200"
 
 
+LOST = "%d, [GPU is lost], [GPU is lost], [GPU is lost], [GPU is lost], [GPU is lost], [GPU is lost], [GPU is lost]\n"
+
+
+def test_lost_gpu_resolves_on_its_first_good_reading(box):
+    """nvidia-smi prints "[GPU is lost]" in place of the UUID too: the
+    incident is the GPU's own (the UUID read at its index before), and it
+    resolves on the first cycle that reads it fine (before: keyed on a
+    made-up GPU-index-0, never matched, cleared as "gone" ~1 h later)."""
+    box.write_scenario([BUSY] + [dict(BUSY, fault="uuid_lost")] * 4 + [BUSY] * 3)
+    for t in range(6):
+        box.once(now=60 * t, env={"SMI_FAIL_ALERT_CYCLES": "3"})
+    fired, resolved = box.events()
+    assert (fired["event"], fired["state"], fired["severity"]) == ("gpu_degraded", "firing", "critical")
+    assert (fired["gpu"], fired["uuid"], fired["fault"]) == (0, H200_UUID, "GPU is lost")
+    assert (resolved["event"], resolved["state"], resolved["reason"]) == ("gpu_degraded", "resolved", "recovered")
+    assert (resolved["uuid"], resolved["ts"]) == (H200_UUID, 300)
+
+
+def test_lost_gpu_is_never_resolved_by_another_gpu_reading_fine(box):
+    """GPU 1 is lost; then the indices move (the lost line at index 0, GPU 0
+    now at index 1): GPU 0 reading fine resolves nothing and takes no fault;
+    GPU 1 reading fine again resolves its own incident."""
+    a, b = uuid_for(0), uuid_for(1)
+
+    def sample(*lines):
+        return {"fault": "garbage", "text": "".join(lines)}
+    both = sample(line(100, power="650.00", uuid=a), line(100, power="650.00", uuid=b, index=1))
+    b_lost = sample(line(100, power="650.00", uuid=a), LOST % 1)
+    moved = sample(LOST % 0, line(100, power="650.00", uuid=a, index=1))
+    box.write_scenario([both] + [b_lost] * 3 + [moved] * 2 + [both], gpus=2)
+    for t in range(6):
+        box.once(now=t, env={"SMI_FAIL_ALERT_CYCLES": "3"})
+    assert [(e["event"], e["state"], e["uuid"]) for e in box.events()] == [("gpu_degraded", "firing", b)]
+    box.once(now=6, env={"SMI_FAIL_ALERT_CYCLES": "3"})
+    assert [(e["event"], e["state"], e["uuid"], e["reason"]) for e in box.events()] == \
+        [("gpu_degraded", "firing", b, "fault"), ("gpu_degraded", "resolved", b, "recovered")]
+
+
+@pytest.mark.parametrize("fault,said", [("out_of_range", "utilization.gpu 250 (expected 0-100), memory.used 148771"),
+                                         ("negative", "utilization.gpu -1 (expected 0-100)"),
+                                         ("huge", "utilization.gpu 18446744073709551615 (expected 0-100)")])
+def test_values_out_of_range_are_a_failed_reading_then_one_monitor_degraded(box, fault, said):
+    """A GPU line with utilization 250 %, more memory used than the GPU has,
+    -1 or 2^64-1: the GPU is not judged (no idle count, nothing resolved),
+    the log says what was read (not "[N/A], MIG?"), once, and after
+    SMI_FAIL_ALERT_CYCLES one monitor_degraded fires; sane readings resolve
+    it (before: one "utilization not available ([N/A], MIG?)" line, no
+    event, status "ok")."""
+    box.write_scenario([BUSY] + [dict(BUSY, fault=fault)] * 5 + [BUSY])
+    logs = ""
+    for t in range(5):
+        logs += box.once(now=60 * t, env={"SMI_FAIL_ALERT_CYCLES": "3"}).stderr
+    (fired,) = box.events()
+    assert (fired["event"], fired["state"], fired["failures"]) == ("monitor_degraded", "firing", 3)
+    assert said in fired["error"] and "GPU 0 (%s)" % H200_UUID in fired["error"], fired["error"]
+    assert logs.count("ERROR") == 1 and said in logs and "MIG" not in logs, logs
+    # (status takes the fifth bad sample, the next run the sane one)
+    status = box.run("status", cmd="bin/gpuguard", env={"GPUGUARD_NOW": "270"}).stdout
+    assert " bad " in status and said in status, status
+    box.once(now=300, env={"SMI_FAIL_ALERT_CYCLES": "3"})
+    assert kinds(box.events()) == [("monitor_degraded", "firing"), ("monitor_degraded", "resolved")]
+
+
 def test_pending_events_of_a_killed_run_are_enqueued_once(box):
     """A run killed after it saved the incident but before it enqueued its
     event: the next run enqueues it; one killed after enqueueing it too:

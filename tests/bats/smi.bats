@@ -88,6 +88,15 @@ setup() {
   smi_parse_gpus "0, $H200, 101, -5, 143771, 76.00, 700.00"
   assert_equal "${SMI_UTIL[$H200]}" ""
   assert_equal "${SMI_MEM_USED[$H200]}" ""
+  assert_equal "${SMI_BAD_VALUE[$H200]}" "utilization.gpu 101 (expected 0-100), memory.used -5 (expected 0-143771)"
+  local said
+  smi_bad_values_into said
+  assert_equal "$said" "nvidia-smi read values out of range: GPU 0 ($H200): ${SMI_BAD_VALUE[$H200]}"
+  # placeholders are no values out of range
+  smi_reset
+  smi_parse_gpus "0, $H200, [N/A], 9000, 143771, [N/A], [N/A], NVIDIA H200"
+  assert_equal "${SMI_BAD_VALUE[$H200]}" ""
+  run ! smi_bad_values_into said
 }
 
 @test "[GPU requires reset] and [Unknown Error] are device faults, not MIG [N/A]" {
@@ -104,6 +113,23 @@ setup() {
   smi_parse_gpus "3, [GPU is lost], [GPU is lost], [GPU is lost], [GPU is lost], [GPU is lost], [GPU is lost], [GPU is lost]"
   assert_equal "${SMI_UUIDS[*]}" GPU-index-3
   assert_equal "${SMI_GPU_FAULT["GPU-index-3"]}" "GPU is lost"
+}
+
+@test "a fault in place of the UUID takes the UUID last read at its index, unless that GPU reads elsewhere" {
+  local gone='[GPU is lost], [GPU is lost], [GPU is lost], [GPU is lost], [GPU is lost], [GPU is lost]'
+  smi_parse_gpus $'0, '"$H200"$', 5, 100, 143771, 80.00, 700.00, NVIDIA H200\n1, GPU-b, 5, 100, 143771, 80.00, 700.00, NVIDIA H200'
+  smi_reset
+  smi_parse_gpus "0, $gone, [GPU is lost]"$'\n1, GPU-b, 5, 100, 143771, 80.00, 700.00, NVIDIA H200'
+  assert_equal "${SMI_UUIDS[*]}" "$H200 GPU-b"
+  assert_equal "${SMI_INDEX[$H200]}" 0
+  assert_equal "${SMI_GPU_FAULT[$H200]}" "GPU is lost"
+  assert_equal "${SMI_UTIL[$H200]}" ""
+  assert_equal "${SMI_INDEX["GPU-index-0"]+set}" ""
+  # the indices moved: GPU-b reads at 0, the lost line at 1 is not GPU-b's
+  smi_reset
+  smi_parse_gpus $'0, GPU-b, 5, 100, 143771, 80.00, 700.00, NVIDIA H200\n1, '"$gone, [GPU is lost]"
+  assert_equal "${SMI_UUIDS[*]}" "GPU-b GPU-index-1"
+  assert_equal "${SMI_GPU_FAULT["GPU-b"]}" ""
 }
 
 @test "BOM, CRLF and a duplicate line are handled; a truncated GPU line is flagged" {
