@@ -205,6 +205,33 @@ gg_read_bytes_into() {
   ((${#_bytes_out} == $3))
 }
 
+# Prints a shell's one-line error naming this command (GG_PROG) and the
+# job's command, and returns 127 (not found) or 126 (not executable), when
+# the job $1 cannot be run; returns 0 when it can. The wrappers check this
+# before they set anything up, so that the error is theirs and says what a
+# shell would say.
+gg_command_check() {
+  local cmd=$1
+  if [[ $cmd == */* ]]; then
+    if [[ ! -e $cmd ]]; then
+      printf '%s: %s: No such file or directory\n' "$GG_PROG" "$cmd" >&2
+      return 127
+    fi
+    if [[ -d $cmd ]]; then
+      printf '%s: %s: Is a directory\n' "$GG_PROG" "$cmd" >&2
+      return 126
+    fi
+    if [[ ! -x $cmd ]]; then
+      printf '%s: %s: Permission denied\n' "$GG_PROG" "$cmd" >&2
+      return 126
+    fi
+  elif ! type -P -- "$cmd" >/dev/null; then
+    printf '%s: %s: command not found\n' "$GG_PROG" "$cmd" >&2
+    return 127
+  fi
+  return 0
+}
+
 # Runs a Python helper with only what it needs in its environment: the
 # configuration is never exported (secrets must not reach nvidia-smi, the
 # job or any other child), so each call names the keys its helper reads.

@@ -686,30 +686,6 @@ leak_read_ignored_signals() {
   return 0
 }
 
-# Prints the shell's one-line error and returns 127 (not found) or 126 (not
-# executable) when $1 cannot be run; returns 0 when it can.
-leak_job_check() {
-  local cmd=$1
-  if [[ $cmd == */* ]]; then
-    if [[ ! -e $cmd ]]; then
-      printf '%s: %s: No such file or directory\n' "$GG_PROG" "$cmd" >&2
-      return 127
-    fi
-    if [[ -d $cmd ]]; then
-      printf '%s: %s: Is a directory\n' "$GG_PROG" "$cmd" >&2
-      return 126
-    fi
-    if [[ ! -x $cmd ]]; then
-      printf '%s: %s: Permission denied\n' "$GG_PROG" "$cmd" >&2
-      return 126
-    fi
-  elif ! type -P -- "$cmd" >/dev/null; then
-    printf '%s: %s: command not found\n' "$GG_PROG" "$cmd" >&2
-    return 127
-  fi
-  return 0
-}
-
 # Notes which configuration and option variables the user's environment
 # has, before config_load and leak_apply_options set them, so
 # that the job gets the user's environment back (no watcher settings, no
@@ -945,7 +921,7 @@ leak_job_watch_ended() {
 #   the command and its arguments
 leak_job_main() {
   local rc=0 again sig watcher=''
-  leak_job_check "$1" || return
+  gg_command_check "$1" || return
   leak_read_ignored_signals
   for sig in INT TERM HUP QUIT; do
     # shellcheck disable=SC2064 # the signal name is fixed now, on purpose

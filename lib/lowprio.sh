@@ -644,33 +644,6 @@ lowprio_wrapper_into() {
   wrap_ref+=(--)
 }
 
-# Prints a shell's one-line error naming lowprio-run and the command, and
-# returns 127 (not found) or 126 (not executable), when the job's command
-# cannot be run; returns 0 when it can. Checked before anything is set up,
-# so that the error is not nice's or ionice's ("ionice: failed to execute
-# ...") and nothing is measured or created for a job that cannot start.
-lowprio_command_check() {
-  local cmd=$1
-  if [[ $cmd == */* ]]; then
-    if [[ ! -e $cmd ]]; then
-      printf '%s: %s: No such file or directory\n' "$GG_PROG" "$cmd" >&2
-      return 127
-    fi
-    if [[ -d $cmd ]]; then
-      printf '%s: %s: Is a directory\n' "$GG_PROG" "$cmd" >&2
-      return 126
-    fi
-    if [[ ! -x $cmd ]]; then
-      printf '%s: %s: Permission denied\n' "$GG_PROG" "$cmd" >&2
-      return 126
-    fi
-  elif ! type -P -- "$cmd" >/dev/null; then
-    printf '%s: %s: command not found\n' "$GG_PROG" "$cmd" >&2
-    return 127
-  fi
-  return 0
-}
-
 # ------------------------------------------------- passing signals on --
 # INT, TERM, HUP and QUIT that reach lowprio-run are passed on to the job,
 # exactly once whichever way they came: a second SIGINT or SIGTERM breaks
@@ -920,7 +893,10 @@ lowprio_run_prepare() {
   local sig
   ((LP_EXPLAIN || LP_DRY_RUN)) && return 0
   [[ -z $LP_ATTACH ]] || return 0
-  lowprio_command_check "${LP_ARGS[0]}" || return
+  # (checked before anything is set up: the error is lowprio-run's, not
+  # nice's or ionice's, and nothing is measured or made for a job that
+  # cannot start)
+  gg_command_check "${LP_ARGS[0]}" || return
   for sig in INT TERM HUP QUIT; do
     # shellcheck disable=SC2064 # the signal name is fixed now
     trap "lowprio_forward $sig" "$sig"
