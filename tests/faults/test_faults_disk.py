@@ -36,8 +36,11 @@ def tiny_fs(tmp_path):
 
 def state_is_intact(path):
     text = path.read_text()
-    return bool(text) and all(line.split(" ", 1)[0] in ("monitor", "gpu", "history")
-                              for line in text.splitlines())
+    # (every kind of line idle_state_save writes: a torn write leaves a
+    # line cut, or part of one, which starts with none of them)
+    return bool(text) and text.endswith("\n") and all(
+        line.split(" ", 1)[0] in ("monitor", "gpu", "index", "history", "job", "pending")
+        for line in text.splitlines())
 
 
 def test_full_disk_daemon_keeps_watching_logs_once_and_catches_up(tmp_path, tiny_fs):
