@@ -25,13 +25,18 @@ GPU0, GPU1 = uuid_for(0), uuid_for(1)
 FAILURES = ["driver", "no_devices", "gpu_lost", "mismatch", "unknown", "bad_field", "hang", "hang_setsid",
             "garbage", "binary", "partial", "empty"]
 APP_FAILURES = ["exit", "hang", "garbage", "partial", "huge_pid"]
+# values no GPU can read (2^64-1, 1e+30, -1, 250 %, more memory used than
+# there is, units after every value): that GPU is not judged, and a
+# persistent run of them is a monitor failure (README: logged once, one
+# monitor_degraded after SMI_FAIL_ALERT_CYCLES), never an idle alert
+BAD_VALUES = ["huge", "float_huge", "negative", "out_of_range", "units"]
 # odd output that reads right or gives unknown values: no event at all
-HARMLESS = ["na", "huge", "float_huge", "negative", "out_of_range", "units", "leading_zeros", "bom", "crlf",
-            "duplicate", "header", "warning_line", "stderr_noise", "slow", "missing_gpu"]
+HARMLESS = ["na", "leading_zeros", "bom", "crlf", "duplicate", "header", "warning_line", "stderr_noise", "slow",
+            "missing_gpu"]
 # a fault of the device itself: a critical gpu_degraded event naming GPU 0
 DEVICE = ["reset", "unknown_error", "uuid_lost"]
 KINDS = [("gpu", k) for k in FAILURES] + [("apps", k) for k in APP_FAILURES] + \
-        [("gpu", k) for k in HARMLESS] + [("gpu", k) for k in DEVICE]
+        [("gpu", k) for k in BAD_VALUES] + [("gpu", k) for k in HARMLESS] + [("gpu", k) for k in DEVICE]
 
 
 def good(gpu0_busy=False):
@@ -122,7 +127,7 @@ def figures(run):
         if [p for p, e in evs if is_idle(e, GPU0, "resolved") and p != "busy"]:
             false_resolved.append(seg)
         monitor = [(p, e.get("state")) for p, e in evs if e.get("event") == "monitor_degraded"]
-        fails = kind in FAILURES or where == "apps"
+        fails = kind in FAILURES or kind in BAD_VALUES or where == "apps"
         if fails and length >= CYCLES and [s for _, s in monitor].count("firing") != 1:
             no_event.append(seg)
         if not fails and monitor:
