@@ -650,13 +650,14 @@ lowprio_wrapper_into() {
 # the job's clean-up (a KeyboardInterrupt in the middle of a checkpoint
 # save). A signal sent to lowprio-run alone (kill PID, docker stop, a
 # supervisor's or Python's terminate()) reached only lowprio-run and must be
-# passed on. One sent to lowprio-run's process group (the terminal's ^C, ^\
-# and hang-up, timeout, kill -- -PGID, a shell's kill %1, gpu-leak-watch
-# passing one on) reached the job too when the job is in that group (every
-# mechanism but autogroup, whose job has a session of its own). One sent to
-# every process of a cgroup (systemd's KillMode=control-group, scancel)
-# reached the job too when the job is in lowprio-run's cgroup or below it
-# (every mechanism but systemd's, whose scope is a unit of its own).
+# passed on. One sent to lowprio-run's process group (the terminal's ^C and
+# ^\, a login shell passing its hang-up on to its jobs, timeout, kill --
+# -PGID, a shell's kill %1, gpu-leak-watch passing one on) reached the job
+# too when the job is in that group (every mechanism but autogroup, whose
+# job has a session of its own). One sent to every process of a cgroup
+# (systemd's KillMode=control-group, scancel) reached the job too when the
+# job is in lowprio-run's cgroup or below it (every mechanism but
+# systemd's, whose scope is a unit of its own).
 #
 # bash cannot see who sent a signal (no siginfo, no si_code), so two
 # witnesses tell: processes (a cat reading a pipe that only lowprio-run
@@ -842,9 +843,14 @@ lowprio_forward() {
   if [[ -z $kept ]]; then
     got=0
     lowprio_job_got "$sig" || got=$?
-  elif lowprio_witness_read "$LP_WIT_GROUP_PID" && ((LP_WIT_PENDING & $(lowprio_signal_bit "$sig"))); then
-    # a copy of the kept signal at the witness is spent
-    lowprio_witness_start group
+  else
+    # what the witnesses saw before the job existed is spent
+    if lowprio_witness_read "$LP_WIT_GROUP_PID" && ((LP_WIT_PENDING != 0)); then
+      lowprio_witness_start group
+    fi
+    if lowprio_witness_read "$LP_WIT_SESSION_PID" && ((LP_WIT_PENDING != 0)); then
+      lowprio_witness_start session
+    fi
   fi
   if ((got == 0)); then
     gg_log debug "$sig reached the job too ($LP_SIGNAL_WHY): not sent again"
