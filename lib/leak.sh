@@ -899,9 +899,26 @@ leak_job_watch() {
     kill "$sleeper" 2>/dev/null || true
   fi
   smi_stream_end
+  leak_job_ended_cycle
   leak_detector_stop
   LEAK_WATCH_DONE=1
   return 0
+}
+
+# Once the job has ended, tells the detector so with one cycle that holds
+# no samples: it resolves an alert still firing (reason "gone") and the
+# metrics drop the job, as a daemon's cycle does when a watched process
+# ends. Without it the wrapper stopped its watcher and the alert stayed
+# firing for ever. Nothing is asked of nvidia-smi, and a job that ended
+# before the first cycle starts no detector.
+leak_job_ended_cycle() {
+  ((LEAK_DETECTOR_STARTED)) || return 0
+  leak_job_running && return 0
+  leak_run_detector ''
+  events_flush
+  if [[ -n ${GPUGUARD_TEXTFILE_DIR:-} ]]; then
+    textfile_write_leak || gg_log warn "could not write textfile metrics in $GPUGUARD_TEXTFILE_DIR"
+  fi
 }
 
 # EXIT trap of leak_job_watch: a watcher that ends before the wrapper asked

@@ -579,6 +579,8 @@ def _feed_line(cyc, parts, lines):
     cyc.seen.add(key)
     m = cyc.meta.setdefault(key, {})
     m["pid"] = pid
+    if root_key is None:
+        m["name"] = name          # for the event that says the process ended
     if rank is not None:
         m["rank"] = rank
     m["rows"] = history_append(cyc.state_dir, key, ts, pid, used, free, _num(total), cyc.max_rows, m.get("rows"))
@@ -697,6 +699,7 @@ def _forget_gone(cyc, stdout):
                     ev = {"ts": int(time.time()), "event": "gpu_memory_leak", "state": "resolved",
                           "pid": m.get("pid")}
                 ev.update({"host": cyc.host, "reason": "gone"})
+                ev.setdefault("name", m.get("name"))
                 _with_job(cyc.state_dir, key, ev)
                 _emit_event(stdout, m.get("pid") or 0, ev)
     for key in list(series):

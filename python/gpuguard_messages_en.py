@@ -18,7 +18,8 @@ MESSAGES = {
     "what_idle_resolved": "GPU {gpus} no longer idle",
     "what_leak": "PID {pid} {name}: GPU memory leak suspected",
     "what_leak_escalated": "PID {pid} {name}: GPU memory leak getting worse",
-    "what_leak_resolved": "PID {pid} GPU memory stopped growing",
+    "what_leak_resolved": "PID {pid} {name} GPU memory stopped growing",
+    "what_leak_gone": "PID {pid} {name} ended: its GPU memory leak alert is closed",
     "what_monitor": "cannot read GPU state",
     "what_monitor_resolved": "nvidia-smi answers again",
     "what_test": "alert channel test",
@@ -62,6 +63,7 @@ MESSAGES = {
     "leak_falling": "Loss is still falling",
     "leak_hint": "What to do: look for tensors kept with their graph (loss summed without .item()) or caches that never shrink; save a checkpoint first.",
     "leak_resolved": "Now {used}, slope {slope} MiB/h",
+    "leak_gone": "It held {used} when last seen",
     # stuck (spinning), firing
     "what_stuck": "GPU {gpus} stuck: busy at idle power",
     "what_stuck_resolved": "GPU {gpus} no longer stuck",

@@ -662,8 +662,12 @@ def _leak_render(e, lang, env):
     slope = _number(e.get("slope_mib_per_hour"))
     slope_text = f"{slope:+.0f}" if slope is not None else unknown
     if _state_class(e) == "resolved":
-        return _msg(lang, "what_leak_resolved", pid=pid), [
-            _msg(lang, "leak_resolved", used=_gib(e.get("used_memory_mib"), lang), slope=slope_text)]
+        used = _gib(e.get("used_memory_mib"), lang)
+        if e.get("reason") == "gone":
+            # a process that ended is not one whose memory stopped growing
+            return _msg(lang, "what_leak_gone", pid=pid, name=name), [_msg(lang, "leak_gone", used=used)]
+        return _msg(lang, "what_leak_resolved", pid=pid, name=name), [
+            _msg(lang, "leak_resolved", used=used, slope=slope_text)]
     # the detector's projection is free / slope rounded to 0.1 h: recomputed
     # when both are known, so a fast leak reads "in 1 min 21 s", not "in 0 s"
     oom = _number(e.get("projected_oom_hours"))

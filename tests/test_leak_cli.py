@@ -401,6 +401,39 @@ def test_a_wrapped_job_leaves_no_detector_state_and_status_lists_it_as_ended(box
     assert [j["pid"] for j in json.loads(r.stdout)["ended_jobs"]] == [pid]
 
 
+def test_a_wrapped_jobs_leak_alert_is_resolved_when_the_job_ends(box, tmp_path, sink):
+    """The wrapper stopped its watcher once the job ended and nothing told
+    the detector: a leak alert sent while the job ran stayed firing for
+    ever (the chat never heard it ended, the metric stayed 1). Now the job's
+    end resolves it, reason "gone", as a daemon does for a process that
+    ended. The chat is told the job ended, not that its memory stopped
+    growing."""
+    box.write_scenario([{"gpus": [{"utilization.gpu": 0, "memory.used": 0, "power.draw": 70.0}], "apps": []}])
+    cmd, started, release = gate_job(tmp_path, "a", 0)
+    prom = tmp_path / "prom"
+    prom.mkdir()
+    env = env_for(box, LEAK_BUCKET_S="1", GPUGUARD_TEXTFILE_DIR=str(prom), NOTIFY_URL=sink.url + "/generic")
+    proc = start(box, tmp_path, "--", *cmd, env=env)
+    try:
+        assert wait_for(started.exists, timeout=30), err_of(proc)
+        pid = job_pid_of(proc)
+        box.write_scenario([{"gpus": [{"utilization.gpu": 90, "memory.used": 3500 + 64 * i, "power.draw": 500.0}],
+                             "apps": [{"pid": pid, "process_name": "python3", "used_memory": 3000 + 64 * i}]}
+                            for i in range(400)])
+        assert wait_for(lambda: [e["state"] for e in box.events()] == ["firing"], timeout=120), err_of(proc)
+        release.touch()
+        assert finish(proc) == 0, err_of(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert [(e["state"], e.get("reason"), e["pid"]) for e in box.events()] == \
+        [("firing", None, pid), ("resolved", "gone", pid)]
+    assert "gpuguard_process_leak{" not in (prom / "gpuguard_leak.prom").read_text()
+    ended = sink.requests[-1]["body"]["message"]
+    assert f"PID {pid} bash ended: its GPU memory leak alert is closed" in ended, ended
+    assert "stopped growing" not in ended and "slope" not in ended
+
+
 def test_detector_states_of_killed_wrappers_and_of_long_gone_watchers_are_swept(box):
     box.state.mkdir()
     dead = subprocess.Popen(["true"])
