@@ -369,6 +369,28 @@ cg_placement_plan() {
   esac
 }
 
+# True when a run could create its leaf, foreseen without creating it
+# (--explain, --dry-run): the caller's cgroup is writable (for v1 its cpu
+# one, which cg_create_v1 cannot do without). Sets CG_LAST_ERROR when not.
+cg_creatable() {
+  local parent what where
+  CG_LAST_ERROR=''
+  case $CG_MODE in
+    v2) parent=$CG_PARENT what=cgroup where=${CG_PARENT#"$CG_ROOT"} ;;
+    v1)
+      cg_home_into parent "$CG_ROOT/cpu" cpu
+      what="v1 cpu cgroup" where=${parent#"$CG_ROOT/cpu"}
+      ;;
+    *)
+      CG_LAST_ERROR=$CG_WHY
+      return 1
+      ;;
+  esac
+  [[ -d $parent && -w $parent ]] && return 0
+  CG_LAST_ERROR="the caller's $what ${where:-/} is not writable by $(id -un)"
+  return 1
+}
+
 cg_create_v1() {
   local c err made=0 parent
   for c in cpu memory pids blkio; do

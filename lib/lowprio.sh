@@ -460,6 +460,11 @@ lowprio_parse_check() {
   if [[ -n $LP_CPULIMIT ]] && ! command -v cpulimit >/dev/null; then
     gg_usage_error "--cpulimit needs cpulimit (Debian: apt-get install cpulimit); cpu.max via --cpu-max is better" || return
   fi
+  if [[ -n $LP_ATTACH ]] && ((${#LP_ARGS[@]})); then
+    # one of them would be dropped without a word: the command never run,
+    # or run unlimited while a process the user did not mean is demoted
+    gg_usage_error "--attach PID demotes a running job; -- CMD starts one: give one of them" || return
+  fi
   if [[ -n $LP_ATTACH ]]; then
     lowprio_attach_check "$LP_ATTACH" || return
   fi
@@ -522,11 +527,15 @@ lowprio_setup() {
   if [[ $LP_MECHANISM == cgroup-v2 || $LP_MECHANISM == cgroup-v1 ]]; then
     CG_MODE=${LP_MECHANISM#cgroup-}
     if ((LP_DRY_RUN || LP_EXPLAIN)); then
-      lowprio_disk_plan
-      return 0
-    fi
-    cg_clean_stale
-    if ! cg_create "$name"; then
+      # say what a run would get: a cgroup it could not create is not
+      # the mechanism (a user without delegation gets nice and autogroup)
+      if cg_creatable; then
+        lowprio_disk_plan
+        return 0
+      fi
+      LP_NOTES+=("cgroup $CG_MODE not used: $CG_LAST_ERROR")
+      LP_MECHANISM=autogroup
+    elif cg_clean_stale && ! cg_create "$name"; then
       LP_NOTES+=("cgroup $CG_MODE not used: $CG_LAST_ERROR")
       if [[ $CG_MODE == v2 && -f $CG_ROOT/cpu/cpu.shares ]]; then
         CG_MODE=v1

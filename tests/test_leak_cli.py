@@ -683,6 +683,18 @@ def test_match_with_an_invalid_pattern_is_one_line_exit_2(box):
 
 # --------------------------------------------------------------- options --
 
+@pytest.mark.parametrize("args", [["--pid", str(os.getpid())], ["--all"], ["--match", "train"], ["--once"],
+                                  ["--slurm-job", "42"], ["--replay", "trace.csv"]])
+def test_a_target_beside_a_command_is_one_line_exit_2_and_nothing_runs(box, tmp_path, args):
+    """`--pid N -- CMD` ran CMD and dropped --pid without a word (so did
+    --all, --match, --once, --slurm-job and --replay)."""
+    ran = tmp_path / "ran"
+    r = watch(box, *args, "--", "touch", str(ran))
+    assert r.returncode == 2 and r.stderr == "gpu-leak-watch: %s and -- CMD do not go together: " \
+        "-- CMD starts a job and watches it\n" % args[0]
+    assert not ran.exists()
+
+
 def test_version(box):
     r = watch(box, "--version")
     assert r.returncode == 0

@@ -96,6 +96,9 @@ def test_io_max_without_a_device_limits_the_disk_of_the_current_folder():
     (["--io-max", "/nonexistent:rbps=1M", "--", "true"], "--io-max takes [DEV:]rbps=N,wbps=N"),
     (["--io-class", "realtime", "--", "true"], "the realtime I/O class is not offered"),
     (["--attach", "999999999"], "--attach needs a running PID (got '999999999')"),
+    # both a job to demote and one to start: one of them was dropped (the
+    # command never ran, and the PID's whole tree was demoted)
+    (["--attach", str(os.getpid()), "--", "true"], "--attach PID demotes a running job; -- CMD starts one"),
     (["--tier", "batch"], "no command given"),
     (["--bogus", "--", "true"], "unknown option '--bogus'"),
 ])
@@ -757,6 +760,26 @@ def test_a_user_whose_cgroup_is_not_delegated_runs_the_job_and_is_told_why():
         assert r.returncode == 3, r.stderr
         assert "cgroup v2 not used: EACCES: the caller's cgroup /user.slice is not writable by nobody" in r.stderr
         assert "via autogroup" in r.stderr
+    finally:
+        subprocess.run(["rm", "-rf", top])
+
+
+def test_explain_as_a_user_whose_cgroup_is_not_delegated_says_what_a_run_would_get():
+    """--explain said "mechanism: cgroup-v2" (and --dry-run showed no
+    fallback) to a user whose run falls back to autogroup: it never tried
+    the cgroup it could not create."""
+    top = shared_tmp()
+    try:
+        from pathlib import Path
+        root = fake_v2_root(Path(top), caller="/user.slice")
+        fake_v2_child(root, "user.slice", procs="4242\n")
+        r = as_user([str(ROOT / "bin/lowprio-run"), "--tier", "batch", "--explain"],
+                    env=lowprio_environ(**fake_v2_env(Path(top), root)))
+        assert r.returncode == 0, r.stderr
+        assert "mechanism: autogroup\n" in r.stdout
+        assert "not in force: cgroup v2 not used: the caller's cgroup /user.slice is not writable by nobody\n" \
+            in r.stdout
+        assert "not in force: cpu_max=1200 needs a cgroup" in r.stdout
     finally:
         subprocess.run(["rm", "-rf", top])
 
