@@ -98,5 +98,29 @@ def main():
         print("| %s | %.2f | %.2f | %.0f | %.0f | %s |" % (name, p50, p99, service, hog, mech or "-"))
 
 
+def start_cost(n=15):
+    """Wall time of `lowprio-run -- true` against `true` run directly: what
+    the guard adds before a job starts and after it ends (cgroup, nice and
+    ionice, the signal witnesses, the end report), median and worst of n."""
+    import tempfile
+    times = {}
+    with tempfile.TemporaryDirectory() as state:
+        env = dict(os.environ, GPUGUARD_STATE_DIR=state)
+        for name, cmd in (("true", ["true"]), ("lowprio-run -- true", [os.path.join(ROOT, "bin", "lowprio-run"), "--", "true"])):
+            subprocess.run(cmd, env=env, stderr=subprocess.DEVNULL, check=False)     # warm: the disk measured once
+            ms = []
+            for _ in range(n):
+                t = time.monotonic()
+                subprocess.run(cmd, env=env, stderr=subprocess.DEVNULL, check=False)
+                ms.append((time.monotonic() - t) * 1000)
+            times[name] = sorted(ms)
+    print("\n## lowprio-run: what it adds to a job's start and end\n")
+    print("| command | wall ms, median | worst of %d |" % n)
+    print("|---|---|---|")
+    for name, ms in times.items():
+        print("| `%s` | %.0f | %.0f |" % (name, ms[len(ms) // 2], ms[-1]))
+
+
 if __name__ == "__main__":
     main()
+    start_cost()
