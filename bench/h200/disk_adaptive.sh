@@ -44,6 +44,13 @@
 # max_sectors_kb at each of these (the largest request the block layer
 # sends: a commit may wait for one of the job's capped requests), put
 # back at the end.
+# BDI_MAX_MIBS (none): the default row again with the disk's writeback
+# cache limited (/sys/class/bdi/DISK: max_bytes at each of these MiB,
+# strict_limit 1: each cgroup's dirty pages held to its share of the
+# limit, the share following its write rate, so the capped job is
+# throttled as it dirties pages instead of piling them up for writeback
+# bursts that a service's journal commit waits for), put back at the end.
+# KINDS (ckpt direct8 read): the job kinds of the plain and default rows.
 
 AD_HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=disk_default.sh
@@ -67,6 +74,8 @@ main() {
   MODEL_BEFORE=$(grep "^$DISK " "$CG/io.cost.model" 2>/dev/null)
   DISK_Q=$(readlink -f "/sys/dev/block/$DISK")/queue
   SECTORS_BEFORE=$(cat "$DISK_Q/max_sectors_kb" 2>/dev/null)
+  BDI=/sys/class/bdi/$DISK
+  BDI_BEFORE="$(cat "$BDI/max_ratio_fine" 2>/dev/null) $(cat "$BDI/strict_limit" 2>/dev/null)"
   trap ad_cleanup EXIT
   local c
   for c in cpu io memory; do
@@ -92,8 +101,8 @@ main() {
   sync
   ((DRY)) || sleep 3
   ad_row idle ckpt first
-  ad_config plain "ckpt direct8 read"
-  ad_config default "ckpt direct8 read" "$LP" --report --
+  ad_config plain "$KINDS"
+  ad_config default "$KINDS" "$LP" --report --
   ad_row "default onset" ckpt onset "$LP" --report --
   ad_config "offline" ckpt "$LP" --tier offline --report --
   for pct in $ALT_PCTS; do
@@ -106,6 +115,16 @@ main() {
     ad_config "default, max_sectors_kb $(<"$DISK_Q/max_sectors_kb")" ckpt "$LP" --report --
   done
   [[ -n $SECTORS_BEFORE ]] && ((! DRY)) && echo "$SECTORS_BEFORE" >"$DISK_Q/max_sectors_kb"
+  local mib
+  for mib in $BDI_MAX_MIBS; do
+    ((DRY)) && break
+    if ! { echo 1 >"$BDI/strict_limit" && echo $((mib << 20)) >"$BDI/max_bytes"; }; then
+      ad_bdi_restore
+      continue
+    fi
+    ad_config "default, bdi max $mib MiB strict" ckpt "$LP" --report --
+    ad_bdi_restore
+  done
   if ((! DRY)) && ((WITH_IOCOST)) && [[ -f $CG/io.cost.qos ]]; then
     "$LP" --setup-disk "$DISK"
     ad_config "default + iocost" ckpt "$LP" --report --
@@ -133,6 +152,8 @@ ad_params() {
   WITH_IOCOST=${WITH_IOCOST:-0}
   FLUSH_PROBE=${FLUSH_PROBE:-$((1 - DRY))}
   MAX_SECTORS_KBS=${MAX_SECTORS_KBS:-}
+  BDI_MAX_MIBS=${BDI_MAX_MIBS:-}
+  KINDS=${KINDS:-ckpt direct8 read}
   # lowprio-run's own cgroup leaf: the governor needs one (systemd-run's
   # scope would be systemd's to write)
   export LOWPRIO_MECHANISM=${LOWPRIO_MECHANISM:-cgroup-v2}
@@ -342,6 +363,15 @@ PY
 
 # Puts the disk's iocost back (lowprio-run's own undo, then the lines found
 # at the start), removes the cgroups and the work folder.
+# Puts the disk's writeback cache limits back as they were.
+ad_bdi_restore() {
+  local ratio strict
+  read -r ratio strict <<<"$BDI_BEFORE"
+  [[ -n $ratio ]] && echo "$ratio" >"$BDI/max_ratio_fine" 2>/dev/null
+  [[ -n $strict ]] && echo "$strict" >"$BDI/strict_limit" 2>/dev/null
+  echo "== bdi at the end: max_ratio_fine $(cat "$BDI/max_ratio_fine" 2>/dev/null), strict_limit $(cat "$BDI/strict_limit" 2>/dev/null)"
+}
+
 ad_cleanup() {
   if ((! DRY)); then
     "$LP" --setup-disk --undo >/dev/null 2>&1
@@ -356,6 +386,7 @@ ad_cleanup() {
   if [[ -n ${SECTORS_BEFORE:-} ]] && ((! DRY)); then
     echo "$SECTORS_BEFORE" >"$DISK_Q/max_sectors_kb" 2>/dev/null
   fi
+  [[ -n ${BDI_BEFORE// /} ]] && ((! DRY)) && ad_bdi_restore
   ((DRY)) || bench_rm_cgroups "$SVC" "$JOB"
   rm -rf -- "$WORK"
 }
