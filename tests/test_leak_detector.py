@@ -424,6 +424,12 @@ def test_rules_exempt_servers_and_set_thresholds(tmp_path):
     rules = leak.load_rules(str(ROOT / "etc/leak-rules.conf"))
     assert leak.rule_for(rules, "python3 -m vllm.entrypoints.openai.api_server --model x") == "ignore"
     assert leak.rule_for(rules, "python -m sglang.launch_server") == "ignore"
+    # adapters loaded on demand up to a cap climb as linearly as a leak
+    # (corpus C lora_cap): a LoRA server is exempt like the others
+    assert leak.rule_for(rules, "lorax-launcher --model-id mistral --adapter-source hub") == "ignore"
+    assert leak.rule_for(rules, "text-generation-server serve qwen --sharded") == "ignore"
+    assert leak.rule_for(rules, "/usr/bin/ollama runner --model blobs/sha256-x") == "ignore"
+    assert leak.rule_for(rules, "swift sft --train_type lora --model qwen2-7b") == {}
     assert leak.rule_for(rules, "swift sft --model qwen2-72b") == {"threshold": 120.0}
     (tmp_path / "r").write_text("train\\.py threshold=80 fast_oom_h=2\nbad threshold=x\n")
     with pytest.raises(ValueError, match="r:2: threshold must be a number"):
