@@ -136,7 +136,10 @@ watchdog_wake() {
   else
     WATCHDOG_STOP=$1
   fi
-  [[ -n ${WATCHDOG_SLEEP_PID:-} ]] && kill "$WATCHDOG_SLEEP_PID" 2>/dev/null
+  # (the sleep may be gone already: a TERM to the whole process group,
+  # as systemctl stop sends, reached it too; a failed kill here ended the
+  # daemon under errexit, before it saved its state)
+  [[ -n ${WATCHDOG_SLEEP_PID:-} ]] && { kill "$WATCHDOG_SLEEP_PID" 2>/dev/null || true; }
   return 0
 }
 

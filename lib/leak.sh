@@ -521,7 +521,8 @@ leak_act() {
         waited=$((waited + 1))
       done
       for pid in "${tree[@]}"; do
-        kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" 2>/dev/null
+        # (one may end between the two: not an error)
+        kill -0 "$pid" 2>/dev/null && { kill -KILL "$pid" 2>/dev/null || true; }
       done
       ;;
   esac

@@ -2,10 +2,12 @@
 with --once, against the nvidia-smi test double."""
 import os
 import signal
+import subprocess
 import time
 
 import pytest
-from conftest import H200_UUID, app, busy_gpu, idle_gpu, start_daemon, stop_daemon, uuid_for, wait_for
+from conftest import (ROOT, H200_UUID, app, busy_gpu, default_signals, idle_gpu, start_daemon, stop_daemon, uuid_for,
+                      wait_for)
 
 IDLE = {"gpus": [idle_gpu()], "apps": [app(1410)]}
 BUSY = {"gpus": [busy_gpu()], "apps": [app(1410), app(1408, mem=2910)]}
@@ -89,6 +91,29 @@ def test_daemon_makes_two_smi_calls_per_cycle_and_stops_cleanly(box):
     assert "stopped; state saved" in err
     state = (box.state / "idle.state").read_text()
     assert H200_UUID in state
+
+
+def test_a_term_to_the_whole_process_group_stops_the_daemon_cleanly(box):
+    """systemctl stop (the shipped unit sets no KillMode) and `kill --
+    -PGID` send SIGTERM to the daemon and its children at once: the sleep
+    between cycles died of it first, the handler's kill of that sleep
+    failed, and errexit ended the daemon with status 1 before it saved its
+    state and the ledger (6 stops of 8)."""
+    box.write_scenario([IDLE] * 400)
+    env = dict(box.env, CHECK_INTERVAL="1")
+    for n in range(5):
+        proc = subprocess.Popen([str(ROOT / "bin/yichuidingyin.sh")], env=env, text=True, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, preexec_fn=default_signals, start_new_session=True)
+        rows = box.state / "gpu-history.tsv"
+        before = len(rows.read_text().splitlines()) if rows.exists() else 0
+        # a few cycles in (one a second), with the sleep between them hit
+        # at other moments each time
+        assert wait_for(lambda: rows.exists() and len(rows.read_text().splitlines()) >= before + n % 3 + 2,
+                        timeout=30), proc.stderr
+        time.sleep(0.1 * n)
+        os.killpg(proc.pid, signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0 and "stopped; state saved" in err and "SIGTERM" in err, err
 
 
 def test_restart_keeps_counting(box):
