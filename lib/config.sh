@@ -101,7 +101,7 @@ config_define() {
     [SPIN_UTIL_MIN]='int:1:100'
     [SPIN_CYCLES]='int:1:'
     [IDLE_RULES]='str'
-    [GPU_HOUR_PRICE]='num'
+    [GPU_HOUR_PRICE]='price'
     [GPU_PRICE_CURRENCY]='str'
     # faults: disk bounds (gg_retention)
     [RETENTION_DAYS]='int:1:3650'
@@ -211,6 +211,20 @@ config_validate() {
       }
       printf -v "${into}[$key]" '%s' "$normal"
       ;;
+    price)
+      # "30", "¥30", "2.5 USD" (README): the number, and a currency of its
+      # own, kept apart for config_load (it wins over GPU_PRICE_CURRENCY)
+      local before='' amount=$value after=''
+      if [[ $value =~ ^([^0-9.[:space:]+-]*)[[:space:]]*([0-9][0-9.]*)[[:space:]]*([^0-9.[:space:]+-]*)$ ]]; then
+        before=${BASH_REMATCH[1]} amount=${BASH_REMATCH[2]} after=${BASH_REMATCH[3]}
+      fi
+      if [[ -n $before && -n $after ]] || ! gg_number_into normal "$amount" dec 0; then
+        gg_usage_error "$key must be a price such as 30, ¥30 or 2.5 USD (got $shown)"
+        return
+      fi
+      printf -v "${into}[$key]" '%s' "$normal"
+      printf -v "${into}[${key}_CURRENCY]" '%s' "${before:-$after}"
+      ;;
     bool)
       [[ $value == 0 || $value == 1 ]] || {
         gg_usage_error "$key must be 0 or 1 (got $shown)"
@@ -281,6 +295,10 @@ config_load() {
     fi
     config_validate "$key" "${checked[$key]}" "${GG_CONFIG_KIND[$key]}" checked || return
   done
+  # a price that names its currency ("¥30", "2.5 USD") names it for every
+  # cost shown
+  [[ -n ${checked[GPU_HOUR_PRICE_CURRENCY]:-} ]] && checked[GPU_PRICE_CURRENCY]=${checked[GPU_HOUR_PRICE_CURRENCY]}
+  unset 'checked[GPU_HOUR_PRICE_CURRENCY]'
   for key in "${!checked[@]}"; do
     printf -v "$key" '%s' "${checked[$key]}"
     # shellcheck disable=SC2163 # un-exporting the variable named by $key

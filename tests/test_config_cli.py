@@ -24,6 +24,8 @@ def test_every_command_has_summary_usage_and_help(name):
     ("MAX_IDLE_CYCLES", "-3", "MAX_IDLE_CYCLES must be a whole number of at least 1 (got '-3')"),
     ("NOTIFY_TYPE", "teams", "NOTIFY_TYPE must be one of dingtalk, feishu, wecom, slack, generic (got 'teams')"),
     ("GPUGUARD_SYSLOG", "yes", "GPUGUARD_SYSLOG must be 0 or 1 (got 'yes')"),
+    ("GPU_HOUR_PRICE", "¥30元", "GPU_HOUR_PRICE must be a price such as 30, ¥30 or 2.5 USD (got '¥30元')"),
+    ("GPU_HOUR_PRICE", "-3", "GPU_HOUR_PRICE must be a price such as 30, ¥30 or 2.5 USD (got '-3')"),
 ])
 def test_bad_value_is_one_clear_line_and_exit_2(box, key, value, message):
     box.write_scenario([{"gpus": [idle_gpu()], "apps": []}])

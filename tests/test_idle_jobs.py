@@ -199,6 +199,19 @@ def test_cost_uses_the_configured_currency_and_is_absent_without_price(gbox):
     assert gbox.events()[-1]["state"] == "reminder" and "cost" not in gbox.events()[-1]
 
 
+@pytest.mark.parametrize("price,currency", [("2.5 USD", "USD"), ("$2.5", "$"), ("2.5", "¥")])
+def test_a_price_written_as_the_readme_shows_it_is_taken_with_its_currency(gbox, tmp_path, price, currency):
+    """The README gives GPU_HOUR_PRICE as 30, ¥30 or 2.5 USD; the last two
+    stopped the watchdog (exit 2, every cron minute) from the environment
+    and from the config file alike."""
+    step = {"gpus": [idle_gpu()], "apps": [app(1410)]}
+    conf = tmp_path / "gpuguard.conf"
+    conf.write_text("GPU_HOUR_PRICE=%s\n" % price)
+    run_cycles(gbox, [step] * 4, 3, env={"GPUGUARD_CONFIG": str(conf)})
+    (event,) = gbox.events()
+    assert event["gpu_hour_price"] == 2.5 and event["currency"] == currency and event["cost"] == 0.08
+
+
 def test_resolved_after_the_job_left_keeps_the_incident_job_pid(gbox, jobs):
     job = jobs(1, ["train.py"])
     held = {"gpus": [idle_gpu()], "apps": [app(job.pids[0])]}
