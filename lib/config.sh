@@ -447,8 +447,26 @@ config_default_rules() {
 # For commands that deliver alerts: warns once when secrets.conf exists but
 # this user cannot read it (alerts then go only to the log and the outbox).
 config_warn_secrets_unreadable() {
-  [[ -n ${GG_SECRETS_FILE:-} && -e $GG_SECRETS_FILE ]] || return 0
-  ((${GG_SECRETS_READ:-0})) && return 0
-  { : <"$GG_SECRETS_FILE"; } 2>/dev/null && return 0
+  config_secrets_unreadable || return 0
   gg_log warn "cannot read $GG_SECRETS_FILE (webhook URLs and secrets): run as its owner or root"
+}
+
+# True when secrets.conf is there but this user cannot read it.
+config_secrets_unreadable() {
+  [[ -n ${GG_SECRETS_FILE:-} && -e $GG_SECRETS_FILE ]] || return 1
+  ((${GG_SECRETS_READ:-0})) && return 1
+  ! { : <"$GG_SECRETS_FILE"; } 2>/dev/null
+}
+
+# Puts into the variable named $1 what to do when no alert target is
+# configured: a secrets.conf this user cannot read most likely holds it
+# (a root install's, mode 0600), else one is to be set.
+config_no_target_hint_into() {
+  local -n hint_ref=$1
+  if config_secrets_unreadable; then
+    hint_ref="cannot read $GG_SECRETS_FILE (webhook URLs and secrets): run as its owner or root"
+  else
+    # shellcheck disable=SC2034 # nameref: assigns the caller's variable
+    hint_ref="set NOTIFY_URL or ALERTMANAGER_URL"
+  fi
 }

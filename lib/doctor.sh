@@ -190,7 +190,9 @@ doctor_state() {
 # a TCP connect with a short timeout); `gpuguard notify --test` posts.
 doctor_targets() {
   if ! events_targets_configured; then
-    doctor_line WARN "no alert target: set NOTIFY_URL or ALERTMANAGER_URL (events still go to events.jsonl)"
+    local hint
+    config_no_target_hint_into hint
+    doctor_line WARN "no alert target: $hint (events still go to events.jsonl)"
     return 0
   fi
   local level label detail

@@ -109,6 +109,12 @@ events_flush() {
 # Returns:
 #   0 when every target accepted it, 1 otherwise or when none is configured
 events_test_alert() {
+  local hint
+  if ! events_targets_configured; then
+    config_no_target_hint_into hint
+    printf 'no target configured: %s\n' "$hint"
+    return 1
+  fi
   events_helper test
 }
 
@@ -119,7 +125,7 @@ events_test_alert() {
 # Arguments:
 #   $@ the subcommand's options
 events_notify() {
-  local action='' source=''
+  local action='' source='' hint
   while (($#)); do
     case $1 in
       --test | --check | --flush) action=${1#--} ;;
@@ -138,7 +144,8 @@ events_notify() {
     test) events_helper test ;;
     check)
       if ! events_targets_configured; then
-        printf 'no alert target configured: set NOTIFY_URL or ALERTMANAGER_URL\n'
+        config_no_target_hint_into hint
+        printf 'no alert target configured: %s\n' "$hint"
         return 1
       fi
       events_helper check

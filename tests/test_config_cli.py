@@ -137,6 +137,34 @@ def test_default_state_dir_for_non_root_user(box, tmp_path):
         shutil.rmtree(base)
 
 
+def test_a_user_who_cannot_read_the_secrets_is_told_so_not_to_set_a_target(box):
+    """After a root install (secrets.conf 0600 beside a readable
+    gpuguard.conf), a user's `gpuguard test-alert`, `notify --check` and
+    `doctor` said "set NOTIFY_URL", while a target was configured."""
+    require(os.geteuid() == 0, "needs root to drop to another user")
+    import shutil
+    import tempfile
+    base = tempfile.mkdtemp(prefix="gpuguard-user-")
+    try:
+        os.chmod(base, 0o755)
+        conf, secrets = os.path.join(base, "gpuguard.conf"), os.path.join(base, "secrets.conf")
+        with open(conf, "w") as f:
+            f.write("THRESHOLD=10\n")
+        os.chmod(conf, 0o644)
+        with open(secrets, "w") as f:
+            f.write("NOTIFY_URL=https://oapi.dingtalk.com/robot/send?access_token=abc123\n")
+        os.chmod(secrets, 0o600)
+        env = dict(box.env, GPUGUARD_CONFIG=conf, HOME=base, GPUGUARD_STATE_DIR=os.path.join(base, "state"))
+        want = "cannot read %s (webhook URLs and secrets): run as its owner or root" % secrets
+        for args in (["test-alert"], ["notify", "--check"], ["doctor"]):
+            r = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups",
+                                str(ROOT / "bin/gpuguard")] + args, env=env, capture_output=True, text=True, timeout=60)
+            out = r.stdout + r.stderr
+            assert want in out and "set NOTIFY_URL" not in out and "abc123" not in out, (args, out)
+    finally:
+        shutil.rmtree(base)
+
+
 def _run_as_nobody(box, nobody, home, scenario):
     env = dict(box.env, HOME=home, FAKE_SMI_SCENARIO=scenario, FAKE_SMI_STATE="", FAKE_SMI_LOG="")
     del env["GPUGUARD_STATE_DIR"]
