@@ -6,8 +6,18 @@ import subprocess
 import time
 
 import pytest
-from conftest import (ROOT, H200_UUID, app, busy_gpu, default_signals, idle_gpu, start_daemon, stop_daemon, uuid_for,
-                      wait_for)
+from conftest import (
+    H200_UUID,
+    ROOT,
+    app,
+    busy_gpu,
+    default_signals,
+    idle_gpu,
+    start_daemon,
+    stop_daemon,
+    uuid_for,
+    wait_for,
+)
 
 IDLE = {"gpus": [idle_gpu()], "apps": [app(1410)]}
 BUSY = {"gpus": [busy_gpu()], "apps": [app(1410), app(1408, mem=2910)]}
