@@ -103,6 +103,12 @@ def test_daemon_makes_two_smi_calls_per_cycle_and_stops_cleanly(box):
     assert H200_UUID in state
 
 
+def _history_rows(box):
+    """The watchdog's cycles so far: one row of gpu-history.tsv each."""
+    rows = box.state / "gpu-history.tsv"
+    return len(rows.read_text().splitlines()) if rows.exists() else 0
+
+
 def test_a_term_to_the_whole_process_group_stops_the_daemon_cleanly(box):
     """systemctl stop (the shipped unit sets no KillMode) and `kill --
     -PGID` send SIGTERM to the daemon and its children at once: the sleep
@@ -114,15 +120,13 @@ def test_a_term_to_the_whole_process_group_stops_the_daemon_cleanly(box):
     for n in range(5):
         proc = subprocess.Popen([str(ROOT / "bin/yichuidingyin.sh")], env=env, text=True, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, preexec_fn=default_signals, start_new_session=True)
-        rows = box.state / "gpu-history.tsv"
-        before = len(rows.read_text().splitlines()) if rows.exists() else 0
         # a few cycles in (one a second), with the sleep between them hit
         # at other moments each time
-        assert wait_for(lambda: rows.exists() and len(rows.read_text().splitlines()) >= before + n % 3 + 2,
-                        timeout=30), proc.stderr
+        assert wait_for(lambda want=_history_rows(box) + n % 3 + 2: _history_rows(box) >= want, timeout=30), \
+            proc.stderr
         time.sleep(0.1 * n)
         os.killpg(proc.pid, signal.SIGTERM)
-        out, err = proc.communicate(timeout=30)
+        _, err = proc.communicate(timeout=30)
         assert proc.returncode == 0 and "stopped; state saved" in err and "SIGTERM" in err, err
 
 
