@@ -122,8 +122,8 @@ def test_a_term_to_the_whole_process_group_stops_the_daemon_cleanly(box):
                                 stderr=subprocess.PIPE, preexec_fn=default_signals, start_new_session=True)
         # a few cycles in (one a second), with the sleep between them hit
         # at other moments each time
-        assert wait_for(lambda want=_history_rows(box) + n % 3 + 2: _history_rows(box) >= want, timeout=30), \
-            proc.stderr
+        want = _history_rows(box) + n % 3 + 2
+        assert wait_for(lambda want=want: _history_rows(box) >= want, timeout=30), proc.stderr
         time.sleep(0.1 * n)
         os.killpg(proc.pid, signal.SIGTERM)
         _, err = proc.communicate(timeout=30)
