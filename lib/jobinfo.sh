@@ -31,7 +31,7 @@ JOBINFO_SHELL_RE='^(bash|sh|dash|zsh|fish|ksh|mksh|tcsh|csh)$'
 # A name ending in -key, _pass or .pwd (--wandb-key, --db-pass, --key) is
 # taken for a secret too: masking a sort key now and then costs a reader
 # little, a key left in a chat message costs its owner a rotation.
-JOBINFO_SECRET_NAME='(api[-_.]?key|apikey|access[-_.]?key|secret[-_.]?key|private[-_.]?key|token|secret|password|passwd|passphrase|credentials?|auth|[-_.]key|[-_.]pass|[-_.]pwd)'
+JOBINFO_SECRET_NAME='(api[-_.]?keys?|apikey|jwt|cookie|access[-_.]?key|secret[-_.]?key|private[-_.]?key|token|secret|password|passwd|passphrase|credentials?|auth|[-_.]key|[-_.]pass|[-_.]pwd)'
 # Well-known token shapes (Hugging Face, OpenAI, GitHub, Slack, GitLab, AWS).
 JOBINFO_TOKEN_RE='(hf_|sk-|ghp_|gho_|ghs_|ghu_|github_pat_|xox[abprs]-|glpat-|AKIA)[A-Za-z0-9_-]{12,}'
 # Command lines longer than this are cut in the middle.
@@ -129,8 +129,9 @@ jobinfo_args_into() {
 # (any option whose name ends in one of JOBINFO_SECRET_NAME), `--api-key=X`,
 # `password=X`/`HF_TOKEN=X` anywhere in an argument, the password of
 # `scheme://user:pass@host`, `key`/`sig` query parameters, the token in a
-# Slack, Feishu or Discord webhook's path, the word after a lone `Bearer`
-# and token shapes.
+# Slack, Feishu or Discord webhook's path, the word after a lone `Bearer`,
+# the value of an Authorization, Cookie or X-...-Key/Token header given as
+# an argument (`-H X-Api-Key:K`) and token shapes.
 jobinfo_mask_args_into() {
   local -n masked_ref=$1
   shift
@@ -144,6 +145,8 @@ jobinfo_mask_args_into() {
   local jm_query_re='[?&](key|sig|sign|signature|code)=[^&;,[:space:]]+'
   local jm_url_re='://[^/@:[:space:]]*:[^/@[:space:]]+@'
   local jm_bearer_re='bearer[[:space:]]+[^[:space:]]+'
+  # an HTTP header given as an argument (curl-style -H/--header NAME:VALUE)
+  local jm_header_re='^((proxy-)?authorization|cookie|x-[a-z0-9-]*(key|token|secret|auth)[a-z0-9-]*)(:[[:space:]]*)[^[:space:]]'
   # webhooks whose secret is a path segment: Slack, Feishu/Lark, Discord
   local jm_path_re='(hooks\.slack\.com/(services|workflows|triggers)|/open-apis/bot/v2/hook|discord(app)?\.com/api/webhooks)/[^[:space:]?#&]+'
   for jm_arg in "$@"; do
@@ -155,6 +158,9 @@ jobinfo_mask_args_into() {
       jm_mask_next=1
     elif [[ $jm_arg =~ $jm_flag_eq_re ]]; then
       jm_arg="${BASH_REMATCH[1]}=***"
+    elif [[ ! $jm_arg =~ $jm_bearer_re && $jm_arg =~ $jm_header_re ]]; then
+      # (a Bearer header keeps its scheme: masked below)
+      jm_arg="${BASH_REMATCH[1]}${BASH_REMATCH[4]}***"
     else
       jobinfo_mask_matches_into jm_arg "$jm_arg" "$jm_url_re" url
       jobinfo_mask_matches_into jm_arg "$jm_arg" "$jm_path_re" path

@@ -41,6 +41,13 @@ mask() {
   assert_output "train.py --key_column text --monkey 3 --bypass 1 --passes 2 --tokenizer_path /t"
 }
 
+@test "FastChat's --api-keys, JWTs, cookies and headers given as arguments are masked" {
+  run -0 mask python3 -m fastchat.serve.openai_api_server --api-keys K1,K2 --port 8000 --jwt K3 --cookie K4 \
+    --header Authorization:K5 -H "X-Api-Key: K6" -H "Authorization: Bearer K7" -H Content-Type:application/json
+  refute_output --regexp "K[0-9]"
+  assert_output "python3 -m fastchat.serve.openai_api_server --api-keys *** --port 8000 --jwt *** --cookie *** --header Authorization:*** -H 'X-Api-Key: ***' -H 'Authorization: Bearer ***' -H Content-Type:application/json"
+}
+
 @test "ordinary arguments are kept; long command lines are cut in the middle" {
   run -0 mask torchrun --nproc_per_node 8 train.py --tokenizer_path /m/tok --output_dir "/data/run 1"
   assert_output "torchrun --nproc_per_node 8 train.py --tokenizer_path /m/tok --output_dir '/data/run 1'"
