@@ -42,6 +42,38 @@ gg_log() {
   fi
 }
 
+# Puts into the variable named $1 the first $3 characters of $2 (with
+# `tail`, as $4, the last $3), cut on a character boundary whatever the
+# locale: under LC_ALL=C (cron's) bash counts bytes, and a cut inside a
+# UTF-8 character left invalid text in the state files and the messages.
+# In a UTF-8 locale the loops find nothing to drop.
+# shellcheck disable=SC2053 # the patterns on the right are byte ranges
+gg_cut_into() {
+  local -n cut_ref=$1
+  local text=$2 n=$3 k=0 need=0 lead
+  local cont=[$'\x80'-$'\xbf'] two=[$'\xc0'-$'\xdf'] three=[$'\xe0'-$'\xef'] four=[$'\xf0'-$'\xf7']
+  if [[ ${4:-head} == tail ]]; then
+    ((${#text} <= n)) || text=${text:${#text}-n}
+    # continuation bytes (10xxxxxx) left from a character cut in two
+    while [[ -n $text && ${text:0:1} == $cont ]]; do text=${text:1}; done
+  elif ((${#text} > n)); then
+    text=${text:0:n}
+    # the last character: its continuation bytes, then its lead byte,
+    # which says how many it needs; an incomplete one is dropped
+    while ((k < 3 && k < ${#text})) && [[ ${text:${#text}-1-k:1} == $cont ]]; do ((k += 1)); done
+    if ((k < ${#text})); then
+      lead=${text:${#text}-1-k:1}
+      if [[ $lead == $two ]]; then need=1; elif [[ $lead == $three ]]; then need=2; elif [[ $lead == $four ]]; then need=3; fi
+      if ((need != k)); then
+        ((need > 0)) && k=$((k + 1))
+        text=${text:0:${#text}-k}
+      fi
+    fi
+  fi
+  # shellcheck disable=SC2034 # nameref: assigns the caller's variable
+  cut_ref=$text
+}
+
 # Sets the variable named $1 to a value ($2) the way an error line may show
 # it: quoted when plain and at most $3 characters; a URL (a webhook token
 # pasted into the wrong key), a value holding a piece of a secret key's

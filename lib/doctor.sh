@@ -336,7 +336,10 @@ status_job() {
     [[ ${args[i]:-} == */* && ${args[i]} != -* && ${args[i]} != *=* ]] && args[i]=${args[i]##*/}
   done
   jobinfo_mask_args_into STATUS_JOB_SHORT "${args[@]}"
-  ((${#STATUS_JOB_SHORT} <= 48)) || STATUS_JOB_SHORT="${STATUS_JOB_SHORT:0:47}…"
+  if ((${#STATUS_JOB_SHORT} > 48)); then
+    gg_cut_into STATUS_JOB_SHORT "$STATUS_JOB_SHORT" 47
+    STATUS_JOB_SHORT+="…"
+  fi
   local uid
   jobinfo_user_into "$top" uid STATUS_JOB_USER
   [[ -n $STATUS_JOB_USER || -z $uid ]] || STATUS_JOB_USER="uid $uid"

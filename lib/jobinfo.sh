@@ -175,7 +175,10 @@ jobinfo_mask_args_into() {
   ((jm_restore_case)) && shopt -u nocasematch
   jm_n=${#jm_out}
   if ((jm_n > JOBINFO_CMDLINE_MAX)); then
-    jm_out="${jm_out:0:JOBINFO_CMDLINE_MAX-80} … ${jm_out:jm_n-70}"
+    local jm_head jm_tail
+    gg_cut_into jm_head "$jm_out" $((JOBINFO_CMDLINE_MAX - 80))
+    gg_cut_into jm_tail "$jm_out" 70 tail
+    jm_out="$jm_head … $jm_tail"
   fi
   # shellcheck disable=SC2034 # nameref: assigns the caller's variable
   masked_ref=$jm_out

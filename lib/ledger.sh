@@ -346,7 +346,8 @@ ledger_holder_key() {
     cmd=''
     ((${#args[@]})) && jobinfo_mask_args_into cmd "${args[@]}"
     cmd=${cmd//[$'\t\n\r']/ }
-    LG_CMD[$key]=${cmd:0:LEDGER_CMD_MAX}
+    gg_cut_into cmd "$cmd" "$LEDGER_CMD_MAX"
+    LG_CMD[$key]=$cmd
     LG_UID[$key]=$uid
   fi
 }

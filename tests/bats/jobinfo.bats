@@ -57,6 +57,18 @@ mask() {
   ((${#output} <= 310))
 }
 
+@test "a long command line in Chinese is cut on characters under LC_ALL=C (cron) too" {
+  local prompt
+  prompt=$(printf '中文提示词%.0s' {1..60})
+  for loc in C C.UTF-8; do
+    LC_ALL=$loc run -0 mask python3 train.py --prompt "$prompt" --end
+    # the cut leaves valid UTF-8 (a cut inside a character did not)
+    printf '%s' "$output" | iconv -f UTF-8 -t UTF-8 >/dev/null
+    assert_output --partial " … "
+    assert_output --partial "词 --end"
+  done
+}
+
 @test "containers from cgroup lines: docker, containerd, podman, kubepods" {
   local f="$BATS_TEST_TMPDIR/cgroup" c id=0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef
   printf '0::/system.slice/docker-%s.scope\n' "$id" >"$f"
