@@ -302,6 +302,19 @@ gg_python() {
   exec python3 -S "$GPUGUARD_ROOT/python/$script" "$@" {lock_fd}>&-
 }
 
+# For the commands that only read the state (status, report, ledger):
+# prints a one-line error and returns 2 when the state folder is there but
+# this user cannot read it (a root watchdog's folder is mode 700). Reading
+# on would show a box where nothing happened, counters and GPU-hours at
+# zero, with no word of why.
+gg_state_dir_readable() {
+  local dir=$GPUGUARD_STATE_DIR owner
+  [[ -e $dir ]] || return 0
+  [[ -d $dir && -r $dir && -x $dir ]] && return 0
+  owner=$(stat -c %U -- "$dir" 2>/dev/null) || owner='?'
+  gg_usage_error "cannot read the state folder $dir (it belongs to $owner): run as its owner or root"
+}
+
 # Creates the state folder (mode 700) and its outbox and history folders, or
 # checks them when they exist: each must be a real folder (not a symlink)
 # owned by us, since everything in it is trusted (state, outbox, locks).

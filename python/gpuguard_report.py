@@ -1296,6 +1296,11 @@ def main(argv):
     except _UsageError as e:
         print("%s: %s" % (prog, e), file=sys.stderr)
         return 2
+    except PermissionError as e:
+        # a part of the state this user may not read (a root watchdog's)
+        print("%s report: cannot read %s: run as its owner or root" % (prog, e.filename or state_dir),
+              file=sys.stderr)
+        return 1
     except (OSError, _WriteError) as e:
         print("%s report: %s" % (prog, e), file=sys.stderr)
         return 1

@@ -165,6 +165,47 @@ def test_a_user_who_cannot_read_the_secrets_is_told_so_not_to_set_a_target(box):
         shutil.rmtree(base)
 
 
+def test_a_user_who_cannot_read_the_watchdogs_state_is_told_so(box):
+    """Pointed at a root watchdog's state folder (mode 700), a user's
+    `gpuguard status`, `ledger` and `report` showed a box where nothing
+    happened (idle 0/3, 0.0 GPU-hours, "nothing recorded"), exit 0; with the
+    folder open but its history closed, report printed a raw [Errno 13]."""
+    require(os.geteuid() == 0, "needs root to drop to another user")
+    import shutil
+    import tempfile
+    base = tempfile.mkdtemp(prefix="gpuguard-user-")
+    try:
+        os.chmod(base, 0o755)
+        state = os.path.join(base, "state")
+        os.mkdir(state, 0o700)
+        open(os.path.join(state, "idle.state"), "w").close()
+        box.write_scenario([{"gpus": [idle_gpu()], "apps": []}])
+        scenario = os.path.join(base, "scenario.json")
+        shutil.copy(box.scenario, scenario)
+        os.chmod(scenario, 0o644)
+        env = dict(box.env, GPUGUARD_STATE_DIR=state, HOME=base, FAKE_SMI_SCENARIO=scenario, FAKE_SMI_STATE="",
+                   FAKE_SMI_LOG="")
+
+        def as_nobody(*args):
+            return subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups",
+                                   str(ROOT / "bin/gpuguard"), *args], env=env, capture_output=True, text=True,
+                                  timeout=60, cwd=base)
+        for args in (["status"], ["status", "--json"], ["ledger"], ["report", "--out", os.path.join(base, "r.html")]):
+            r = as_nobody(*args)
+            assert r.returncode == 2 and r.stderr == "gpuguard: cannot read the state folder %s (it belongs to " \
+                "root): run as its owner or root\n" % state, (args, r.stderr)
+        os.chmod(state, 0o755)
+        os.mkdir(os.path.join(state, "history"), 0o700)
+        out = os.path.join(base, "out")
+        os.mkdir(out)
+        os.chmod(out, 0o777)
+        r = as_nobody("report", "--out", os.path.join(out, "r.html"))
+        assert r.returncode == 1 and r.stderr == "gpuguard report: cannot read %s/history: run as its owner or " \
+            "root\n" % state, r.stderr
+    finally:
+        shutil.rmtree(base)
+
+
 def _run_as_nobody(box, nobody, home, scenario):
     env = dict(box.env, HOME=home, FAKE_SMI_SCENARIO=scenario, FAKE_SMI_STATE="", FAKE_SMI_LOG="")
     del env["GPUGUARD_STATE_DIR"]
