@@ -6,7 +6,9 @@
 #
 # - every cycle, one line is appended to ledger/journal (a plain append,
 #   no fork): the cycle's sequence number, time, the seconds it accounts
-#   and, per held GPU, who held it and whether it was idle or stuck;
+#   and, per held GPU, who held it and whether it was idle or stuck; and
+#   once per job, when it is first seen, its masked command line (a cron
+#   run that replays the journal after the job ended still names it);
 # - every LEDGER_SAVE_EVERY (20) cycles, at a day's end and when the daemon
 #   stops, the day's aggregate is written atomically to ledger/DAY.tsv
 #   (with the last sequence number it holds) and the journal is emptied.
@@ -61,23 +63,39 @@ ledger_load() {
   [[ -f $LG_DIR/journal ]] || return 0
   local -a lines=()
   mapfile -t lines <"$LG_DIR/journal" 2>/dev/null || return 0
-  local line
+  local line cycles=0
   local -a f
   LG_REPLAYING=1
   for line in "${lines[@]}"; do
     # c SEQ TS DT ENTRY... . (the dot ends a whole line: a write cut
-    # short by a full disk is left out)
+    # short by a full disk is left out); j USER JOB UID CMD . (a job's
+    # command line, as ledger_holder_key read it: "-" for none)
     IFS=$'\t' read -r -a f <<<"$line"
+    if [[ ${f[0]:-} == j && ${#f[@]} == 6 && ${f[5]} == . ]]; then
+      ledger_journal_job "${f[@]:1:4}"
+      continue
+    fi
     if [[ ${f[0]:-} != c || ${f[${#f[@]} - 1]} != . ]] || ! gg_is_uint "${f[1]:-}" ||
       ! gg_is_uint "${f[2]:-}" || ! gg_is_uint "${f[3]:-}"; then
       continue
     fi
+    cycles=$((cycles + 1))
     ((f[1] > LG_SEQ)) || continue
     ledger_account "${f[@]:1:${#f[@]}-2}"
   done
   LG_REPLAYING=0
-  # the journal stays as it is: the next save takes it in
-  LG_JOURNAL_N=${#lines[@]}
+  # the journal stays as it is: the next save takes it in (its cycles
+  # count towards it; the few job lines do not)
+  LG_JOURNAL_N=$cycles
+}
+
+# Takes a job's command line from a journal line (USER JOB UID CMD), unless
+# the day already holds one or is full of job rows (ledger_holder_key).
+ledger_journal_job() {
+  local key=$1$'\t'$2
+  [[ -z ${LG_CMD[$key]:-} ]] && ((LG_NJOBS < LEDGER_MAX_JOBS)) || return 0
+  [[ $4 == - ]] || LG_CMD[$key]=$4
+  [[ $3 == - ]] || LG_UID[$key]=$3
 }
 
 # Reads a day file into the arrays (the format: python/gpuguard_ledger.py).
@@ -349,6 +367,9 @@ ledger_holder_key() {
     gg_cut_into cmd "$cmd" "$LEDGER_CMD_MAX"
     LG_CMD[$key]=$cmd
     LG_UID[$key]=$uid
+    # journaled too: a cron run that replays the journal after the job has
+    # ended still knows its command line (ledger_load)
+    gg_append "$LG_DIR/journal" "j"$'\t'"$name"$'\t'"$job"$'\t'"${uid:--}"$'\t'"${cmd:--}"$'\t.\n' 2>/dev/null || true
   fi
 }
 

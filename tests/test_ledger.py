@@ -202,7 +202,33 @@ def test_the_day_is_accounted_to_the_minute_across_cron_daemon_and_kill(lab):
     day = (box.state / "ledger" / "2026-12-02.tsv").read_text()
     assert day.startswith("# gpuguard ledger 1\nday\t2026-12-02\n")
     journal = (box.state / "ledger" / "journal").read_text().splitlines()
-    assert len(journal) < 20
+    assert len([line for line in journal if line.startswith("c\t")]) < 20
+
+
+def test_a_job_that_ended_between_cron_runs_keeps_its_command_line(box):
+    """From cron, each --once run knew only the jobs it saw itself: a job
+    that ended before the ledger's 20-cycle save had no command line in
+    `gpuguard ledger` or the daily digest ("GPU 0 idle for 9 min: root")."""
+    require(os.geteuid() == 0, "a holder of the stand-in device file")
+    devdir = tempfile.mkdtemp(prefix="gg-ledger-dev-")
+    try:
+        dev = os.path.join(devdir, "nvidia0")
+        open(dev, "w").close()
+        box.env["JOBINFO_DEVICE_GLOB"] = os.path.join(devdir, "nvidia*")
+        job = Holder(dev, "root", "exp7_sft.py")
+        held = [{"gpus": [idle_gpu(mem=30000)], "apps": [app(job.pid, gpu=0, mem=29800)]}]
+        for t in range(8 * 60, 9 * 60 + 40, 10):
+            if t == 9 * 60 + 20:
+                job.stop()
+                held = [{"gpus": [idle_gpu(mem=0)], "apps": []}]
+            box.write_scenario(held)
+            box.once(now=at(0, t), env=env_for(box))
+        s = json.loads(ledger(box, "--json", now=at(10)))
+        (row,) = s["jobs"]
+        assert row["user"] == "root" and "exp7_sft.py" in row["cmd"], row
+        assert "exp7_sft.py" in ledger(box, now=at(10))
+    finally:
+        shutil.rmtree(devdir, ignore_errors=True)
 
 
 @pytest.mark.slow
