@@ -254,10 +254,24 @@ def _one_job_label(j, lang, env):
     if j.get("container"):
         return _msg(lang, "job_container", id=_defuse(j["container"]))
     if j.get("cmdline"):
-        return _msg(lang, "job_cmd", cmd=_mask_cmdline(j["cmdline"], env, 60))
+        return _msg(lang, "job_cmd", cmd=_mask_cmdline(_short_cmdline(j["cmdline"]), env, 60))
     if j.get("pid") is not None:
         return _msg(lang, "job_pid", pid=_defuse(j["pid"]))
     return None
+
+
+def _short_cmdline(cmd):
+    """A command line as a headline names a job, as `gpuguard status` does
+    (lib/doctor.sh): the folders of the interpreter and of the script
+    dropped. Sixty characters of "/home/u/miniconda3/envs/sft/bin/python
+    /home/u/..." named no job; "python torchrun --nproc-per-node 8
+    sft.py --run exp7" does. The message's command line stays whole."""
+    words = str(cmd).split(" ")
+    for i in range(min(2, len(words))):
+        w = words[i]
+        if "/" in w and not w.startswith("-") and "=" not in w and "'" not in w:
+            words[i] = w.rstrip("/").rsplit("/", 1)[-1] or w
+    return " ".join(words)
 
 
 def _when(ts):

@@ -211,6 +211,21 @@ def test_missing_fields_render_gracefully_in_both_languages():
     assert "an unknown job" in render._render(sparse[0], "en", {})[1][0]
 
 
+def test_the_headline_names_a_job_run_from_a_conda_env_by_its_script_not_its_interpreter_path(env):
+    """Sixty characters of "/home/u/miniconda3/envs/qwen-sft/bin/python
+    /home/u/miniconda..." told two jobs apart no better than nothing, while
+    `gpuguard status` showed the short form."""
+    conda = "/home/u/miniconda3/envs/qwen-sft/bin"
+    cmd = "%s/python %s/torchrun --nproc-per-node 8 sft.py --run exp7" % (conda, conda)
+    for state, head in (("firing", "held by"), ("resolved", "job")):
+        ev = idle8(state, job=dict(JOB, cmdline=cmd, slurm_job=None, container=None))
+        _, sections = render.render_digest(ev, "en", {})
+        text = render.plain_text("", sections)
+        assert "%s python torchrun --nproc-per-node 8 sft.py --run exp7" % head in text, text
+        if state == "firing":
+            assert "command: " + cmd in text, text
+
+
 def test_cost_appears_only_with_a_price_and_accepts_a_currency(env):
     ev = idle8()[:2]
     assert not any("costs" in ln for ln in render._render(ev[0], "en", {})[1])
