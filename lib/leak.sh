@@ -141,7 +141,15 @@ leak_cycle() {
   leak_samples_into lines "$now"
   lines+=$LEAK_ID_LINES
   LEAK_ID_LINES=''
-  leak_run_detector "$lines"
+  leak_cycle_send "$lines"
+}
+
+# The second half of a cycle: the sample lines ($1) to the detector, its
+# events out, what is kept of ended processes forgotten, the metrics
+# written. A series the lines leave out has ended (leak_job_ended_cycle
+# sends none).
+leak_cycle_send() {
+  leak_run_detector "$1"
   # ARCHITECTURE.md, rule 4: events_emit only enqueues; one digest per target a cycle
   events_flush
   leak_forget_gone
@@ -915,11 +923,7 @@ leak_job_watch() {
 leak_job_ended_cycle() {
   ((LEAK_DETECTOR_STARTED)) || return 0
   leak_job_running && return 0
-  leak_run_detector ''
-  events_flush
-  if [[ -n ${GPUGUARD_TEXTFILE_DIR:-} ]]; then
-    textfile_write_leak || gg_log warn "could not write textfile metrics in $GPUGUARD_TEXTFILE_DIR"
-  fi
+  leak_cycle_send ''
 }
 
 # EXIT trap of leak_job_watch: a watcher that ends before the wrapper asked
