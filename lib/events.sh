@@ -141,7 +141,7 @@ events_notify() {
     shift
   done
   case $action in
-    test) events_helper test ;;
+    test) events_test_alert ;;
     check)
       if ! events_targets_configured; then
         config_no_target_hint_into hint

@@ -139,8 +139,9 @@ def test_default_state_dir_for_non_root_user(box, tmp_path):
 
 def test_a_user_who_cannot_read_the_secrets_is_told_so_not_to_set_a_target(box):
     """After a root install (secrets.conf 0600 beside a readable
-    gpuguard.conf), a user's `gpuguard test-alert`, `notify --check` and
-    `doctor` said "set NOTIFY_URL", while a target was configured."""
+    gpuguard.conf), a user's `gpuguard test-alert`, `notify --test`,
+    `notify --check` and `doctor` said "set NOTIFY_URL", while a target was
+    configured."""
     require(os.geteuid() == 0, "needs root to drop to another user")
     import shutil
     import tempfile
@@ -156,7 +157,7 @@ def test_a_user_who_cannot_read_the_secrets_is_told_so_not_to_set_a_target(box):
         os.chmod(secrets, 0o600)
         env = dict(box.env, GPUGUARD_CONFIG=conf, HOME=base, GPUGUARD_STATE_DIR=os.path.join(base, "state"))
         want = "cannot read %s (webhook URLs and secrets): run as its owner or root" % secrets
-        for args in (["test-alert"], ["notify", "--check"], ["doctor"]):
+        for args in (["test-alert"], ["notify", "--test"], ["notify", "--check"], ["doctor"]):
             r = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups",
                                 str(ROOT / "bin/gpuguard")] + args, env=env, capture_output=True, text=True, timeout=60)
             out = r.stdout + r.stderr
