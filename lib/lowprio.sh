@@ -727,7 +727,9 @@ lowprio_witness_start() {
   done
   for kind in "$@"; do
     lowprio_witness_pid_into "$kind" pid
-    [[ -z $pid ]] || lowprio_witness_read "$pid" && continue
+    if [[ -z $pid ]] || lowprio_witness_read "$pid"; then
+      continue
+    fi
     gg_log debug "no $kind witness (env --block-signal?): every signal is passed on to the job"
     lowprio_witness_stop "$kind"
   done
