@@ -113,6 +113,10 @@ main() {
     # a failing cycle (disk full, a bug) is logged and the watch goes on:
     # in this `||` context nothing inside stops the daemon
     gg_now_into now
+    if [[ ! -d $GPUGUARD_STATE_DIR ]] && ! watchdog_state_dir_recreate; then
+      WATCHDOG_STOP=none
+      break
+    fi
     idle_cycle "$now" || gg_log error "cycle failed (exit $?); watching on"
     gg_retention_maybe || true
     [[ -n $WATCHDOG_STOP ]] && break
@@ -123,9 +127,27 @@ main() {
     WATCHDOG_SLEEP_PID=''
   done
   smi_stream_end
+  local saved=1
+  idle_state_save || saved=0
+  ledger_save || saved=0
+  if [[ $WATCHDOG_STOP == none ]]; then
+    gg_log error "stopped: the state folder $GPUGUARD_STATE_DIR could not be made again"
+    return 1
+  elif ((saved)); then
+    gg_log info "stopped; state saved in $GPUGUARD_STATE_DIR/idle.state (SIG$WATCHDOG_STOP)"
+  else
+    gg_log error "stopped (SIG$WATCHDOG_STOP); the state could not be saved in $GPUGUARD_STATE_DIR: the next start counts idle time afresh"
+  fi
+}
+
+# The state folder was removed under the daemon: makes it again and
+# writes the idle counters and the day's ledger there at once, so that a
+# restart finds them (see gg_state_dir_recreate).
+watchdog_state_dir_recreate() {
+  gg_state_dir_recreate "$GPUGUARD_STATE_DIR/yichuidingyin.lock" || return 1
+  IDLE_SAVED_STATE=''
   idle_state_save || true
-  ledger_save || true
-  gg_log info "stopped; state saved in $GPUGUARD_STATE_DIR/idle.state (SIG$WATCHDOG_STOP)"
+  ledger_dir_recreate
 }
 
 # Signal handler: TERM and INT stop after the current step, HUP asks for a

@@ -361,6 +361,25 @@ gg_state_dir_init() {
   chmod 700 -- "$dir" 2>/dev/null || true
 }
 
+# Makes the state folder again when it was removed under a running daemon
+# (by hand, or by a cleaner of /tmp or /var/tmp), and takes its lock file
+# again: the lock held so far is on a removed file, so without a new one a
+# second daemon could start on the new folder beside this one. The caller
+# then writes what it keeps in memory there. Without this every write
+# failed as if the disk were full and the stop line said "state saved".
+# Arguments:
+#   $1 the daemon's lock file in the state folder
+# Returns:
+#   0 made again and locked; 1 it cannot be (one line said why): stop
+gg_state_dir_recreate() {
+  local old_fd=${GG_LOCK_FD:-}
+  gg_log warn "the state folder $GPUGUARD_STATE_DIR was removed while running: making it again and saving what is kept in memory there"
+  gg_state_dir_init || return 1
+  gg_lock "$1" || return 1
+  [[ -n $old_fd ]] && exec {old_fd}>&-
+  return 0
+}
+
 # Writes a string to a file atomically and durably: a new temporary file in
 # the same folder (random name, created exclusively, so a planted file or
 # symlink there is never opened), fsync, then rename over the destination.

@@ -43,8 +43,14 @@ events_emit() {
   else
     events_warn_no_target
   fi
-  # a link planted at the lock is refused (one line), never followed
+  # a link planted at the lock is refused (one line), never followed; a
+  # folder removed this moment (the daemon makes it again before its next
+  # cycle) is one "cannot write" line, not bash's own redirection error
   gg_refuse_link "$dir/events.lock" || return 0
+  if [[ ! -d $dir ]]; then
+    gg_write_failed "$dir/events.jsonl"
+    return 0
+  fi
   {
     flock 9
     gg_append "$dir/events.jsonl" "$event"$'\n' || gg_write_failed "$dir/events.jsonl"

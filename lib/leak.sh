@@ -897,6 +897,10 @@ leak_job_watch() {
   smi_stream_begin "$LEAK_INTERVAL"
   while ((! stop)) && leak_job_running; do
     gg_now_into now
+    if [[ ! -d $GPUGUARD_STATE_DIR ]] && ! gg_state_dir_recreate "$LEAK_LOCK_FILE"; then
+      gg_log error "not watching job PID $LEAK_JOB_PID for leaks any more: the state folder is gone (the job runs on)"
+      break
+    fi
     leak_cycle "$now"
     gg_retention_maybe || true
     ((stop)) && break
@@ -1008,6 +1012,12 @@ leak_watch_loop() {
   smi_stream_begin "$LEAK_INTERVAL"
   while ((! stop)); do
     now=$(gg_now)
+    if [[ ! -d $GPUGUARD_STATE_DIR ]] && ! gg_state_dir_recreate "$LEAK_LOCK_FILE"; then
+      smi_stream_end
+      leak_detector_stop
+      gg_log error "stopped: the state folder $GPUGUARD_STATE_DIR could not be made again"
+      return 1
+    fi
     leak_cycle "$now"
     gg_retention_maybe || true
     leak_match_notice "$now"

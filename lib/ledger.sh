@@ -207,6 +207,21 @@ ledger_rollover() {
   done
 }
 
+# Makes the ledger folder again after the state folder was removed under
+# the watchdog, and writes the day and the last digest's mark there from
+# memory: the journal alone would hold only the cycles after the removal,
+# and a missing mark would send yesterday's digest again on a restart.
+ledger_dir_recreate() {
+  ((LG_OK && ! LG_READONLY)) || return 0
+  if [[ -L $LG_DIR ]] || { [[ ! -d $LG_DIR ]] && ! mkdir -m 700 -- "$LG_DIR" 2>/dev/null; }; then
+    gg_log warn "ledger: cannot use $LG_DIR (a link, or not writable); the ledger is off"
+    LG_OK=0
+    return 0
+  fi
+  [[ -z $LG_DIGEST_DONE ]] || gg_write_atomic "$LG_DIR/digest-sent" "$LG_DIGEST_DONE"$'\n' || true
+  ledger_save || true
+}
+
 # Writes the day file atomically, then empties the journal (unless $1 is
 # "keep-journal": more lines of it may belong to the next day).
 ledger_save() {

@@ -516,7 +516,10 @@ def check(env, stdin, stdout, keep=False):
     remember the state written, for the next cycle of this process."""
     cyc = _Cycle(env)
     lines = [line.rstrip("\n").split("\t") for line in stdin]
-    os.makedirs(os.path.join(cyc.state_dir, "history"), exist_ok=True)
+    # the state folder itself is the watcher's to make (mode 700, checked:
+    # lib/common.sh gg_state_dir_init); a missing one fails this cycle
+    if os.path.isdir(cyc.state_dir):
+        os.makedirs(os.path.join(cyc.state_dir, "history"), mode=0o700, exist_ok=True)
     # trees first: members take their settings from the tree's cmdline
     for parts in sorted(lines, key=lambda p: p[0] != "T"):
         _feed_line(cyc, parts, lines)
@@ -538,9 +541,13 @@ def _load_series(path, state_dir, instance, params):
     """(series, meta) of the state: serve's own objects when the file is as
     this process wrote it last cycle, else parsed from the file."""
     cached = _LIVE_CACHE.pop(path, None)
-    if cached and cached[0] == _file_signature(path):
+    sig = _file_signature(path)
+    if cached and (sig is None or cached[0] == sig):
         # the file is as this process wrote it last cycle: its objects
-        # stand for it (no JSON to parse, a third of a cycle's CPU)
+        # stand for it (no JSON to parse, a third of a cycle's CPU). A
+        # file that is gone (the state folder was removed under the
+        # watcher and made again: lib/common.sh gg_state_dir_recreate)
+        # is written again from them, not started afresh.
         return cached[1], cached[2]
     state = _load_state(state_dir, instance)
     series = {k: Series.from_json(params, v) for k, v in state.get("series", {}).items()}

@@ -5,6 +5,7 @@ import json
 import math
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -653,6 +654,47 @@ def detector_of(watcher_pid):
     r = subprocess.run(["pgrep", "-P", str(watcher_pid), "-f", "gpuguard_leakcheck.py serve"],
                        capture_output=True, text=True)
     return int(r.stdout.split()[0]) if r.stdout.split() else None
+
+
+def test_a_state_folder_removed_under_the_watcher_is_made_again_with_what_it_followed(box, tmp_path):
+    """The state folder removed under a running watcher (by hand, a /tmp
+    cleaner): the watcher makes it again, locked (a second --all is still
+    refused), and the detector writes the series it kept in memory there
+    rather than starting them afresh (a leak hours into its evidence would
+    wait hours again)."""
+    job = Job(tmp_path)
+    leak_scenario(box, job.child(), steps=200, per_step=0)
+    err_path = tmp_path / "watch.err"
+    with open(err_path, "w") as err:
+        proc = subprocess.Popen([str(ROOT / "bin/gpu-leak-watch"), "--all", "--interval", "1", "--bucket", "1"],
+                                env=dict(box.env), stdout=subprocess.DEVNULL, stderr=err)
+
+    def first_samples():
+        try:
+            state = json.loads((box.state / "leak-state-all.json").read_text())
+        except (OSError, ValueError):
+            return None
+        # where each series' segment starts: a series started afresh starts later
+        cuts = {key: s["cut"] for key, s in state["series"].items()}
+        return cuts if cuts and None not in cuts.values() else None
+    try:
+        assert wait_for(lambda: first_samples() is not None, timeout=30), err_path.read_text()
+        before = first_samples()
+        shutil.rmtree(box.state)
+        assert wait_for(lambda: first_samples() is not None, timeout=30), err_path.read_text()
+        assert first_samples() == before, err_path.read_text()
+        assert oct(box.state.stat().st_mode & 0o777) == "0o700"
+        # (not refused, it would watch on: the timeout fails the test)
+        second = subprocess.run([str(ROOT / "bin/gpu-leak-watch"), "--all"], env=dict(box.env),
+                                capture_output=True, text=True, timeout=20)
+        assert second.returncode == 1 and "another instance holds" in second.stderr, second.stderr
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+        job.stop()
+    assert proc.returncode == 0
+    log = err_path.read_text()
+    assert "was removed while running: making it again" in log and "Traceback" not in log, log
 
 
 def test_a_killed_detector_is_started_again_and_the_watch_goes_on(box, tmp_path):

@@ -1,6 +1,7 @@
 """The idle watchdog as its users run it: `yichuidingyin.sh &` or from cron
 with --once, against the nvidia-smi test double."""
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -128,6 +129,31 @@ def test_a_term_to_the_whole_process_group_stops_the_daemon_cleanly(box):
         os.killpg(proc.pid, signal.SIGTERM)
         _, err = proc.communicate(timeout=30)
         assert proc.returncode == 0 and "stopped; state saved" in err and "SIGTERM" in err, err
+
+
+def test_a_state_folder_removed_under_the_daemon_is_made_again_and_the_incident_goes_on(box):
+    """Someone removes the state folder (by hand, a /tmp cleaner) while the
+    watchdog runs: every write failed as if the disk were full, an event
+    printed a raw bash error, the firing alert's resolution went nowhere
+    and the stop line said "state saved" over an empty folder."""
+    box.write_scenario([IDLE] * 8 + [BUSY])
+    proc = start_daemon(box, env={"SMI_STREAM": "0"})
+    try:
+        assert wait_for(lambda: states(box.events()) == [(0, "firing")], timeout=30)
+        shutil.rmtree(box.state)
+        # the GPU gets busy after the removal: the resolution lands in the
+        # folder made again, and no second "firing" comes
+        assert wait_for(lambda: states(box.events()) == [(0, "resolved")], timeout=30)
+        assert oct(box.state.stat().st_mode & 0o777) == "0o700"
+        second = box.run("--once")
+        assert second.returncode == 1 and "another instance" in second.stderr, second.stderr
+    finally:
+        rc, _, err = stop_daemon(proc)
+    assert rc == 0, err
+    assert "was removed while running: making it again" in err
+    assert "disk full" not in err and "No such file" not in err, err
+    assert "stopped; state saved" in err
+    assert H200_UUID in (box.state / "idle.state").read_text()
 
 
 def test_restart_keeps_counting(box):
