@@ -656,18 +656,25 @@ def detector_of(watcher_pid):
     return int(r.stdout.split()[0]) if r.stdout.split() else None
 
 
-def test_a_state_folder_removed_under_the_watcher_is_made_again_with_what_it_followed(box, tmp_path):
-    """The state folder removed under a running watcher (by hand, a /tmp
-    cleaner): the watcher makes it again, locked (a second --all is still
-    refused), and the detector writes the series it kept in memory there
-    rather than starting them afresh (a leak hours into its evidence would
-    wait hours again)."""
+def start_all_watcher(box, tmp_path):
+    """A flat job and `gpu-leak-watch --all` sampling it every second:
+    (job, watcher, the file its stderr goes to)."""
     job = Job(tmp_path)
     leak_scenario(box, job.child(), steps=200, per_step=0)
     err_path = tmp_path / "watch.err"
     with open(err_path, "w") as err:
         proc = subprocess.Popen([str(ROOT / "bin/gpu-leak-watch"), "--all", "--interval", "1", "--bucket", "1"],
                                 env=dict(box.env), stdout=subprocess.DEVNULL, stderr=err)
+    return job, proc, err_path
+
+
+def test_a_state_folder_removed_under_the_watcher_is_made_again_with_what_it_followed(box, tmp_path):
+    """The state folder removed under a running watcher (by hand, a /tmp
+    cleaner): the watcher makes it again, locked (a second --all is still
+    refused), and the detector writes the series it kept in memory there
+    rather than starting them afresh (a leak hours into its evidence would
+    wait hours again)."""
+    job, proc, err_path = start_all_watcher(box, tmp_path)
 
     def first_samples():
         try:
@@ -701,12 +708,7 @@ def test_a_killed_detector_is_started_again_and_the_watch_goes_on(box, tmp_path)
     """The detector is one long-lived process beside the watcher (no Python
     start per cycle): killed, the next cycle starts a new one from the saved
     state; stopping the watcher leaves no detector behind."""
-    job = Job(tmp_path)
-    leak_scenario(box, job.child(), steps=200, per_step=0)
-    err_path = tmp_path / "watch.err"
-    with open(err_path, "w") as err:
-        proc = subprocess.Popen([str(ROOT / "bin/gpu-leak-watch"), "--all", "--interval", "1", "--bucket", "1"],
-                                env=dict(box.env), stdout=subprocess.DEVNULL, stderr=err)
+    job, proc, err_path = start_all_watcher(box, tmp_path)
     try:
         def rows():
             files = list((box.state / "history").glob("*.csv"))
