@@ -86,7 +86,7 @@ idle_init() {
 # Loads persisted state from $GPUGUARD_STATE_DIR/idle.state; a corrupt line
 # is skipped with a warning (the counter starts again from 0).
 idle_state_load() {
-  local file=$GPUGUARD_STATE_DIR/idle.state line kind uuid
+  local file=$GPUGUARD_STATE_DIR/idle.state line kind uuid n
   [[ -f $file ]] || return 0
   local -a f
   while IFS= read -r line || [[ -n $line ]]; do
@@ -95,9 +95,11 @@ idle_state_load() {
       gpu)
         # gpu UUID low since firing last absent na [spin kind jobpid fault faultfiring]
         read -r -a f <<<"$line"
-        uuid=${f[1]:-}
+        uuid=${f[1]:-} n=${#f[@]}
+        # (counted before the defaults below fill the older files' columns:
+        # a line cut after its sixth field is corrupt, not an old format)
         : "${f[8]:=0}" "${f[9]:=-}" "${f[10]:=0}" "${f[11]:=0}" "${f[12]:=0}"
-        if ((${#f[@]} >= 8)) && [[ $uuid =~ ^(GPU|MIG|NPU)- ]] && idle_all_uint "${f[@]:2:5}" "${f[8]}" "${f[10]}" "${f[11]}" "${f[12]}" &&
+        if ((n >= 8)) && [[ $uuid =~ ^(GPU|MIG|NPU)- ]] && idle_all_uint "${f[@]:2:5}" "${f[8]}" "${f[10]}" "${f[11]}" "${f[12]}" &&
           [[ ${f[9]} =~ ^(-|gpu_idle|gpu_stuck)$ ]]; then
           IDLE_CYCLES[$uuid]=${f[2]} IDLE_SINCE[$uuid]=${f[3]}
           IDLE_FIRING[$uuid]=${f[4]} IDLE_LAST_ALERT[$uuid]=${f[5]}

@@ -340,9 +340,16 @@ def test_comma_in_process_name(box):
 def test_corrupt_state_file_is_survived(box):
     box.write_scenario([IDLE] * 4)
     box.state.mkdir(parents=True)
-    (box.state / "idle.state").write_text("gpu %s banana 1 2 3 4\n\x00garbage\n" % H200_UUID)
+    # a word where a number goes, garbage, and a line cut after its sixth
+    # field (a crash mid-write: the cut line killed every cron run with
+    # "f[6]: unbound variable" until someone deleted the file)
+    (box.state / "idle.state").write_text("gpu %s banana 1 2 3 4\n\x00garbage\ngpu %s 5 1796620311 1 179662031\n"
+                                          % (H200_UUID, H200_UUID))
     first = box.once(now=0)
-    assert first.stderr.count("ignoring corrupt line") == 2
+    assert first.returncode == 0 and "unbound" not in first.stderr, first.stderr
+    assert first.stderr.count("ignoring corrupt line") == 3
+    status = box.run("status", cmd="bin/gpuguard")
+    assert status.returncode == 0 and "unbound" not in status.stderr, status.stderr
     for t in range(1, 3):
         box.once(now=t)
     assert states(box.events()) == [(0, "firing")]
