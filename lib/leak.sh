@@ -1120,6 +1120,10 @@ leak_probe_system() {
 # command to run there.
 leak_slurm_resolve() {
   local job=$1 info nodes node here
+  if ! command -v scontrol >/dev/null; then
+    gg_usage_error "--slurm-job needs Slurm's scontrol, which is not on PATH here"
+    return
+  fi
   info=$(scontrol show job -o "$job" 2>&1) || {
     gg_usage_error "scontrol show job $job: ${info%%$'\n'*}"
     return

@@ -598,6 +598,14 @@ def test_slurm_job_on_another_node_says_where_to_run(box, tmp_path):
     assert "Slurm job 99 runs on node7, not here" in r.stderr and "ssh node7 gpu-leak-watch --slurm-job 99" in r.stderr
 
 
+def test_slurm_job_without_slurm_is_one_line(box):
+    """A box without Slurm printed bash's own "line 1123: scontrol: command
+    not found" behind the message."""
+    r = box.run("--slurm-job", "42", "--once", cmd="bin/gpu-leak-watch")
+    assert r.returncode == 2
+    assert r.stderr == "gpu-leak-watch: --slurm-job needs Slurm's scontrol, which is not on PATH here\n"
+
+
 @pytest.mark.parametrize("name,expected", [("leak-trace-leaking.csv", ["firing"]), ("leak-trace-healthy.csv", [])])
 def test_replay_of_real_h200_traces(tmp_path, name, expected):
     """Recorded by bench/h200/checks.sh: a PyTorch loop keeping each step's
