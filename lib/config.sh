@@ -141,7 +141,10 @@ config_path() {
 }
 
 # Reads a KEY=VALUE file into the associative array named $2. Blank lines and
-# lines starting with # are skipped; one pair of surrounding quotes is removed;
+# lines starting with # are skipped; so is a comment after a value, from a #
+# that follows a space (`NOTIFY_URL=https://... # ops channel`: its words
+# became targets of their own; a # with no space before it, as in a URL's
+# #fragment, is part of the value); one pair of surrounding quotes is removed;
 # `export KEY=VALUE` is accepted; a UTF-8 byte-order mark (Windows editors)
 # and CRLF line ends are ignored. Nothing in the file is executed.
 # Returns 2 with a one-line error naming file and line for anything else,
@@ -177,6 +180,12 @@ config_parse_file() {
     value=${value%"${value##*[![:space:]]}"}
     if [[ $value =~ ^\"(.*)\"$ || $value =~ ^\'(.*)\'$ ]]; then
       value=${BASH_REMATCH[1]}
+    elif [[ $value =~ ^\"([^\"]*)\"[[:space:]]+# || $value =~ ^\'([^\']*)\'[[:space:]]+# ]]; then
+      value=${BASH_REMATCH[1]}
+    elif [[ $value == *[[:space:]]#* ]]; then
+      # from the first space before a #, then the spaces before it
+      value=${value%%[[:space:]]#*}
+      value=${value%"${value##*[![:space:]]}"}
     fi
     # shellcheck disable=SC2034 # nameref: assigns the caller's variable
     into_ref["$key"]=$value
@@ -352,15 +361,17 @@ config_url_problem() {
 # Globals (set):
 #   GG_CONFIG_BAD_TARGETS: one line per malformed target, with no secret in
 #   it (the key, its place, scheme://host, the problem)
+#   GG_CONFIG_N_TARGETS: how many targets there are, well formed or not
 config_check_targets() {
   declare -ga GG_CONFIG_BAD_TARGETS=()
+  declare -g GG_CONFIG_N_TARGETS=0
   local key raw url prefix part problem shown i LC_ALL=C
   local -a parts prefix_parts
   for key in NOTIFY_URL ALERTMANAGER_URL; do
     IFS=$' \t\n\r\f\v,;' read -r -d '' -a parts <<<"${!key}" || true
     i=0
     for raw in "${parts[@]}"; do
-      i=$((i + 1))
+      i=$((i + 1)) GG_CONFIG_N_TARGETS=$((GG_CONFIG_N_TARGETS + 1))
       prefix='' url=$raw
       if [[ ${raw%%://*} == *+* ]]; then
         prefix=${raw%%+*} url=${raw#*+}
@@ -403,8 +414,12 @@ config_say_bad_targets() {
   [[ -d $GPUGUARD_STATE_DIR ]] || return 0
   [[ -f $file && ! -L $file ]] && said=$(<"$file")
   [[ $said$'\n' == "$text" ]] && return 0
+  local rest='the other targets still get alerts'
+  if ((${#GG_CONFIG_BAD_TARGETS[@]} >= ${GG_CONFIG_N_TARGETS:-0})); then
+    rest="NO TARGET IS LEFT: events go only to the log and $GPUGUARD_STATE_DIR/events.jsonl"
+  fi
   for line in "${GG_CONFIG_BAD_TARGETS[@]}"; do
-    gg_log warn "$line; the other targets still get alerts (gpuguard notify --check)"
+    gg_log warn "$line; $rest (gpuguard notify --check)"
   done
   gg_write_atomic "$file" "$text" || true
 }

@@ -912,8 +912,9 @@ def check_targets(env=None):
     env = os.environ if env is None else env
     bad = []
     targets = _targets_from_env(env, bad)
+    rest = "the other targets still get alerts" if targets else "no target is left to get alerts"
     for name, problem in bad:
-        print(scrub(f"FAIL\t{name}\tmalformed: {problem}; the other targets still get alerts", env))
+        print(scrub(f"FAIL\t{name}\tmalformed: {problem}; {rest}", env))
     failed = 0
     for target in targets:
         try:

@@ -1,4 +1,5 @@
 """Configuration and command-line behaviour a user meets first."""
+import json
 import os
 import subprocess
 
@@ -66,6 +67,19 @@ def test_config_flag_and_default_when_absent(box, tmp_path):
         r = box.run("--once", "--config", str(conf), env=dict(env, GPUGUARD_NOW=str(t)))
         assert r.returncode == 0, r.stderr
     assert box.events()[0]["threshold"] == 77
+
+
+@pytest.mark.parametrize("before", [True, False])
+def test_gpuguard_takes_config_before_or_after_the_command(box, tmp_path, before):
+    """`gpuguard --config FILE status` (as git's global options go) was
+    refused as an unknown command, while --help says every command takes it."""
+    conf = tmp_path / "other.conf"
+    conf.write_text("MAX_IDLE_CYCLES=7\n")
+    box.write_scenario([{"gpus": [idle_gpu(util=50)], "apps": [app(5)]}])
+    args = ["--config", str(conf), "status", "--json"] if before else ["status", "--json", "--config", str(conf)]
+    r = box.run(*args, cmd="bin/gpuguard", env={"GPUGUARD_CONFIG": ""})
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["gpus"][0]["idle_limit"] == 7
 
 
 def test_config_file_is_never_executed(box, tmp_path):
@@ -369,6 +383,36 @@ def test_a_malformed_target_is_logged_once_and_the_good_one_gets_its_alert(box, 
     err = "".join(box.once(now=60 * i, env=env).stderr for i in range(3))
     assert len(sink.requests) == 1 and "Traceback" not in err
     assert err.count("NOTIFY_URL #1 (http://[::1/***) is malformed and gets no alert") == 1, err
+
+
+def test_a_comment_after_a_value_is_not_part_of_it(box, sink, tmp_path):
+    """`KEY=value  # comment`, a habit from shell and most .conf files: the
+    comment's words became targets of their own (and with quotes, the URL
+    itself was refused), and THRESHOLD=5 # percent stopped the watchdog."""
+    conf = tmp_path / "gg.conf"
+    conf.write_text('NOTIFY_URL="%s/hook"  # ops channel\nMAX_IDLE_CYCLES=1 # one cycle\n'
+                    "GPU_HOUR_PRICE='30'\t# yuan\nGPUGUARD_HOST=lab#7\n" % sink.url)
+    box.write_scenario([{"gpus": [idle_gpu()], "apps": [app(4242)]}])
+    env = {"GPUGUARD_CONFIG": str(conf)}
+    r = box.run("notify", "--check", cmd="bin/gpuguard", env=env)
+    assert r.returncode == 0 and r.stdout.startswith("OK\tgeneric http://127.0.0.1/***"), r.stdout + r.stderr
+    assert len(r.stdout.splitlines()) == 1
+    r = box.once(now=60, env=env)
+    assert r.returncode == 0 and "malformed" not in r.stderr, r.stderr
+    assert len(sink.requests) == 1 and box.events()[0]["cost"] is not None
+    assert box.events()[0]["host"] == "lab#7"          # a # with no space before it is the value's
+
+
+def test_when_every_target_is_malformed_the_log_says_none_is_left(box, tmp_path):
+    """The one line said "the other targets still get alerts" where there
+    were none."""
+    box.write_scenario([{"gpus": [idle_gpu()], "apps": [app(4242)]}])
+    env = {"NOTIFY_URL": "htps://127.0.0.1:9/hook", "MAX_IDLE_CYCLES": "1"}
+    err = box.once(now=60, env=env).stderr
+    assert "is malformed and gets no alert: not an http:// or https:// URL; NO TARGET IS LEFT" in err, err
+    assert "other targets" not in err
+    r = box.run("notify", "--check", cmd="bin/gpuguard", env=env)
+    assert r.returncode == 2 and "no target is left to get alerts" in r.stdout
 
 
 @pytest.mark.parametrize("name", ["yichuidingyin.sh", "gpu-leak-watch", "gpuguard", "lowprio-run"])
