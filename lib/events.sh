@@ -53,7 +53,11 @@ events_emit() {
   fi
   {
     flock 9
-    gg_append "$dir/events.jsonl" "$event"$'\n' || gg_write_failed "$dir/events.jsonl"
+    # a file whose last line was cut (a crash, a full disk) gets a new line
+    # first: glued to the fragment, this event would be lost with it
+    local start=''
+    [[ -s $dir/events.jsonl && -n $(tail -c 1 -- "$dir/events.jsonl" 2>/dev/null) ]] && start=$'\n'
+    gg_append "$dir/events.jsonl" "$start$event"$'\n' || gg_write_failed "$dir/events.jsonl"
   } 9>>"$dir/events.lock"
 }
 

@@ -1,5 +1,6 @@
 """The idle watchdog as its users run it: `yichuidingyin.sh &` or from cron
 with --once, against the nvidia-smi test double."""
+import json
 import os
 import shutil
 import signal
@@ -54,6 +55,58 @@ def test_resolved_when_processes_exit(box):
     assert box.events()[-1]["reason"] == "released"
 
 
+def test_another_job_taking_the_gpu_counts_afresh(box):
+    """Job A idles two cycles and ends; job B takes the GPU before the next
+    cycle (cron every minute). B's first idle sample fired at once ("idle
+    for 3 cycles", naming B) before the count was tied to one job."""
+    job_b = {"gpus": [idle_gpu()], "apps": [app(2222)]}
+    box.write_scenario([IDLE, IDLE] + [job_b] * 3)
+    for cycle in range(4):
+        box.once(now=1000 + 60 * cycle)
+    assert box.events() == []
+    box.once(now=1000 + 60 * 4)
+    (firing,) = box.events()
+    assert firing["state"] == "firing" and [p["pid"] for p in firing["processes"]] == [2222]
+    assert firing["idle_seconds"] == 120
+
+
+def test_an_open_incident_resolves_when_its_job_leaves_and_the_next_job_counts_afresh(box):
+    job_b = {"gpus": [idle_gpu()], "apps": [app(2222)]}
+    box.write_scenario([IDLE] * 3 + [job_b] * 3)
+    for cycle in range(5):
+        box.once(now=1000 + 60 * cycle)
+    assert states(box.events()) == [(0, "firing"), (0, "resolved")]
+    resolved = box.events()[1]
+    assert resolved["reason"] == "released" and resolved["incident_job_pid"] == 1410
+    box.once(now=1000 + 60 * 5)
+    assert states(box.events()) == [(0, "firing"), (0, "resolved"), (0, "firing")]
+    assert [p["pid"] for p in box.events()[2]["processes"]] == [2222]
+
+
+def test_a_day_without_samples_starts_the_count_again(box):
+    """The watchdog (or its cron line) was stopped for a day: the first
+    idle sample after it fired with "idle 24 h" and a day's cost."""
+    box.write_scenario([IDLE] * 6)
+    box.once(now=10_000)
+    box.once(now=10_060)
+    box.once(now=10_000 + 86_400, env={"GPU_HOUR_PRICE": "30"})
+    assert box.events() == []
+    box.once(now=10_060 + 86_400)
+    box.once(now=10_120 + 86_400, env={"GPU_HOUR_PRICE": "30"})
+    (firing,) = box.events()
+    assert firing["idle_seconds"] == 120 and firing["cost"] == 1
+
+
+def test_an_incident_goes_on_across_a_gap_while_its_job_holds_the_gpu(box):
+    box.write_scenario([IDLE] * 5)
+    for t in (0, 60, 120):
+        box.once(now=10_000 + t)
+    box.once(now=10_000 + 7200)
+    # the incident's reminder, not a new incident or a resolution
+    assert states(box.events()) == [(0, "firing"), (0, "reminder")]
+    assert box.events()[1]["idle_seconds"] == 7200
+
+
 def test_reminder_every_repeat_interval_and_not_more(box):
     box.write_scenario([IDLE] * 20)
     times = [0, 60, 120, 180, 240, 3719, 3720, 3780, 7320]
@@ -65,8 +118,9 @@ def test_reminder_every_repeat_interval_and_not_more(box):
 
 def test_reminders_off_with_zero_interval(box):
     box.write_scenario([IDLE] * 10)
+    # a cycle every 10 minutes (a longer pause starts the count again)
     for t in range(8):
-        box.once(now=t * 10_000, env={"REPEAT_INTERVAL": "0"})
+        box.once(now=t * 600, env={"REPEAT_INTERVAL": "0"})
     assert [e["state"] for e in box.events()] == ["firing"]
 
 
@@ -353,6 +407,20 @@ def test_corrupt_state_file_is_survived(box):
     for t in range(1, 3):
         box.once(now=t)
     assert states(box.events()) == [(0, "firing")]
+
+
+def test_an_event_after_a_cut_last_line_of_events_jsonl_stands_on_its_own_line(box):
+    """A crash or a full disk cut the file's last line: the next event was
+    glued to the fragment, and `gpuguard report` and `notify --preview`
+    lost it with it."""
+    box.write_scenario([IDLE] * 3)
+    box.state.mkdir(parents=True)
+    (box.state / "events.jsonl").write_text('{"id": "x", "ts": 17966')
+    for t in range(3):
+        box.once(now=t)
+    lines = (box.state / "events.jsonl").read_text().splitlines()
+    assert lines[0] == '{"id": "x", "ts": 17966'
+    assert json.loads(lines[1])["state"] == "firing" and len(lines) == 2
 
 
 def test_posts_event_to_generic_webhook(box, sink):
