@@ -62,16 +62,32 @@ class _WriteError(Exception):
 def _parse_since(text, now):
     """Unix seconds from "90m", "24h", "7d", "3600s", unix seconds, or an
     ISO date/time (local time)."""
+    start = _since_start(text, now)
+    # Nothing is recorded before 1970, and a start there is a typo: left in,
+    # it was printed as a negative year or overflowed time_t in a traceback.
+    if start is None or start < 0:
+        raise _UsageError("--since %s is out of range: it starts before 1970-01-01 00:00 UTC" % text)
+    return start
+
+
+def _since_start(text, now):
+    """The start --since names, or None where it lies too far back for a
+    float (a day count of twenty digits)."""
     m = re.fullmatch(r"(\d+)([smhd])", text)
     if m:
-        return now - int(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+        back = int(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+        return now - back if back <= now else None
     if re.fullmatch(r"\d{9,11}", text):
         return float(text)
     for layout in ("%Y-%m-%d", "%Y-%m-%dT%H:%M", "%Y-%m-%d %H:%M", "%Y-%m-%dT%H:%M:%S"):
         try:
-            return time.mktime(time.strptime(text, layout))
+            parsed = time.strptime(text, layout)
         except ValueError:
             continue
+        try:
+            return time.mktime(parsed)
+        except (OverflowError, ValueError):
+            return None
     raise _UsageError("--since takes 90m, 24h, 7d, unix seconds or 2026-12-01[T10:00] (got '%s')" % text)
 
 

@@ -58,6 +58,11 @@ def has_id(html_text, element_id):
 @pytest.mark.parametrize("args, message", [
     (["--since", "yesterday"], "--since takes 90m, 24h, 7d"),
     (["--since"], "--since needs a value"),
+    # a start before 1970 had printed "nothing was recorded since -711-01-10",
+    # one past what a float holds an OverflowError traceback, exit 1
+    (["--since", "999999d"], "--since 999999d is out of range: it starts before 1970"),
+    (["--since", "99999999999999999999d"], "--since 99999999999999999999d is out of range"),
+    (["--since", "1900-01-01"], "--since 1900-01-01 is out of range"),
     (["--pid", "12x"], "--pid needs a whole number"),
     (["--gpu", "-1"], "--gpu needs a whole number"),
     (["--out", ""], "--out needs a file name"),
