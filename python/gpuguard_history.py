@@ -84,25 +84,42 @@ def _num_or_none(text):
 def read_history(folder):
     """{key: [(timestamp, used_mib), ...]} for every history file; each row
     also carries .pid, .gpu_used_mib, .gpu_total_mib and .gpu_free_mib
-    (None when the file predates them)."""
-    import csv  # the report's: a live cycle (which only appends) does not pay for it
+    (None when the file predates them). A line that is not a row (garbage
+    text, NUL padding, bytes that are not UTF-8) is skipped."""
     out = {}
     for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
         if not name.endswith(".csv"):
             continue
-        rows = []
-        with open(os.path.join(folder, name), newline="", encoding="utf-8-sig") as f:
-            for row in csv.DictReader(f):
-                try:
-                    r = HistoryRow(float(row["timestamp"]), float(row["used_memory_mib"]),
-                                   _num_or_none(row.get("pid")), _num_or_none(row.get("gpu_used_mib")),
-                                   _num_or_none(row.get("gpu_total_mib")))
-                except (KeyError, TypeError, ValueError):
-                    continue
-                rows.append(r)
+        with open(os.path.join(folder, name), "rb") as f:
+            # Lines are split here, not by the csv module: one stray quote
+            # there swallowed every row after it, a long garbage line raised
+            # "field larger than field limit", and a byte that is not UTF-8
+            # raised UnicodeDecodeError, each a traceback from the report.
+            lines = f.read().decode("utf-8-sig", "replace").split("\n")
+        rows = _history_rows(lines)
         if rows:
             out[name[:-4]] = rows
     return out
+
+
+def _history_rows(lines):
+    """The rows of a history file's lines, its header first."""
+    header = [h.strip() for h in lines[0].rstrip("\r").split(",")]
+    try:
+        at_ts, at_used = header.index("timestamp"), header.index("used_memory_mib")
+    except ValueError:
+        return []
+    at = {k: header.index(k) if k in header else None for k in ("pid", "gpu_used_mib", "gpu_total_mib")}
+    rows = []
+    for line in lines[1:]:
+        fields = line.rstrip("\r").split(",")
+        try:
+            ts, used = float(fields[at_ts]), float(fields[at_used])
+        except (IndexError, ValueError):
+            continue
+        more = [_num_or_none(fields[i]) if i is not None and i < len(fields) else None for i in at.values()]
+        rows.append(HistoryRow(ts, used, *more))
+    return rows
 
 
 def _identity_clean(job):

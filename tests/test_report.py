@@ -439,3 +439,25 @@ def test_a_launcher_is_charted_on_the_gpu_its_children_hold(tmp_path):
     finally:
         job.kill()
         job.wait()
+
+
+@pytest.mark.parametrize("cmd", BOTH)
+def test_garbage_lines_in_a_history_file_are_skipped_and_the_report_written(tmp_path, cmd):
+    # a history file's lines that are not rows: bytes that are not UTF-8 had
+    # printed a UnicodeDecodeError traceback (exit 1), a line longer than
+    # the csv module's field limit a csv.Error one, and a stray quote had
+    # swallowed every row after it
+    state = tmp_path / "state"
+    (state / "history").mkdir(parents=True)
+
+    def rows(first, last):
+        return "".join("%d,4242,%d\n" % (1000 + 60 * i, 5000 + i) for i in range(first, last)).encode()
+
+    (state / "history" / "4242-1000.csv").write_bytes(
+        b"timestamp,pid,used_memory_mib\n" + rows(0, 30) + b"\xff\xfe\n" + b'"cut' + b"\n" + b"x" * 200000 + b"\n"
+        + b"\0" * 64 + b"\n" + rows(30, 60))
+    out = tmp_path / "r.html"
+    r = gg_report(state, "--out", str(out), cmd=cmd)
+    assert (r.returncode, r.stderr) == (0, ""), r.stderr
+    assert r.stdout.startswith("wrote %s (0 GPUs, 1 processes, " % out)
+    assert "60 samples over 59 min, 5,000 → 5,059 MiB" in out.read_text()
