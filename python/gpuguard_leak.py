@@ -774,6 +774,17 @@ def _serve(env, stdin, stdout, err=sys.stderr):
         stdout.flush()
 
 
+def _protocol_input():
+    """The watcher's lines on stdin, bytes that are not UTF-8 read as U+FFFD.
+    A job's name, command line and folder arrive as the kernel keeps them
+    (a GBK file name, raw bytes); decoded as the locale decodes stdin they
+    became lone surrogates, which the identity file, the events and the
+    answer could not encode, so the whole cycle failed and the job was never
+    named. Replaced once here, nothing after this sees them."""
+    import io
+    return io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace", newline="\n")
+
+
 def _write_bytes(stdout, data):
     """Writes bytes to a text stream (its buffer when it has one)."""
     buf = getattr(stdout, "buffer", None)
@@ -851,10 +862,10 @@ def main(argv):
             _replay(argv[2], params_from(env), gpu_total)
             return 0
         if cmd == "check":
-            check(env, sys.stdin, sys.stdout)
+            check(env, _protocol_input(), sys.stdout)
             return 0
         if cmd == "serve":
-            return _serve(env, sys.stdin, sys.stdout)
+            return _serve(env, _protocol_input(), sys.stdout)
         if cmd == "slopes":
             # for gpuguard status: "PID SLOPE FIRING" per watched series
             for data in _all_states(env.get("GPUGUARD_STATE_DIR") or ".").values():

@@ -18,7 +18,7 @@ import sys
 
 import cdp
 import pytest
-from conftest import ROOT, gpu_list, require, start_daemon, stop_daemon, wait_for
+from conftest import ROOT, gpu_list, idle_gpu, require, start_daemon, stop_daemon, wait_for
 
 sys.path.insert(0, str(ROOT / "python"))
 import gpuguard_render
@@ -385,3 +385,35 @@ def test_each_rank_of_a_watched_tree_is_named_with_its_rank(nbox, tmp_path):
     assert sum("rank 0" in r for r in rows) == 1 and sum("rank 1" in r for r in rows) == 1
     assert_no_secret(nbox)
     assert "hf_abcdefghijklmnopqrstuvwx" not in "".join(p.read_text() for p in (nbox.state / "history").iterdir())
+
+
+# A wrapped job that holds the stand-in device open and puts its own PID into
+# the double's process list, so the watcher's first cycle that sees it sends
+# its identity.
+SELF_LISTING_JOB = 'exec 3<"$GG_TEST_DEVICE"\nsed "s/JOBPID/$$/" scenario.in > "$FAKE_SMI_SCENARIO"\nsleep 3\nexit 0\n'
+
+
+@pytest.mark.slow
+def test_a_job_whose_arguments_are_not_utf8_is_named_with_replacement_characters(box, tmp_path):
+    # a GBK file name (模型.yaml) and raw bytes in argv: the detector had
+    # failed the cycle that carried the job's identity ("surrogates not
+    # allowed", "leak detector failed (exit 2)"), so the job was never named
+    (tmp_path / "nvidia0").touch()
+    (tmp_path / "job.sh").write_text(SELF_LISTING_JOB)
+    box.write_scenario([{"gpus": [idle_gpu(mem=0)], "apps": []}])
+    (tmp_path / "scenario.in").write_text(json.dumps({"gpus": gpu_list(1), "steps": [
+        {"gpus": [{"utilization.gpu": 90, "memory.used": 3500, "power.draw": 500.0}],
+         "apps": [{"pid": "JOBPID", "process_name": "bash", "used_memory": 3000, "gpu": 0}]}]}).replace('"JOBPID"', "JOBPID"))
+    env = dict(box.env, JOBINFO_DEVICE_GLOB=str(tmp_path / "nvidia*"), GG_TEST_DEVICE=str(tmp_path / "nvidia0"))
+    r = subprocess.run([str(ROOT / "bin/gpu-leak-watch"), "--interval", "1", "--", "bash", "job.sh",
+                        b"\xc4\xa3\xd0\xcd.yaml", b"bad\xff\xfe"], cwd=tmp_path, env=env, capture_output=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert b"failed" not in r.stderr and b"surrogates" not in r.stderr, r.stderr
+    # each byte that does not start valid UTF-8 is one U+FFFD (c4 a3 is ģ)
+    cmdline = "bash job.sh \u0123\ufffd\ufffd.yaml bad\ufffd\ufffd"
+    (identity,) = [json.loads(p.read_text(encoding="utf-8")) for p in (box.state / "history").glob("*.job.json")]
+    assert identity["cmdline"] == cmdline
+    status = subprocess.run([str(ROOT / "bin/gpuguard"), "status", "--json"], env=env, capture_output=True,
+                            text=True, timeout=60)
+    assert [j["cmdline"] for j in json.loads(status.stdout)["ended_jobs"]] == [cmdline], status.stderr
