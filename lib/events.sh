@@ -130,7 +130,7 @@ events_test_alert() {
 
 # gpuguard notify: --test sends a test message to every target; --check
 # checks them without sending; --preview [FILE|-] prints each provider's
-# message for recorded events (default: the last line of events.jsonl);
+# message for recorded events (default: the last event of events.jsonl);
 # --flush delivers the outbox now.
 # Arguments:
 #   $@ the subcommand's options

@@ -7,7 +7,9 @@ Commands:
   check          check every target without sending anything (URL shape,
                  DNS, TCP connect): one tab-separated line per target
   preview [FILE] print each provider's message for recorded events (FILE,
-                 "-" for stdin, default the last line of events.jsonl)
+                 "-" for stdin, default the last event of events.jsonl; a
+                 line that is not an event, such as one a crash cut, is
+                 skipped)
   render         print the message for the events read on stdin
 
 Targets come from the environment only (never argv): NOTIFY_URL (one or more
@@ -927,30 +929,80 @@ def check_targets(env=None):
     return 2 if bad else 1 if failed else 0
 
 
+class _SourceError(ValueError):
+    """What `notify --preview` was given cannot be read or holds no event:
+    one line naming it, exit 2."""
+
+
 def _recorded_events(source, env):
     """Events to preview: a file or stdin ("-"), one JSON object a line, or
-    the last line of events.jsonl."""
+    the last event of events.jsonl; and the numbers of the lines of a file
+    or stdin that are not one, skipped."""
+    if not source:
+        return [_last_recorded_event(env)], []
     if source == "-":
         raw = sys.stdin.buffer.read()
-        lines = raw.splitlines()
-    elif source:
-        lines = _read_bytes(source, 64 << 20).splitlines()
     else:
-        path = os.path.join(env.get("GPUGUARD_STATE_DIR") or ".", "events.jsonl")
         try:
-            lines = _read_bytes(path, 64 << 20).splitlines()[-1:]
+            # the user's own file, read as cat reads it: a link (or a
+            # process substitution's /dev/fd/N) is followed
+            with open(source, "rb") as f:
+                raw = f.read(64 << 20)
+        except IsADirectoryError:
+            raise _SourceError(f"cannot read '{source}': it is a folder") from None
         except OSError as e:
-            raise ValueError(f"no recorded event: {path}: {e.strerror}")
-    events = [_parse_event(ln) for ln in lines if ln.strip()]
+            raise _SourceError(f"cannot read '{source}': {e.strerror or e}") from None
+    events, bad = [], []
+    for n, line in enumerate(raw.splitlines(), 1):
+        if line.strip():
+            event = _event_or_none(line)
+            if event is None:
+                bad.append(n)
+            else:
+                events.append(event)
     if not events:
-        raise ValueError("no event to preview")
-    return events
+        raise _SourceError(f"'{source}' holds no JSON event" + (f" (line {bad[0]})" if bad else ""))
+    return events, bad
+
+
+def _event_or_none(line):
+    """_parse_event of one line; None when it is not an event (deep nesting
+    too: json raises RecursionError there, not ValueError)."""
+    try:
+        return _parse_event(line)
+    except (ValueError, RecursionError):
+        return None
+
+
+def _last_recorded_event(env):
+    """The last line of events.jsonl that is an event: a crash can leave
+    the last one cut (or padded with NULs), which had failed the preview."""
+    path = os.path.join(env.get("GPUGUARD_STATE_DIR") or ".", "events.jsonl")
+    limit = 64 << 20
+    try:
+        fd = _open_nofollow(path, os.O_RDONLY)
+        with os.fdopen(fd, "rb") as f:
+            size = os.fstat(fd).st_size
+            f.seek(max(0, size - limit))
+            lines = f.read(limit).splitlines()
+    except OSError as e:
+        raise _SourceError(f"no recorded event: {path}: {e.strerror or e}") from None
+    if size > limit:
+        lines = lines[1:]           # the first line read is a part of one
+    for line in reversed(lines):
+        event = _event_or_none(line) if line.strip() else None
+        if event is not None:
+            return event
+    raise _SourceError(f"no recorded event: {path} holds no JSON event")
 
 
 def preview(source, env=None):
     """Prints what each provider would receive, sending nothing."""
     env = os.environ if env is None else env
-    events = _recorded_events(source, env)
+    events, bad = _recorded_events(source, env)
+    if bad:
+        print(f"gpuguard: notify --preview: skipped {len(bad)} line(s) of '{source}' that are not JSON events"
+              f" (first: line {bad[0]})", file=sys.stderr)
     configured = {}
     for t in _targets_from_env(env):
         configured.setdefault(t.provider, t)
@@ -988,9 +1040,14 @@ def main(argv):
         if cmd == "check":
             return check_targets(env)
         if cmd == "preview":
-            return preview(argv[2] if len(argv) > 2 else "", env)
+            try:
+                return preview(argv[2] if len(argv) > 2 else "", env)
+            except _SourceError as e:
+                # worded as the bash side's check for a missing file
+                print(f"gpuguard: notify --preview: {_one_line(e, env)}", file=sys.stderr)
+                return 2
         if cmd == "render":
-            events = _recorded_events("-", env)
+            events, _ = _recorded_events("-", env)
             title, sections = gpuguard_render.render_digest(events, gpuguard_render.language(env) or "en", env)
             print(gpuguard_render.plain_text(title, sections))
             return 0

@@ -275,6 +275,35 @@ def test_notify_preview_prints_every_provider_and_sends_nothing(env, sink):
     assert r.returncode == 2 and "cannot read" in r.stderr
 
 
+def test_notify_preview_of_what_is_not_an_event_is_one_line_naming_it(env, tmp_path):
+    # before: "gpuguard_alert: [Errno 21] Is a directory: 3" and
+    # "gpuguard_alert: Expecting value: line 1 column 1 (char 0)", and a cut
+    # last line of events.jsonl failed the preview of the default event
+    r = gpuguard(["notify", "--preview", str(tmp_path)], env)
+    assert (r.returncode, r.stdout, r.stderr) == (
+        2, "", "gpuguard: notify --preview: cannot read '%s': it is a folder\n" % tmp_path)
+    r = gpuguard(["notify", "--preview", "-"], env, input="not json\n")
+    assert (r.returncode, r.stdout, r.stderr) == (2, "", "gpuguard: notify --preview: '-' holds no JSON event (line 1)\n")
+    events = os.path.join(env["GPUGUARD_STATE_DIR"], "events.jsonl")
+    with open(events, "w") as f:
+        f.write("".join(json.dumps(e) + "\n" for e in idle8()) + '{"ts": 1796206568, "host": "node7", "eve')
+    r = gpuguard(["notify", "--preview"], env)
+    assert (r.returncode, r.stderr) == (0, "") and "GPU 7 (NVIDIA H200) idle 12 min" in r.stdout
+    # a FILE the user named through a link is read as cat reads it (it had
+    # said "[Errno 40] Too many levels of symbolic links"); its cut line is
+    # skipped with a word
+    os.symlink(events, tmp_path / "link.jsonl")
+    r = gpuguard(["notify", "--preview", str(tmp_path / "link.jsonl")], env)
+    assert r.returncode == 0 and "GPU 0-7 (NVIDIA H200) idle 12 min" in r.stdout
+    assert r.stderr == ("gpuguard: notify --preview: skipped 1 line(s) of '%s' that are not JSON events (first: line 9)\n"
+                        % (tmp_path / "link.jsonl"))
+    with open(events, "w") as f:
+        f.write('{"ts": 1796206568, "host": "node7", "eve')
+    r = gpuguard(["notify", "--preview"], env)
+    assert (r.returncode, r.stdout, r.stderr) == (
+        2, "", "gpuguard: notify --preview: no recorded event: %s holds no JSON event\n" % events)
+
+
 def test_notify_test_posts_once_per_target(env, sink):
     env = dict(env, NOTIFY_URL=all_targets(sink.url))
     r = gpuguard(["notify", "--test"], env)
