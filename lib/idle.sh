@@ -64,7 +64,7 @@ IDLE_FORGET_AFTER=60
 idle_init() {
   declare -gA IDLE_CYCLES=() IDLE_SPIN=() IDLE_SINCE=() IDLE_FIRING=() IDLE_KIND=() \
   IDLE_LAST_ALERT=() IDLE_ABSENT=() IDLE_NA_LOGGED=() IDLE_HISTORY=() IDLE_JOB_PID=() \
-  IDLE_JOB_JSON=() IDLE_FAULT=() IDLE_FAULT_FIRING=()
+  IDLE_JOB_JSON=() IDLE_FAULT=() IDLE_FAULT_FIRING=() IDLE_HOLDERS=()
   declare -ga IDLE_PENDING=() IDLE_PENDING_IDS=()
   declare -gA IDLE_RULE_TEXT=()
   declare -g IDLE_PENDING_RECOVERED=0
@@ -75,7 +75,7 @@ idle_init() {
   # the UUID last read at each GPU index (smi_key_lost), kept in the state
   # so that cron mode knows a GPU whose UUID reads "[GPU is lost]" too
   declare -p SMI_UUID_AT &>/dev/null || declare -gA SMI_UUID_AT=()
-  declare -g MON_FAILS=0 MON_FIRING=0 MON_SINCE=0 MON_LAST_OK=0 MON_LAST_ERROR=''
+  declare -g MON_FAILS=0 MON_FIRING=0 MON_SINCE=0 MON_LAST_OK=0 MON_LAST_ERROR='' IDLE_PREV_OK=0
   # whose tool failed (nvidia, or ascend: lib/npu.sh), for the event's words
   declare -g MON_VENDOR=nvidia
   # the rules are idle_rules_load's; kept when it ran first
@@ -93,19 +93,21 @@ idle_state_load() {
     kind=${line%% *}
     case $kind in
       gpu)
-        # gpu UUID low since firing last absent na [spin kind jobpid fault faultfiring]
+        # gpu UUID low since firing last absent na [spin kind jobpid fault
+        # faultfiring holders]
         read -r -a f <<<"$line"
         uuid=${f[1]:-} n=${#f[@]}
         # (counted before the defaults below fill the older files' columns:
         # a line cut after its sixth field is corrupt, not an old format)
-        : "${f[8]:=0}" "${f[9]:=-}" "${f[10]:=0}" "${f[11]:=0}" "${f[12]:=0}"
+        : "${f[8]:=0}" "${f[9]:=-}" "${f[10]:=0}" "${f[11]:=0}" "${f[12]:=0}" "${f[13]:=-}"
         if ((n >= 8)) && [[ $uuid =~ ^(GPU|MIG|NPU)- ]] && idle_all_uint "${f[@]:2:5}" "${f[8]}" "${f[10]}" "${f[11]}" "${f[12]}" &&
-          [[ ${f[9]} =~ ^(-|gpu_idle|gpu_stuck)$ ]]; then
+          [[ ${f[9]} =~ ^(-|gpu_idle|gpu_stuck)$ && ${f[13]} =~ ^(-|(,[0-9]+)+,)$ ]]; then
           IDLE_CYCLES[$uuid]=${f[2]} IDLE_SINCE[$uuid]=${f[3]}
           IDLE_FIRING[$uuid]=${f[4]} IDLE_LAST_ALERT[$uuid]=${f[5]}
           IDLE_ABSENT[$uuid]=${f[6]} IDLE_SPIN[$uuid]=${f[8]} IDLE_KIND[$uuid]=${f[9]}
           IDLE_JOB_PID[$uuid]=${f[10]} IDLE_FAULT[$uuid]=${f[11]} IDLE_FAULT_FIRING[$uuid]=${f[12]}
           [[ ${f[7]:-0} == 1 ]] && IDLE_NA_LOGGED[$uuid]=1
+          [[ ${f[13]} == - ]] || IDLE_HOLDERS[$uuid]=${f[13]}
           continue
         fi
         ;;
@@ -176,11 +178,11 @@ idle_state_save() {
   [[ $MON_VENDOR == ascend ]] && mon_npu=1
   printf -v state 'monitor %s %s %s %s %s 0 0\n' "$MON_FAILS" "$MON_FIRING" "$MON_SINCE" "$((MON_LAST_OK / 60 * 60))" "$mon_npu"
   for uuid in "${!IDLE_CYCLES[@]}"; do
-    printf -v state '%sgpu %s %s %s %s %s %s %s %s %s %s %s %s\n' "$state" "$uuid" "${IDLE_CYCLES[$uuid]}" \
+    printf -v state '%sgpu %s %s %s %s %s %s %s %s %s %s %s %s %s\n' "$state" "$uuid" "${IDLE_CYCLES[$uuid]}" \
       "${IDLE_SINCE[$uuid]:-0}" "${IDLE_FIRING[$uuid]:-0}" \
       "${IDLE_LAST_ALERT[$uuid]:-0}" "${IDLE_ABSENT[$uuid]:-0}" "${IDLE_NA_LOGGED[$uuid]:-0}" \
       "${IDLE_SPIN[$uuid]:-0}" "${IDLE_KIND[$uuid]:--}" "${IDLE_JOB_PID[$uuid]:-0}" \
-      "${IDLE_FAULT[$uuid]:-0}" "${IDLE_FAULT_FIRING[$uuid]:-0}"
+      "${IDLE_FAULT[$uuid]:-0}" "${IDLE_FAULT_FIRING[$uuid]:-0}" "${IDLE_HOLDERS[$uuid]:--}"
   done
   for uuid in "${!IDLE_HISTORY[@]}"; do
     [[ -n ${IDLE_CYCLES[$uuid]+set} ]] && state+="history $uuid ${IDLE_HISTORY[$uuid]}"$'\n'
@@ -208,6 +210,8 @@ idle_cycle() {
   # events saved by a run killed before it enqueued them
   ((${#IDLE_PENDING[@]} == 0)) || idle_pending_emit
   jobinfo_reset
+  # the last good sample before this one (idle_continuity)
+  IDLE_PREV_OK=$MON_LAST_OK
   if ! device_sample; then
     idle_monitor_failed "$now"
   elif ((${SMI_APPS_OK:-1} != 1)); then
@@ -297,7 +301,7 @@ idle_judge_all() {
       unset "IDLE_CYCLES[$uuid]" "IDLE_SPIN[$uuid]" "IDLE_SINCE[$uuid]" "IDLE_FIRING[$uuid]" \
         "IDLE_KIND[$uuid]" "IDLE_LAST_ALERT[$uuid]" "IDLE_ABSENT[$uuid]" "IDLE_NA_LOGGED[$uuid]" \
         "IDLE_HISTORY[$uuid]" "IDLE_JOB_PID[$uuid]" "IDLE_JOB_JSON[$uuid]" "IDLE_FAULT[$uuid]" \
-        "IDLE_FAULT_FIRING[$uuid]"
+        "IDLE_FAULT_FIRING[$uuid]" "IDLE_HOLDERS[$uuid]"
       # a GPU gone this long is not the one a lost line at its index names
       for index in "${!SMI_UUID_AT[@]}"; do
         if [[ ${SMI_UUID_AT[$index]} == "$uuid" ]]; then
@@ -529,6 +533,55 @@ idle_classify() {
   return 0
 }
 
+# Puts the PIDs holding a GPU this cycle into the variable named $1, as
+# ",PID,PID," in nvidia-smi's order (empty when none are listed: a
+# container's hidden PIDs).
+# Arguments:
+#   $1 variable name, $2 uuid
+idle_holders_into() {
+  local -n holders_ref=$1
+  local pid _rest
+  holders_ref=''
+  while IFS=$'\t' read -r pid _rest; do
+    [[ -n $pid ]] || continue
+    holders_ref=${holders_ref:-,}$pid,
+  done <<<"${SMI_PROCS[$2]:-}"
+}
+
+# An idle count belongs to one job watched without a break. It starts again
+# when no process that held the GPU last cycle holds it now (another job
+# took the GPU) or when no good sample came for a long while (the watchdog
+# or its cron line was stopped, nvidia-smi failed): before, a job that
+# took the GPU from an idle one fired on its own first idle sample, and
+# after a day of downtime the alert charged that day to whoever held the
+# GPU then. An open incident of a job that has left is resolved
+# ("released": its job gave the GPU up); one whose job is still there
+# goes on across a gap. Hidden PIDs (containers) compare as unknown.
+# Arguments:
+#   $1 now, $2 uuid
+idle_continuity() {
+  local now=$1 uuid=$2 holders pid other_job=0 gap=0
+  local was=${IDLE_HOLDERS[$uuid]:-} limit=$((5 * CHECK_INTERVAL))
+  ((limit >= 900)) || limit=900
+  idle_holders_into holders "$uuid"
+  IDLE_HOLDERS[$uuid]=$holders
+  if [[ -n $was && -n $holders ]]; then
+    other_job=1
+    for pid in ${was//,/ }; do
+      [[ $holders == *",$pid,"* ]] && other_job=0 && break
+    done
+  fi
+  ((IDLE_PREV_OK > 0 && now - IDLE_PREV_OK > limit)) && gap=1
+  ((other_job || gap)) || return 0
+  if ((${IDLE_FIRING[$uuid]:-0})); then
+    ((other_job)) || return 0
+    idle_emit "$now" "$uuid" resolved released
+  fi
+  IDLE_CYCLES[$uuid]=0 IDLE_SPIN[$uuid]=0 IDLE_SINCE[$uuid]=0 IDLE_FIRING[$uuid]=0
+  IDLE_LAST_ALERT[$uuid]=0 IDLE_KIND[$uuid]=- IDLE_JOB_PID[$uuid]=0
+  unset "IDLE_JOB_JSON[$uuid]"
+}
+
 # Applies the rules to one GPU.
 idle_judge_gpu() {
   local now=$1 uuid=$2 verdict rc=0
@@ -542,6 +595,11 @@ idle_judge_gpu() {
   fi
   unset "IDLE_NA_LOGGED[$uuid]"
   idle_history_add "$uuid" "${SMI_UTIL[$uuid]%.*}"
+  if [[ $verdict == utilization || $verdict == spinning ]]; then
+    idle_continuity "$now" "$uuid"
+  else
+    idle_holders_into "IDLE_HOLDERS[$uuid]" "$uuid"
+  fi
   case $verdict in
     utilization) IDLE_CYCLES[$uuid]=$((${IDLE_CYCLES[$uuid]:-0} + 1)) ;;
     spinning) IDLE_SPIN[$uuid]=$((${IDLE_SPIN[$uuid]:-0} + 1)) ;;

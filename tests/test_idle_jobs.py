@@ -280,7 +280,7 @@ def test_rule_by_user_changes_cycles_and_names_itself(gbox, jobs, tmp_path):
     step = {"gpus": [idle_gpu(util=15)], "apps": [app(job.pids[0])]}
     run_cycles(gbox, [step] * 6, 4, env={"IDLE_RULES": rules})
     assert gbox.events() == []
-    gbox.once(now=9999, env={"IDLE_RULES": rules})
+    gbox.once(now=1000 + 60 * 4, env={"IDLE_RULES": rules})
     (event,) = gbox.events()
     assert event["idle_cycles"] == 5 and event["threshold"] == 20 and event["rule"] == rules + ":2"
 
