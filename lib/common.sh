@@ -42,6 +42,40 @@ gg_log() {
   fi
 }
 
+# Puts $2 into the variable named $1 as text a terminal and a JSON reader
+# can take: a byte that is not part of valid UTF-8 (a GBK file name in a
+# job's arguments, raw bytes) becomes U+FFFD, and a control character
+# becomes \n, \t, \r, \e or ? (a newline in an argument split the alert
+# and the status table; an escape sequence reached the admin's terminal).
+gg_printable_into() {
+  local -n printable_ref=$1
+  local text=$2 LC_ALL=C out='' valid
+  if [[ $text == *[$'\x80'-$'\xff']* ]]; then
+    valid=$'([\x01-\x7f]|[\xc2-\xdf][\x80-\xbf]|\xe0[\xa0-\xbf][\x80-\xbf]|[\xe1-\xec\xee\xef][\x80-\xbf][\x80-\xbf]|\xed[\x80-\x9f][\x80-\xbf]|\xf0[\x90-\xbf][\x80-\xbf][\x80-\xbf]|[\xf1-\xf3][\x80-\xbf][\x80-\xbf][\x80-\xbf]|\xf4[\x80-\x8f][\x80-\xbf][\x80-\xbf])+'
+    if [[ ! $text =~ ^${valid}$ ]]; then
+      while [[ -n $text ]]; do
+        if [[ $text =~ ^$valid ]]; then
+          out+=${BASH_REMATCH[0]}
+          text=${text:${#BASH_REMATCH[0]}}
+        else
+          out+=$'\xef\xbf\xbd'
+          text=${text:1}
+        fi
+      done
+      text=$out
+    fi
+  fi
+  if [[ $text == *[[:cntrl:]]* ]]; then
+    text=${text//$'\n'/\\n}
+    text=${text//$'\t'/\\t}
+    text=${text//$'\r'/\\r}
+    text=${text//$'\e'/\\e}
+    text=${text//[[:cntrl:]]/?}
+  fi
+  # shellcheck disable=SC2034 # nameref: assigns the caller's variable
+  printable_ref=$text
+}
+
 # Puts into the variable named $1 the first $3 characters of $2 (with
 # `tail`, as $4, the last $3), cut on a character boundary whatever the
 # locale: under LC_ALL=C (cron's) bash counts bytes, and a cut inside a

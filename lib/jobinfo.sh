@@ -122,7 +122,7 @@ jobinfo_args_into() {
 }
 
 # Masks secrets in a command line's arguments and joins them, shortened,
-# into the variable named $1.
+# into the variable named $1, as printable UTF-8 text.
 # Arguments:
 #   $1 output variable, $2... the arguments
 # Masked: the value after `--api-key`, `--token`, `--password`, `--secret`...
@@ -150,6 +150,9 @@ jobinfo_mask_args_into() {
   # webhooks whose secret is a path segment: Slack, Feishu/Lark, Discord
   local jm_path_re='(hooks\.slack\.com/(services|workflows|triggers)|/open-apis/bot/v2/hook|discord(app)?\.com/api/webhooks)/[^[:space:]?#&]+'
   for jm_arg in "$@"; do
+    # no raw newline, escape sequence or invalid UTF-8 reaches a message
+    # or a terminal (gg_printable_into)
+    gg_printable_into jm_arg "$jm_arg"
     if ((jm_mask_next)); then
       jm_arg='***'
       jm_mask_next=0

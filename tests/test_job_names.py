@@ -417,3 +417,41 @@ def test_a_job_whose_arguments_are_not_utf8_is_named_with_replacement_characters
     status = subprocess.run([str(ROOT / "bin/gpuguard"), "status", "--json"], env=env, capture_output=True,
                             text=True, timeout=60)
     assert [j["cmdline"] for j in json.loads(status.stdout)["ended_jobs"]] == [cmdline], status.stderr
+
+
+def test_an_argument_with_a_newline_an_escape_sequence_or_gbk_bytes_is_shown_as_text(nbox, tmp_path):
+    """Any user on a shared box names their process: a newline in an
+    argument split `gpuguard status`'s table and the alert's message (a job
+    could forge lines in the chat), an escape sequence reached the admin's
+    terminal (window title, clear screen), and a GBK file name put bytes
+    that are not UTF-8 into events.jsonl, the state and the ledger."""
+    dev = tmp_path / "nvidia0"
+    dev.touch()
+    (tmp_path / "train.py").write_text(TRAIN)
+    argv = [b"python3", b"train.py", b"--note=a\nFAKE ROW", b"\x1b]0;pwned\x07\x1b[2J", b"\xc4\xa3\xd0\xcd\xff.yaml"]
+    p = subprocess.Popen(argv, cwd=tmp_path, env=dict(os.environ, GG_TEST_DEVICE=str(dev)),
+                         stdout=subprocess.PIPE, start_new_session=True)
+    try:
+        assert p.stdout.readline() == b"ready\n"
+        idle = {"gpus": [{"utilization.gpu": 0, "memory.used": 30500, "power.draw": 76.6}],
+                "apps": [{"pid": p.pid, "process_name": "python3", "used_memory": 30000, "gpu": 0}]}
+        nbox.scenario.write_text(json.dumps({"gpus": gpu_list(1), "steps": [idle]}))
+        for i in range(3):
+            r = nbox.run("--once", env={"GPUGUARD_NOW": str(T0 + 60 * i)})
+            assert r.returncode == 0, r.stderr
+        status = nbox.run("status", cmd="bin/gpuguard", env={"GPUGUARD_NOW": str(T0 + 180)})
+        preview = nbox.run("notify", "--preview", cmd="bin/gpuguard")
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+    (firing,) = [json.loads(line) for line in (nbox.state / "events.jsonl").read_bytes().decode("utf-8").splitlines()]
+    cmdline = firing["job"]["cmdline"]
+    assert "--note=a\\nFAKE ROW" in cmdline and "\\e]0;pwned?\\e[2J" in cmdline
+    assert "\ufffd.yaml" in cmdline
+    for out in (status.stdout, preview.stdout):
+        assert "\x1b" not in out and "\x07" not in out
+        assert not any(line.startswith("FAKE ROW") for line in out.splitlines()), out
+    assert "--note=a\\nFAKE ROW" in status.stdout
+    for path in nbox.state.rglob("*"):
+        if path.is_file():
+            path.read_bytes().decode("utf-8")          # every file the watchdog wrote is UTF-8 text
