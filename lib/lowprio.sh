@@ -950,6 +950,9 @@ lowprio_run() {
     cg_systemd_command_into sd LP_SET
   fi
   if ((LP_DRY_RUN)); then
+    # the limits as well as the command line (nice and ionice are all the
+    # command line shows: a cgroup's limits are set by lowprio-run itself)
+    lowprio_plan
     printf 'would run:'
     printf ' %q' "${sd[@]}" "${wrap[@]}" "${LP_ARGS[@]}"
     printf '\n'
@@ -1241,13 +1244,19 @@ lowprio_nice_is() {
   [[ $now == "$3" ]]
 }
 
-# Prints what would be applied and what is effective on this host.
-lowprio_explain() {
+# Prints the plan: the tier, what would be applied, by which mechanism
+# (--explain's head, and --dry-run's before its command line).
+lowprio_plan() {
   local io='idle'
   [[ $LP_IO_CLASS == 2 ]] && io="best-effort:$LP_IO_LEVEL"
   printf 'tier: %s\n' "${LP_TIER:-custom}"
   printf 'would apply: nice %s, ionice %s, %s\n' "$LP_NICE" "$io" "$(lowprio_settings_text)"
   printf 'mechanism: %s\n' "$LP_MECHANISM"
+}
+
+# Prints what would be applied and what is effective on this host.
+lowprio_explain() {
+  lowprio_plan
   case $LP_MECHANISM in
     cgroup-*) printf 'cgroup placement: %s\n' "$(cg_placement_plan)" ;;
     systemd)

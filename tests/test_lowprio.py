@@ -63,6 +63,12 @@ def test_dry_run_shows_tier_and_overrides():
     assert r.stdout.endswith("nice -n 19 ionice -c 3 -- swift sft --model_type qwen3-7b\n")
     r = run(["--tier", "batch", "--nice", "10", "--io-class", "5", "--dry-run", "--", "x"])
     assert r.stdout.endswith("nice -n 10 ionice -c 2 -n 5 -- x\n")
+    # "print the plan and the command": the limits lowprio-run sets itself,
+    # which the command line cannot show (it printed nice and ionice only)
+    r = run(["--tier", "offline", "--mem-max", "8G", "--dry-run", "--", "x"])
+    plan = r.stdout.splitlines()
+    assert plan[0] == "tier: offline" and plan[1].startswith("would apply: nice 19, ionice idle, ")
+    assert "mem_max=8589934592" in plan[1] and plan[2].startswith("mechanism: ")
 
 
 def test_io_max_without_a_device_limits_the_disk_of_the_current_folder():
@@ -596,7 +602,8 @@ def test_explain_and_dry_run_name_the_placement_and_change_nothing(tmp_path):
     assert ("cgroup placement: a leaf under the caller's cgroup /ctr, after moving its 2 processes into "
             "/ctr/gpuguard-caller") in r.stdout
     r = run(["--tier", "batch", "--dry-run", "--", "true"], env=fake_v2_env(tmp_path, root))
-    assert r.returncode == 0 and r.stdout.startswith("would run:")
+    assert r.returncode == 0 and r.stdout.startswith("tier: batch\n") and "\nwould run:" in r.stdout
+    assert "mechanism: cgroup-v2\n" in r.stdout
     assert sorted(str(p) for p in tmp_path.rglob("*")) == before
     assert (ctr / "cgroup.procs").read_text() == "4242\n4343\n"
 
