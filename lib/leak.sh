@@ -814,8 +814,9 @@ leak_job_running() {
 # when it can): state folder, python3, nvidia-smi, rules file. Run before
 # the job starts, so the warning comes first and always.
 leak_job_watch_check() {
+  local said=''
   LEAK_UNWATCHED=''
-  if ! gg_state_dir_init; then
+  if ! said=$(gg_state_dir_init 2>&1); then
     LEAK_UNWATCHED="the state folder $GPUGUARD_STATE_DIR is not writable"
   elif ! command -v python3 >/dev/null; then
     LEAK_UNWATCHED="python3 is not installed"
@@ -826,10 +827,19 @@ leak_job_watch_check() {
   elif ! leak_settings_problem_into LEAK_UNWATCHED || ! leak_rules_problem_into LEAK_UNWATCHED; then
     # (watched without its rules, a job the user exempted could be killed
     # by --on-leak kill)
-    return 0
+    :
   else
     leak_sweep_jobs
   fi
+  if [[ -n $LEAK_PENDING_SIGNAL ]]; then
+    # Ctrl-C while starting reached the checks' helpers too (stat, python3:
+    # the terminal signals its whole foreground group), so what they said
+    # ("owned by uid ?", a traceback) is not so; the job gets the signal
+    LEAK_UNWATCHED="interrupted by SIG$LEAK_PENDING_SIGNAL while starting"
+  elif [[ -n $said ]]; then
+    printf '%s\n' "$said" >&2
+  fi
+  return 0
 }
 
 # Checks the detector's settings that only the environment can give beside

@@ -9,6 +9,7 @@ import json
 import os
 import resource
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -706,3 +707,24 @@ def test_bad_option_is_one_line_exit_2_and_help_stays(box):
     assert r.returncode == 2 and r.stderr == "gpu-leak-watch: unknown option '--frobnicate' (see --help)\n"
     r = watch(box, "--help")
     assert r.returncode == 0 and "--version" in r.stdout and r.stdout.startswith("Summary:")
+
+
+def test_ctrl_c_while_the_wrapper_starts_says_so_and_nothing_false(box, tmp_path):
+    """Ctrl-C in the wrapper's first tenth of a second reached its helpers
+    too (the terminal signals its whole foreground group): it said the state
+    folder was "owned by uid ?" or that the job was not watched because of
+    a Python traceback. Here a python3 that takes a second to start stands
+    for the helper the signal catches."""
+    slow = tmp_path / "slowbin"
+    slow.mkdir()
+    real = shutil.which("python3")
+    (slow / "python3").write_text('#!/bin/sh\nsleep 1\nexec %s "$@"\n' % real)
+    (slow / "python3").chmod(0o755)
+    env = env_for(box, PATH="%s:%s" % (slow, box.env["PATH"]))
+    proc = start(box, tmp_path, "--", "sleep", "30", env=env, start_new_session=True)
+    time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGINT)
+    assert finish(proc) in (130, -signal.SIGINT)
+    err = err_of(proc)
+    assert "not watching job PID" in err and "interrupted by SIGINT while starting" in err, err
+    assert "Traceback" not in err and "uid ?" not in err and "refusing" not in err
