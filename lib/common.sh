@@ -337,12 +337,18 @@ gg_python() {
 }
 
 # For the commands that only read the state (status, report, ledger):
-# prints a one-line error and returns 2 when the state folder is there but
-# this user cannot read it (a root watchdog's folder is mode 700). Reading
+# prints a one-line error and returns 2 when the state folder is not an
+# absolute path, or is there but this user cannot read it (a root watchdog's folder is mode 700). Reading
 # on would show a box where nothing happened, counters and GPU-hours at
 # zero, with no word of why.
 gg_state_dir_readable() {
-  local dir=$GPUGUARD_STATE_DIR owner
+  local dir=$GPUGUARD_STATE_DIR owner shown
+  if [[ $dir != /* ]]; then
+    # (the watchdog refuses it too: it would never have written there)
+    gg_shown_into shown "$dir"
+    gg_usage_error "GPUGUARD_STATE_DIR must be an absolute path (got $shown)"
+    return
+  fi
   [[ -e $dir ]] || return 0
   [[ -d $dir && -r $dir && -x $dir ]] && return 0
   owner=$(stat -c %U -- "$dir" 2>/dev/null) || owner='?'

@@ -246,6 +246,7 @@ status_main() {
         printf 'gpuguard status: %s\n' "$SMI_ERROR" >&2
         return 1
       }
+      status_notes
       status_table
       ;;
   esac
@@ -273,6 +274,7 @@ status_collect() {
   declare -ga STATUS_ENDED=()
   jobinfo_reset
   device_sample || return 1
+  status_caveats
   # GPU names come with a newer smi.sh; until then they are unknown
   declare -p SMI_NAME >/dev/null 2>&1 || declare -gA SMI_NAME=()
   local pid slope firing verdict values
@@ -287,6 +289,33 @@ status_collect() {
     STATUS_SPARK[$pid]=$values
   done < <(gg_python gpuguard_report.py "LEAK_THRESHOLD_MIB_H GPUGUARD_NOW" leaks 2>/dev/null)
   gg_proc_scan
+  return 0
+}
+
+# What the table cannot vouch for, in STATUS_NO_STATE and STATUS_APPS_ERROR
+# (empty when all is well): no watchdog has kept its counters in this state
+# folder (they read 0: a user's own folder while the watchdog runs as root
+# with /var/lib/gpuguard), and a process list that could not be read (the
+# GPUs then show no holder, which is not the same as none).
+status_caveats() {
+  declare -g STATUS_NO_STATE='' STATUS_APPS_ERROR=''
+  if [[ ! -f $GPUGUARD_STATE_DIR/idle.state ]]; then
+    STATUS_NO_STATE="no watchdog counters in $GPUGUARD_STATE_DIR: idle and stuck read 0"
+    if [[ $GPUGUARD_STATE_DIR != /var/lib/gpuguard && -e /var/lib/gpuguard ]]; then
+      STATUS_NO_STATE+=" (the watchdog may run as root with /var/lib/gpuguard: sudo gpuguard status, or set GPUGUARD_STATE_DIR)"
+    else
+      STATUS_NO_STATE+=" (is yichuidingyin.sh running with this state folder? GPUGUARD_STATE_DIR names it)"
+    fi
+  fi
+  if ((${SMI_APPS_OK:-1} != 1)); then
+    STATUS_APPS_ERROR="the process list could not be read (${SMI_ERROR:-no answer}): the holders below are unknown"
+  fi
+}
+
+# Says STATUS_NO_STATE and STATUS_APPS_ERROR on stderr, one line each.
+status_notes() {
+  [[ -z $STATUS_NO_STATE ]] || printf 'gpuguard status: %s\n' "$STATUS_NO_STATE" >&2
+  [[ -z $STATUS_APPS_ERROR ]] || printf 'gpuguard status: %s\n' "$STATUS_APPS_ERROR" >&2
   return 0
 }
 
@@ -501,8 +530,11 @@ status_json() {
     gg_json_escape_into "${SMI_NAME[$uuid]:-}" name_esc
     gpus+="${gpus:+,}{\"index\":${SMI_INDEX[$uuid]},\"uuid\":\"$uuid\",\"vendor\":\"${SMI_VENDOR[$uuid]:-nvidia}\",\"name\":\"$name_esc\",\"utilization\":${SMI_UTIL[$uuid]:-null},\"memory_used_mib\":${SMI_MEM_USED[$uuid]:-null},\"memory_total_mib\":${SMI_MEM_TOTAL[$uuid]:-null},\"power_w\":${SMI_POWER[$uuid]:-null},\"idle_cycles\":${IDLE_CYCLES[$uuid]:-0},\"idle_limit\":$IDLE_T_MAX,\"stuck_cycles\":${IDLE_SPIN[$uuid]:-0},\"stuck_limit\":$IDLE_T_SPIN,\"idle_firing\":$(status_json_bool "${IDLE_FIRING[$uuid]:-0}"),\"state\":\"$state\",\"recent_utilization\":[$(status_json_numbers "${IDLE_HISTORY[$uuid]:-}")],\"processes\":[$procs]}"
   done
-  printf '{"host":"%s","ts":%s,"error":null,"gpus":[%s],"ended_jobs":[%s]}\n' "$host" "$(gg_now)" "$gpus" \
-    "$(status_ended_json)"
+  local no_state=null apps_error=null
+  jobinfo_json_str_into "$STATUS_NO_STATE" no_state
+  jobinfo_json_str_into "$STATUS_APPS_ERROR" apps_error
+  printf '{"host":"%s","ts":%s,"error":null,"processes_error":%s,"no_watchdog_state":%s,"gpus":[%s],"ended_jobs":[%s]}\n' \
+    "$host" "$(gg_now)" "$apps_error" "$no_state" "$gpus" "$(status_ended_json)"
 }
 
 # Prints the whole numbers of a comma-separated list, comma separated (a
@@ -568,6 +600,7 @@ status_watch_frame() {
   printf '%sgpuguard status%s  %s  %(%Y-%m-%d %H:%M:%S)T  every %ss, Ctrl-C quits\n' \
     "$C_BOLD" "$C_OFF" "$GPUGUARD_HOST" -1 "$STATUS_INTERVAL"
   if status_collect; then
+    status_notes 2>&1
     status_table
   else
     # SMI_ERROR names the tool that failed (nvidia-smi or npu-smi)
