@@ -316,9 +316,11 @@ def _ended(state_dir, out, live, now=None):
         stem = os.path.basename(path)[:-4]
         if stem in live or not re.fullmatch(r"\d+-\d+", stem):
             continue                    # still watched, or one rank of a tree
-        last = _tail_rows(path, 1)
+        last = _tail_rows(path, 60)
         if not last or not 0 <= now - last[-1][0] <= _ENDED_S:
             continue
+        if not any(used > 0 for _, used in last):
+            continue                    # a wrapped job that never held GPU memory
         job = identities.get(stem) or {}
         cmd = " ".join(str(job.get("cmdline") or "").split())
         rows.append((last[-1][0], "ended\t%s\t%d\t%s\t%s\t%s\n" % (

@@ -224,3 +224,49 @@ def test_status_json_stays_valid_with_a_hand_edited_state_file(box):
     assert r.returncode == 0, r.stderr
     gpu = json.loads(r.stdout)["gpus"][0]
     assert gpu["recent_utilization"] == [5, 7] and gpu["idle_cycles"] == 2
+
+
+def test_status_says_when_no_watchdog_keeps_its_counters_in_the_state_folder(box):
+    """A user's `gpuguard status` after a root install reads their own state
+    folder: it showed "idle 0/3 ok" for a GPU whose idle alert the root
+    watchdog had open, with no word that these were not its counters."""
+    box.write_scenario([{"gpus": [idle_gpu()], "apps": [app(1410)]}] * 5)
+    r = box.run("status", cmd="bin/gpuguard")
+    assert r.returncode == 0
+    assert r.stderr.startswith("gpuguard status: no watchdog counters in %s: idle and stuck read 0" % box.state)
+    doc = json.loads(box.run("status", "--json", cmd="bin/gpuguard").stdout)
+    assert doc["no_watchdog_state"].startswith("no watchdog counters in")
+    for t in range(3):
+        box.once(now=t)
+    r = box.run("status", cmd="bin/gpuguard")
+    assert r.returncode == 0 and r.stderr == "" and "IDLE" in r.stdout
+    assert json.loads(box.run("status", "--json", cmd="bin/gpuguard").stdout)["no_watchdog_state"] is None
+
+
+def test_status_says_the_process_list_could_not_be_read(box):
+    """The GPU query answered and the process list did not: status showed
+    a held GPU with no holder and "error": null, as if nobody held it."""
+    box.once(now=0)
+    box.write_scenario([{"gpus": [idle_gpu()], "apps": [app(1410)], "fault_apps": "garbage"}])
+    r = box.run("status", cmd="bin/gpuguard")
+    assert r.returncode == 0
+    assert "gpuguard status: the process list could not be read" in r.stderr and "unknown" in r.stderr
+    doc = json.loads(box.run("status", "--json", cmd="bin/gpuguard").stdout)
+    assert doc["processes_error"].startswith("the process list could not be read")
+
+
+def test_status_refuses_a_relative_state_folder_as_the_watchdog_does(box):
+    r = box.run("status", cmd="bin/gpuguard", env={"GPUGUARD_STATE_DIR": "ggstate"})
+    assert r.returncode == 2
+    assert r.stderr == "gpuguard: GPUGUARD_STATE_DIR must be an absolute path (got 'ggstate')\n"
+
+
+def test_a_wrapped_job_that_never_held_gpu_memory_is_not_listed_as_ended(box):
+    """`gpu-leak-watch -- python3 prep.py` around a CPU-only step: status
+    listed "pid N (not named) last seen 0 min ago" for an hour after it."""
+    box.write_scenario([{"gpus": [idle_gpu(mem=0)], "apps": []}])
+    r = box.run("--interval", "1", "--", "sleep", "2.5", cmd="bin/gpu-leak-watch")
+    assert r.returncode == 0, r.stderr
+    assert list((box.state / "history").glob("*.csv"))         # it was sampled
+    r = box.run("status", cmd="bin/gpuguard")
+    assert r.returncode == 0 and "ended in the last hour" not in r.stdout, r.stdout
