@@ -177,7 +177,9 @@ config_parse_file() {
     fi
     key=${BASH_REMATCH[2]}
     value=${BASH_REMATCH[3]}
+    # spaces around the value are not part of it, before as after
     value=${value%"${value##*[![:space:]]}"}
+    value=${value#"${value%%[![:space:]]*}"}
     if [[ $value =~ ^\"(.*)\"$ || $value =~ ^\'(.*)\'$ ]]; then
       value=${BASH_REMATCH[1]}
     elif [[ $value =~ ^\"([^\"]*)\"[[:space:]]+# || $value =~ ^\'([^\']*)\'[[:space:]]+# ]]; then

@@ -321,7 +321,8 @@ def test_bad_config_file_is_one_line_and_exit_2(box, tmp_path, content, message)
 
 def test_config_with_bom_crlf_and_leading_zeros_is_read(box, tmp_path):
     conf = tmp_path / "gpuguard.conf"
-    conf.write_bytes(b"\xef\xbb\xbfMAX_IDLE_CYCLES=02\r\nTHRESHOLD=010\r\n")
+    # (a space after "=" too: "MAX_IDLE_CYCLES= 02" was refused, "THRESHOLD=010 " taken)
+    conf.write_bytes(b"\xef\xbb\xbfMAX_IDLE_CYCLES= 02\r\nTHRESHOLD=010 \r\n")
     box.write_scenario([{"gpus": [idle_gpu(util=9)], "apps": [app(1410)]}] * 2)
     for t in range(2):
         r = box.once(now=t * 60, env={"GPUGUARD_CONFIG": str(conf)})
