@@ -49,20 +49,20 @@ gg_log() {
 # and the status table; an escape sequence reached the admin's terminal).
 gg_printable_into() {
   local -n printable_ref=$1
-  local text=$2 LC_ALL=C out='' valid
+  local text=$2 LC_ALL=C clean='' valid
   if [[ $text == *[$'\x80'-$'\xff']* ]]; then
     valid=$'([\x01-\x7f]|[\xc2-\xdf][\x80-\xbf]|\xe0[\xa0-\xbf][\x80-\xbf]|[\xe1-\xec\xee\xef][\x80-\xbf][\x80-\xbf]|\xed[\x80-\x9f][\x80-\xbf]|\xf0[\x90-\xbf][\x80-\xbf][\x80-\xbf]|[\xf1-\xf3][\x80-\xbf][\x80-\xbf][\x80-\xbf]|\xf4[\x80-\x8f][\x80-\xbf][\x80-\xbf])+'
     if [[ ! $text =~ ^${valid}$ ]]; then
       while [[ -n $text ]]; do
         if [[ $text =~ ^$valid ]]; then
-          out+=${BASH_REMATCH[0]}
+          clean+=${BASH_REMATCH[0]}
           text=${text:${#BASH_REMATCH[0]}}
         else
-          out+=$'\xef\xbf\xbd'
+          clean+=$'\xef\xbf\xbd'
           text=${text:1}
         fi
       done
-      text=$out
+      text=$clean
     fi
   fi
   if [[ $text == *[[:cntrl:]]* ]]; then

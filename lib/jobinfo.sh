@@ -150,9 +150,6 @@ jobinfo_mask_args_into() {
   # webhooks whose secret is a path segment: Slack, Feishu/Lark, Discord
   local jm_path_re='(hooks\.slack\.com/(services|workflows|triggers)|/open-apis/bot/v2/hook|discord(app)?\.com/api/webhooks)/[^[:space:]?#&]+'
   for jm_arg in "$@"; do
-    # no raw newline, escape sequence or invalid UTF-8 reaches a message
-    # or a terminal (gg_printable_into)
-    gg_printable_into jm_arg "$jm_arg"
     if ((jm_mask_next)); then
       jm_arg='***'
       jm_mask_next=0
@@ -183,8 +180,9 @@ jobinfo_mask_args_into() {
     gg_cut_into jm_tail "$jm_out" 70 tail
     jm_out="$jm_head … $jm_tail"
   fi
-  # shellcheck disable=SC2034 # nameref: assigns the caller's variable
-  masked_ref=$jm_out
+  # no raw newline, escape sequence or invalid UTF-8 reaches a message or
+  # a terminal (after the cut: a long binary argument costs nothing)
+  gg_printable_into masked_ref "$jm_out"
 }
 
 # Replaces every match of a regular expression in $2 by its masked form,
