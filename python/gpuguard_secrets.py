@@ -70,5 +70,7 @@ def scrub(text, env):
     for s in _secrets(env):
         text = text.replace(s, "***")
         text = text.replace(urllib.parse.quote(s, safe=""), "***")
-    return re.sub(r"((?:{})=)[^&\s\"']+".format("|".join(_SECRET_QUERY_KEYS)),
+    # (a closing parenthesis ends the value: a message that puts a URL in
+    # parentheses keeps its ")"; the configured secrets went above, whole)
+    return re.sub(r"((?:{})=)[^&\s\"')]+".format("|".join(_SECRET_QUERY_KEYS)),
                   r"\1***", text)

@@ -421,3 +421,14 @@ def test_every_command_answers_version(name):
     r = subprocess.run([str(ROOT / "bin" / name), "--version"], capture_output=True, text=True, timeout=30)
     assert r.returncode == 0 and r.stderr == ""
     assert r.stdout == "%s %s\n" % (name.removesuffix(".sh"), (ROOT / "VERSION").read_text().strip())
+
+
+def test_notify_check_of_a_misspelt_dingtalk_url_shows_the_example_whole(box):
+    """The token masker took the example's closing parenthesis with it:
+    "(https://oapi.dingtalk.com/robot/send?access_token=***" and no ")"."""
+    box.write_scenario([{"gpus": [idle_gpu()], "apps": []}])
+    r = box.run("notify", "--check", cmd="bin/gpuguard",
+                env={"NOTIFY_URL": "https://oapi.dingtalk.com/robot/send?acess_token=abc123"})
+    assert r.stdout.rstrip("\n").endswith(
+        "URL does not look like a dingtalk webhook (https://oapi.dingtalk.com/robot/send?access_token=***)")
+    assert "abc123" not in r.stdout + r.stderr
