@@ -100,11 +100,12 @@ ledger_journal_job() {
 
 # Reads a day file into the arrays (the format: python/gpuguard_ledger.py).
 ledger_read_day() {
-  local file=$1 kind a b c d e f g h i key
+  local file=$1 kind a b c d e f g h i key ours=0
   LG_DAY=${file##*/}
   LG_DAY=${LG_DAY%.tsv}
   while IFS=$'\t' read -r kind a b c d e f g h i; do
     case $kind in
+      day) [[ $a == "$LG_DAY" ]] && ours=1 ;;
       last)
         gg_is_uint "$a" && gg_is_uint "$b" && LG_LAST=$a LG_SEQ=$b LG_SAVED_SEQ=$b
         ;;
@@ -129,6 +130,11 @@ ledger_read_day() {
         ;;
     esac
   done <"$file" 2>/dev/null || true
+  # a day file overwritten or cut (a disk error, a hand) read as a day
+  # without jobs, with no word of why
+  if ((!ours)) && [[ -s $file ]]; then
+    gg_log warn "ledger: $file is not the ledger of $LG_DAY (damaged?): that day shows what is left of it"
+  fi
 }
 
 # Accounts one interval. Journaled by ledger_cycle, replayed by ledger_load.

@@ -105,9 +105,16 @@ def read_days(folder, days, today=None):
             continue
         try:
             with open(os.path.join(folder, day + ".tsv"), encoding="utf-8", errors="replace") as f:
-                out[day] = _parse_day(f.read())
+                text = f.read()
         except OSError:
             out[day] = []
+            continue
+        out[day] = _parse_day(text)
+        if text.strip() and day_in(text) != day:
+            # a day file overwritten or cut (a disk error, a hand): its day
+            # would read as a day without jobs, with no word of why
+            sys.stderr.write("gpuguard: ledger: %s is not the ledger of %s (damaged?): that day shows what is "
+                             "left of it\n" % (os.path.join(folder, day + ".tsv"), day))
     return out
 
 

@@ -599,3 +599,22 @@ def test_kill9_at_random_points_counts_each_second_once(box):
     s = json.loads(ledger(box, "--json", now=at(23), env={"TZ": "UTC"}))
     assert killed >= 5                                    # the kills did land
     assert s["held_s"] == s["idle_s"] == 41 * M
+
+
+def test_a_damaged_day_file_is_said_not_shown_as_an_empty_day(box):
+    """A day file overwritten with garbage read as a day nobody held a GPU,
+    0.0 GPU-hours and no word of why."""
+    ledger_dir = box.state / "ledger"
+    ledger_dir.mkdir(parents=True)
+    (ledger_dir / "2026-12-01.tsv").write_bytes(b"\x00\x00garbage\xff\n")
+    r = box.run("ledger", "--since", "2026-12-01", cmd="bin/gpuguard",
+                env=dict(env_for(box), GPUGUARD_NOW=str(at(18))))
+    assert r.returncode == 0
+    said = "ledger: %s is not the ledger of 2026-12-01 (damaged?): that day shows what is left of it" % (
+        ledger_dir / "2026-12-01.tsv")
+    assert r.stderr.count(said) == 1 and len(r.stderr.splitlines()) == 1, r.stderr
+    # an older day than the newest: the same line, from the reader of old days
+    (ledger_dir / "2026-12-02.tsv").write_text("# gpuguard ledger 1\nday\t2026-12-02\nlast\t0\t0\n")
+    r = box.run("ledger", "--since", "2026-12-01", cmd="bin/gpuguard",
+                env=dict(env_for(box), GPUGUARD_NOW=str(at(18))))
+    assert r.returncode == 0 and r.stderr.count(said) == 1 and len(r.stderr.splitlines()) == 1, r.stderr
