@@ -132,6 +132,7 @@ jobinfo_args_into() {
 # Slack, Feishu or Discord webhook's path, the word after a lone `Bearer`,
 # the value of an Authorization, Cookie or X-...-Key/Token header given as
 # an argument (`-H X-Api-Key:K`) and token shapes.
+# shellcheck disable=SC2034 # masked_ref: nameref, assigned through gg_printable_into
 jobinfo_mask_args_into() {
   local -n masked_ref=$1
   shift

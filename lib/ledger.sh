@@ -132,7 +132,7 @@ ledger_read_day() {
   done <"$file" 2>/dev/null || true
   # a day file overwritten or cut (a disk error, a hand) read as a day
   # without jobs, with no word of why
-  if ((!ours)) && [[ -s $file ]]; then
+  if ((! ours)) && [[ -s $file ]]; then
     gg_log warn "ledger: $file is not the ledger of $LG_DAY (damaged?): that day shows what is left of it"
   fi
 }
