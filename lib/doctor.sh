@@ -76,6 +76,7 @@ doctor_run() {
   doctor_host
   doctor_disk_iocost
   doctor_state
+  doctor_textfile
   doctor_targets
   if command -v python3 >/dev/null; then
     doctor_line OK "python3: $(python3 -c 'import sys; print(sys.version.split()[0])')"
@@ -183,6 +184,44 @@ doctor_state() {
     doctor_line INFO "state folder $dir does not exist yet (created on first run)"
   else
     doctor_line FAIL "state folder $dir is not writable"
+  fi
+}
+
+# The textfile metrics' folder, when GPUGUARD_TEXTFILE_DIR is set: a typo
+# there went unnoticed (the watchdog makes the folder, node_exporter never
+# reads it). A running node_exporter's --collector.textfile.directory is
+# compared with it.
+doctor_textfile() {
+  local dir=${GPUGUARD_TEXTFILE_DIR:-} proc comm arg reads next first=''
+  [[ -n $dir ]] || return 0
+  local -a args
+  for proc in /proc/[0-9]*; do
+    { read -r comm <"$proc/comm"; } 2>/dev/null || continue
+    [[ $comm == node_exporter || $comm == prometheus-node* ]] || continue
+    mapfile -d '' -t args <"$proc/cmdline" 2>/dev/null || continue
+    reads='' next=''
+    for arg in "${args[@]}"; do
+      if [[ -n $next ]]; then
+        reads=$arg next=''
+      elif [[ $arg == --collector.textfile.directory=* ]]; then
+        reads=${arg#*=}
+      elif [[ $arg == --collector.textfile.directory ]]; then
+        next=1
+      fi
+    done
+    [[ -n $reads ]] || continue
+    if [[ ${reads%/} == "${dir%/}" ]]; then
+      doctor_line OK "textfile metrics in $dir, which node_exporter (PID ${proc#/proc/}) reads"
+      return 0
+    fi
+    [[ -n $first ]] || first="node_exporter (PID ${proc#/proc/}) reads $reads: set GPUGUARD_TEXTFILE_DIR=$reads"
+  done
+  if [[ -n $first ]]; then
+    doctor_line WARN "textfile metrics go to $dir, but $first"
+  elif [[ -d $dir ]]; then
+    doctor_line INFO "textfile metrics in $dir (no node_exporter runs here to read them; its --collector.textfile.directory must name this folder)"
+  else
+    doctor_line WARN "textfile folder $dir does not exist (the watchdog makes it): is it node_exporter's --collector.textfile.directory?"
   fi
 }
 

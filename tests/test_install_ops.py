@@ -8,7 +8,7 @@ import subprocess
 import tempfile
 
 import pytest
-from conftest import ROOT, app, busy_gpu, idle_gpu, require, user_environ
+from conftest import ROOT, app, busy_gpu, idle_gpu, require, user_environ, wait_for
 
 COMMANDS = ["yichuidingyin.sh", "gpu-leak-watch", "lowprio-run", "gpuguard"]
 
@@ -328,6 +328,28 @@ def test_doctor_reports_hidden_processes_and_mig(box):
     assert "1 of 1 compute PIDs are not visible here: a container PID namespace" in r.stdout
     assert "WARN  no alert target" in r.stdout
     assert "OK    python3:" in r.stdout
+
+
+def test_doctor_compares_the_textfile_folder_with_what_node_exporter_reads(box, tmp_path):
+    """A typo in GPUGUARD_TEXTFILE_DIR went unnoticed: the watchdog made
+    the folder and node_exporter never read it."""
+    box.write_scenario([{"gpus": [idle_gpu()], "apps": []}])
+    reads = tmp_path / "node-exporter"
+    fake = tmp_path / "node_exporter"
+    fake.write_text("#!/bin/sh\nsleep 60\n")
+    fake.chmod(0o755)
+    exporter = subprocess.Popen([str(fake), "--collector.textfile.directory", str(reads)])
+    try:
+        assert wait_for(lambda: "node_exporter" in open("/proc/%d/comm" % exporter.pid).read())
+        r = box.run("doctor", cmd="bin/gpuguard", env={"GPUGUARD_TEXTFILE_DIR": str(tmp_path / "node-exportr")})
+        # (a node_exporter of the machine's own may be named first)
+        assert "WARN  textfile metrics go to %s, but node_exporter (PID " % (tmp_path / "node-exportr") in r.stdout
+        assert "OK    textfile metrics" not in r.stdout, r.stdout
+        r = box.run("doctor", cmd="bin/gpuguard", env={"GPUGUARD_TEXTFILE_DIR": str(reads) + "/"})
+        assert "OK    textfile metrics in %s/, which node_exporter (PID %d) reads" % (reads, exporter.pid) in r.stdout
+    finally:
+        exporter.kill()
+        exporter.wait()
 
 
 def test_status_table_with_idle_counter_and_sparkline(box):
