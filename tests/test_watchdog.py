@@ -89,8 +89,11 @@ def test_a_day_without_samples_starts_the_count_again(box):
     box.write_scenario([IDLE] * 6)
     box.once(now=10_000)
     box.once(now=10_060)
-    box.once(now=10_000 + 86_400, env={"GPU_HOUR_PRICE": "30"})
+    r = box.once(now=10_000 + 86_400, env={"GPU_HOUR_PRICE": "30"})
     assert box.events() == []
+    # (a cron line slower than CHECK_INTERVAL would reset every count: said)
+    assert "no good sample for 1439 min (more than 5 cycles of CHECK_INTERVAL=1s): idle counts start again" \
+        in r.stderr
     box.once(now=10_060 + 86_400)
     box.once(now=10_120 + 86_400, env={"GPU_HOUR_PRICE": "30"})
     (firing,) = box.events()
