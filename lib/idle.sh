@@ -573,15 +573,14 @@ idle_continuity() {
   fi
   ((IDLE_PREV_OK > 0 && now - IDLE_PREV_OK > limit)) && gap=1
   ((other_job || gap)) || return 0
-  if ((gap && (${IDLE_CYCLES[$uuid]:-0} > 0 || ${IDLE_SPIN[$uuid]:-0} > 0))) && [[ ${IDLE_GAP_SAID:-} != "$now" ]]; then
+  if ((${IDLE_FIRING[$uuid]:-0})); then
+    ((other_job)) || return 0
+    idle_emit "$now" "$uuid" resolved released
+  elif ((gap && (${IDLE_CYCLES[$uuid]:-0} > 0 || ${IDLE_SPIN[$uuid]:-0} > 0))) && [[ ${IDLE_GAP_SAID:-} != "$now" ]]; then
     # once a cycle; from a cron line slower than CHECK_INTERVAL this comes
     # every run, and says what to change
     IDLE_GAP_SAID=$now
     gg_log info "no good sample for $(((now - IDLE_PREV_OK) / 60)) min (more than 5 cycles of CHECK_INTERVAL=${CHECK_INTERVAL}s): idle counts start again (from cron, set CHECK_INTERVAL to the cron line's period)"
-  fi
-  if ((${IDLE_FIRING[$uuid]:-0})); then
-    ((other_job)) || return 0
-    idle_emit "$now" "$uuid" resolved released
   fi
   IDLE_CYCLES[$uuid]=0 IDLE_SPIN[$uuid]=0 IDLE_SINCE[$uuid]=0 IDLE_FIRING[$uuid]=0
   IDLE_LAST_ALERT[$uuid]=0 IDLE_KIND[$uuid]=- IDLE_JOB_PID[$uuid]=0
