@@ -338,9 +338,9 @@ gg_python() {
 
 # For the commands that only read the state (status, report, ledger):
 # prints a one-line error and returns 2 when the state folder is not an
-# absolute path, or is there but this user cannot read it (a root watchdog's folder is mode 700). Reading
-# on would show a box where nothing happened, counters and GPU-hours at
-# zero, with no word of why.
+# absolute path, or is there but this user cannot read it (a root
+# watchdog's folder is mode 700). Reading on would show a box where
+# nothing happened, counters and GPU-hours at zero, with no word of why.
 gg_state_dir_readable() {
   local dir=$GPUGUARD_STATE_DIR owner shown
   if [[ $dir != /* ]]; then
