@@ -696,6 +696,16 @@ def test_a_target_beside_a_command_is_one_line_exit_2_and_nothing_runs(box, tmp_
     assert not ran.exists()
 
 
+@pytest.mark.parametrize("args", [["--pid", str(os.getpid())], ["--all"], ["--match", "train"], ["--once"],
+                                  ["--slurm-job", "42"]])
+def test_a_target_beside_a_replay_is_one_line_exit_2(box, args):
+    """`--replay FILE --all` replayed the file and dropped --all without a
+    word."""
+    r = watch(box, "--replay", str(ROOT / "tests/fixtures/h200/leak-trace-healthy.csv"), *args)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr == "gpu-leak-watch: %s and --replay do not go together: --replay reads a recorded CSV\n" % args[0]
+
+
 def test_version(box):
     r = watch(box, "--version")
     assert r.returncode == 0
