@@ -142,6 +142,10 @@ jobinfo_mask_args_into() {
   local jm_arg jm_out='' jm_mask_next=0 jm_n
   local jm_flag_re="^--?[A-Za-z0-9_.-]*${JOBINFO_SECRET_NAME}$"
   local jm_flag_eq_re="^(--?[A-Za-z0-9_.-]*${JOBINFO_SECRET_NAME})="
+  # the same flag and its value inside one argument: a whole command given
+  # as one (`bash -c "python3 train.py --api-key K"`, Kubernetes'
+  # `sh -c`), where the value is the next word, not the next argument
+  local jm_flag_in_re="(^|[[:space:]])(--?[A-Za-z0-9_.-]*${JOBINFO_SECRET_NAME})[[:space:]]+[^[:space:]]+"
   local jm_pair_re="[A-Za-z0-9_.-]*${JOBINFO_SECRET_NAME}=[^&;,[:space:]]+"
   local jm_query_re='[?&](key|sig|sign|signature|code)=[^&;,[:space:]]+'
   local jm_url_re='://[^/@:[:space:]]*:[^/@[:space:]]+@'
@@ -163,6 +167,7 @@ jobinfo_mask_args_into() {
       # (a Bearer header keeps its scheme: masked below)
       jm_arg="${BASH_REMATCH[1]}${BASH_REMATCH[4]}***"
     else
+      jobinfo_mask_matches_into jm_arg "$jm_arg" "$jm_flag_in_re" flag
       jobinfo_mask_matches_into jm_arg "$jm_arg" "$jm_url_re" url
       jobinfo_mask_matches_into jm_arg "$jm_arg" "$jm_path_re" path
       jobinfo_mask_matches_into jm_arg "$jm_arg" "$jm_pair_re" pair
@@ -191,7 +196,7 @@ jobinfo_mask_args_into() {
 # Arguments:
 #   $1 output variable, $2 text, $3 regex, $4 how: url (user:***@), pair
 #   (name=***), path (the webhook's folder/***), word (first word ***),
-#   token (prefix***)
+#   flag (what precedes it, the flag, ***), token (prefix***)
 jobinfo_mask_matches_into() {
   local -n mm_ref=$1
   local jx_rest=$2 jx_re=$3 jx_how=$4 jx_out='' jx_match jx_repl
@@ -205,6 +210,7 @@ jobinfo_mask_matches_into() {
       pair) jx_repl="${jx_match%%=*}=***" ;;
       path) jx_repl="${BASH_REMATCH[1]}/***" ;;
       word) jx_repl="${jx_match%%[[:space:]]*} ***" ;;
+      flag) jx_repl="${BASH_REMATCH[1]}${BASH_REMATCH[2]} ***" ;;
       token) jx_repl="${BASH_REMATCH[1]}***" ;;
     esac
     jx_out+="${jx_rest%%"$jx_match"*}$jx_repl"

@@ -119,6 +119,25 @@ def test_one_job_on_two_gpus_is_one_job(gbox, jobs):
         assert j["rank"] == gpu
 
 
+def test_a_secret_inside_a_one_argument_command_is_masked_everywhere(gbox, jobs):
+    """`bash -c "python3 train.py --api-key K"` (Kubernetes' `sh -c`): the
+    whole command is one argument, and `--api-key K` inside it reached
+    events.jsonl (the generic webhook's body), the ledger and its digest,
+    status and the report in clear."""
+    job = jobs(1, ["python3 train.py --api-key SEKRIT1 --run exp7 --password SEKRIT2 --lr 3e-4"])
+    step = {"gpus": [idle_gpu(mem=30000)], "apps": [app(job.pids[0], mem=29800)]}
+    run_cycles(gbox, [step] * 3, 3)
+    (event,) = gbox.events()
+    assert "--api-key *** --run exp7 --password *** --lr 3e-4" in event["job"]["cmdline"]
+    status = gbox.run("status", "--json", cmd="bin/gpuguard", env={"GPUGUARD_NOW": "1180"})
+    (proc,) = json.loads(status.stdout)["gpus"][0]["processes"]
+    assert "--api-key *** --run exp7 --password ***" in proc["cmdline"]
+    for path in gbox.state.rglob("*"):
+        if path.is_file():
+            assert b"SEKRIT" not in path.read_bytes(), path
+    assert "SEKRIT" not in status.stdout + status.stderr
+
+
 def test_two_jobs_on_one_gpu_main_job_holds_most_memory(gbox, jobs):
     small, big = jobs(1, ["small.py"], cwd="a"), jobs(1, ["big.py"], cwd="b")
     step = {"gpus": [idle_gpu(mem=40000)],
