@@ -993,7 +993,9 @@ lowprio_run() {
   while :; do
     rc=0
     unset reaped
-    wait -p reaped "$LP_CHILD" || rc=$?
+    # (bash says "line N: PID Killed ( the subshell's source )" when it
+    # reaps a job a signal ended: the job's end is reported below instead)
+    wait -p reaped "$LP_CHILD" 2>/dev/null || rc=$?
     # A trapped signal ends wait early, reporting no process: wait again.
     [[ -n ${reaped:-} || $rc == 127 ]] && break
   done
@@ -1150,7 +1152,17 @@ lowprio_usage_report() {
   for row in "${missing[@]}"; do
     unavailable+="${unavailable:+, }$row"
   done
-  gg_log info "job ended with status $rc after $(lowprio_usec_text "$wall"): $line${unavailable:+; not available: $unavailable}"
+  # a signal's end named, and the memory limit when it is the likely cause
+  # (the kernel's OOM killer sends SIGKILL inside a cgroup at its limit)
+  local how=''
+  if ((rc > 128 && rc < 160)); then
+    how=" (killed by SIG$(kill -l $((rc - 128)) 2>/dev/null || echo $((rc - 128)))"
+    if ((rc == 137 && (${CG_USE[oom_kill]:-0} > 0 || ${CG_USE[mem_max]:-0} > 0))); then
+      how+=": the memory limit was hit, the kernel's OOM killer likely"
+    fi
+    how+=")"
+  fi
+  gg_log info "job ended with status $rc$how after $(lowprio_usec_text "$wall"): $line${unavailable:+; not available: $unavailable}"
   ((LP_REPORT)) || return 0
   {
     printf 'lowprio-run report (%s):\n' "$source"

@@ -71,6 +71,17 @@ def test_dry_run_shows_tier_and_overrides():
     assert "mem_max=8589934592" in plan[1] and plan[2].startswith("mechanism: ")
 
 
+@pytest.mark.parametrize("sig, name", [("9", "KILL"), ("SEGV", "SEGV")])
+def test_a_job_a_signal_ends_is_said_in_one_line_without_bash_job_notices(sig, name):
+    """Every OOM kill under --mem-max (and kill -9, a segfault) printed
+    bash's "lib/lowprio.sh: line 996: PID Killed ( trap - INT QUIT; ...
+    )", a page of lowprio-run's own source."""
+    r = run(["--", "sh", "-c", "kill -%s $$" % sig])
+    assert r.returncode == 128 + signal.Signals["SIG" + name].value
+    assert "lowprio.sh: line" not in r.stderr and "trap - INT" not in r.stderr, r.stderr
+    assert "job ended with status %d (killed by SIG%s)" % (r.returncode, name) in r.stderr
+
+
 def test_io_max_without_a_device_limits_the_disk_of_the_current_folder():
     """Users know where their checkpoints go, rarely the disk's MAJ:MIN:
     `--io-max wbps=200M` limits the whole disk holding the current folder;
