@@ -556,7 +556,8 @@ idle_holders_into() {
 # after a day of downtime the alert charged that day to whoever held the
 # GPU then. An open incident of a job that has left is resolved
 # ("released": its job gave the GPU up); one whose job is still there
-# goes on across a gap. Hidden PIDs (containers) compare as unknown.
+# goes on across a gap, without the gap in its idle time. Hidden PIDs
+# (containers) compare as unknown.
 # Arguments:
 #   $1 now, $2 uuid
 idle_continuity() {
@@ -574,7 +575,14 @@ idle_continuity() {
   ((IDLE_PREV_OK > 0 && now - IDLE_PREV_OK > limit)) && gap=1
   ((other_job || gap)) || return 0
   if ((${IDLE_FIRING[$uuid]:-0})); then
-    ((other_job)) || return 0
+    if ((! other_job)); then
+      # the incident goes on; the time nobody watched is not counted as
+      # idle (its reminders said "idle 23 h" and its cost after a night
+      # with the cron line stopped, where the ledger counts what it saw)
+      ((${IDLE_SINCE[$uuid]:-0} > 0)) &&
+        IDLE_SINCE[$uuid]=$((IDLE_SINCE[$uuid] + now - IDLE_PREV_OK - CHECK_INTERVAL))
+      return 0
+    fi
     idle_emit "$now" "$uuid" resolved released
   elif ((gap && (${IDLE_CYCLES[$uuid]:-0} > 0 || ${IDLE_SPIN[$uuid]:-0} > 0))) && [[ ${IDLE_GAP_SAID:-} != "$now" ]]; then
     # once a cycle; from a cron line slower than CHECK_INTERVAL this comes
