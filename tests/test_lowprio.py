@@ -1543,7 +1543,9 @@ def test_iocost_matrix_dry_run_measures_every_phase_and_puts_the_disk_back(tmp_p
     rows = {line.split(" | ")[0].strip("| "): line for line in table if line.startswith("| ")}
     assert set(rows) >= {"idle", "plain", "C"} and "A" not in rows
     assert "measured model, QoS 5/5 ms p95, vrate 1-100 %" in rows["C"]
-    assert rows["plain"].count("(100 %)") == 2          # plain alone is the base of both job kinds
+    # plain alone is the base of both job kinds (a third "(100 %)" when the
+    # dry run's tiny job beside the service happened to keep all its speed)
+    assert rows["plain"].count("(100 %)") >= 2
     log = (out / "iocost_matrix.log").read_text()
     (w,) = re.findall(r"measured: writes (\d+) MiB/s", log)
     model = re.search(r"io\.cost\.model: (\S+) ctrl=user model=linear rbps=\d+ rseqiops=8932 rrandiops=8518 "
