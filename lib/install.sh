@@ -24,7 +24,11 @@ install_parse() {
         INSTALL_PREFIX=$2
         shift
         ;;
-      --prefix=*) INSTALL_PREFIX=${1#*=} ;;
+      --prefix=*)
+        # (--prefix=$PREFIX with PREFIX unset installed system-wide)
+        [[ -n ${1#*=} ]] || gg_usage_error "--prefix needs a folder" || return
+        INSTALL_PREFIX=${1#*=}
+        ;;
       --user) INSTALL_USER=1 ;;
       --cron) INSTALL_CRON=1 ;;
       --systemd) INSTALL_SYSTEMD=1 ;;
@@ -43,7 +47,8 @@ install_parse() {
     shift
   done
   if ((INSTALL_USER)); then
-    : "${INSTALL_PREFIX:=${HOME:?}/.local}"
+    [[ -n ${HOME:-} ]] || gg_usage_error "--user installs under HOME, which is not set" || return
+    : "${INSTALL_PREFIX:=$HOME/.local}"
     INSTALL_CONFIG_DIR=${XDG_CONFIG_HOME:-$HOME/.config}/gpuguard
   else
     : "${INSTALL_PREFIX:=/usr/local}"
@@ -352,7 +357,11 @@ install_cron() {
     log=${log##*>>}
     log=${log%% *}
     install_mkdir "$(dirname -- "$log")" || return
-    printf '%s\n%s # gpuguard\n' "$current" "$(install_cron_line)" | sed '/^$/d' | crontab - || return
+    # the user's lines as they were, blank ones too, then ours
+    {
+      [[ -z $current ]] || printf '%s\n' "$current"
+      printf '%s # gpuguard\n' "$(install_cron_line)"
+    } | crontab - || return
     install_record "crontab:# gpuguard"
   else
     install_mkdir /etc/cron.d || return

@@ -84,7 +84,9 @@ def test_user_install_with_crontab(tmp_path):
     fake = tmp_path / "fakebin"
     fake.mkdir()
     tab = tmp_path / "crontab.txt"
-    tab.write_text("0 3 * * * backup.sh\n")
+    # (its blank lines too: install's crontab had every one removed)
+    mine = "MAILTO=me@example.com\n\n# nightly backup\n0 3 * * * backup.sh\n"
+    tab.write_text(mine)
     (fake / "crontab").write_text('#!/bin/sh\nif [ "$1" = "-l" ]; then cat %s; else cat > %s.new && mv %s.new %s; fi\n'
                                   % (tab, tab, tab, tab))
     (fake / "crontab").chmod(0o755)
@@ -98,14 +100,26 @@ def test_user_install_with_crontab(tmp_path):
     assert (home / ".local/bin/gpuguard").exists()
     assert stat.S_IMODE((home / ".config/gpuguard/gpuguard.conf").stat().st_mode) == 0o644
     assert stat.S_IMODE((home / ".config/gpuguard/secrets.conf").stat().st_mode) == 0o600
-    lines = tab.read_text().splitlines()
-    assert lines == ["0 3 * * * backup.sh",
-                     "* * * * * %s/.local/bin/yichuidingyin.sh --once >>%s/.local/state/gpuguard.log 2>&1 # gpuguard"
-                     % (home, home)]
+    assert tab.read_text() == mine + (
+        "* * * * * %s/.local/bin/yichuidingyin.sh --once >>%s/.local/state/gpuguard.log 2>&1 # gpuguard\n"
+        % (home, home))
     r = subprocess.run([str(ROOT / "install.sh"), "--user", "--uninstall"], env=full, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    assert tab.read_text().splitlines() == ["0 3 * * * backup.sh"]
+    assert tab.read_text() == mine
     assert tree(home) == set()
+
+
+@pytest.mark.parametrize("args, env, message", [
+    (["--prefix="], {}, "install.sh: --prefix needs a folder\n"),
+    (["--user"], {"HOME": ""}, "install.sh: --user installs under HOME, which is not set\n"),
+])
+def test_an_empty_prefix_or_home_is_one_line_and_installs_nothing(tmp_path, args, env, message):
+    """`--prefix=$PREFIX` with PREFIX unset installed into /usr/local and
+    /etc; `--user` without HOME printed bash's 'HOME: parameter null or not
+    set'."""
+    r = install(args, env=dict(env, DESTDIR=str(tmp_path / "dest")))
+    assert r.returncode == 2 and r.stderr == message
+    assert not (tmp_path / "dest").exists()
 
 
 def user_env(tmp_path, path_dirs=()):
