@@ -336,6 +336,22 @@ gg_python() {
   exec python3 -S "$GPUGUARD_ROOT/python/$script" "$@" {lock_fd}>&-
 }
 
+# Sets GPUGUARD_STATE_DIR when nothing set it: root's /var/lib/gpuguard;
+# a user's XDG state folder, or ~/.local/state/gpuguard; without HOME
+# (env -i, some service managers) /tmp/gpuguard-UID: a shared
+# /tmp/.local/state, made by the first such user, locked out every other.
+gg_state_dir_default() {
+  if ((EUID == 0)); then
+    GPUGUARD_STATE_DIR=/var/lib/gpuguard
+  elif [[ -n ${XDG_STATE_HOME:-} ]]; then
+    GPUGUARD_STATE_DIR=$XDG_STATE_HOME/gpuguard
+  elif [[ -n ${HOME:-} ]]; then
+    GPUGUARD_STATE_DIR=$HOME/.local/state/gpuguard
+  else
+    GPUGUARD_STATE_DIR=/tmp/gpuguard-$EUID
+  fi
+}
+
 # For the commands that only read the state (status, report, ledger):
 # prints a one-line error and returns 2 when the state folder is not an
 # absolute path, or is there but this user cannot read it (a root

@@ -318,13 +318,7 @@ config_load() {
   GG_CONFIG_FILE=$file
   GG_SECRETS_FILE=$secrets
   GG_SECRETS_READ=$((${#from_secrets[@]} > 0))
-  if [[ -z $GPUGUARD_STATE_DIR ]]; then
-    if ((EUID == 0)); then
-      GPUGUARD_STATE_DIR=/var/lib/gpuguard
-    else
-      GPUGUARD_STATE_DIR=${XDG_STATE_HOME:-${HOME:-/tmp}/.local/state}/gpuguard
-    fi
-  fi
+  [[ -n $GPUGUARD_STATE_DIR ]] || gg_state_dir_default
   [[ -n $GPUGUARD_HOST ]] || GPUGUARD_HOST=${HOSTNAME:-$(uname -n)}
   config_default_rules
   export GPUGUARD_STATE_DIR GPUGUARD_HOST

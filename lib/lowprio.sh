@@ -29,14 +29,8 @@ lowprio_init() {
   # it, the summary)
   declare -g LP_DISK_ADAPTIVE='' LP_IO_ADAPTIVE_USER=''
   declare -gA LP_GOV_CAP=() LP_GOV_PID=() LP_GOV_FD=() LP_GOV_WAKE=() LP_GOV_SUM=()
-  if [[ -z ${GPUGUARD_STATE_DIR:-} ]]; then
-    # the rule of lib/config.sh, which lowprio-run does not load
-    if ((EUID == 0)); then
-      GPUGUARD_STATE_DIR=/var/lib/gpuguard
-    else
-      GPUGUARD_STATE_DIR=${XDG_STATE_HOME:-${HOME:-/tmp}/.local/state}/gpuguard
-    fi
-  fi
+  # (lowprio-run does not load lib/config.sh, which sets it for the others)
+  [[ -n ${GPUGUARD_STATE_DIR:-} ]] || gg_state_dir_default
 }
 
 # The shipped tiers table, used when the tiers file cannot be read or has a

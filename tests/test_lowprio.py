@@ -3,6 +3,7 @@ against a fake cgroup root, cgroup v1 for real where it is writable (CI's
 hybrid machine, as root), systemd-run and cpulimit through recording fakes."""
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -1555,3 +1556,19 @@ def test_iocost_matrix_dry_run_measures_every_phase_and_puts_the_disk_back(tmp_p
                      re.MULTILINE)
     (work,) = re.findall(r"^== kernel [^;]*; (/var/tmp/gg-iocost-matrix\.\w+) on ", log, re.MULTILINE)
     assert not os.path.exists(work)                   # its work folder (and the fake root in it) removed
+
+
+def test_a_user_without_home_gets_a_state_folder_of_their_own():
+    """`env -i` or a service manager without HOME: the state folder was
+    /tmp/.local/state/gpuguard, made by the first such user and refused
+    to every other one after it."""
+    state = "/tmp/gpuguard-%d" % NOBODY
+    shutil.rmtree(state, ignore_errors=True)
+    try:
+        r = as_user(["env", "-i", "PATH=%s:/usr/bin:/bin" % (ROOT / "tests/fakebin"), "GPUGUARD_CONFIG=/dev/null",
+                     str(ROOT / "bin/gpu-leak-watch"), "--", "true"], cwd="/")
+        assert r.returncode == 0, r.stderr
+        assert os.path.isdir(state) and os.stat(state).st_uid == NOBODY
+        assert not os.path.exists("/tmp/.local/state/gpuguard") or os.stat("/tmp/.local").st_uid != NOBODY
+    finally:
+        shutil.rmtree(state, ignore_errors=True)
