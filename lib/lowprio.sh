@@ -554,7 +554,7 @@ lowprio_setup() {
     local key
     for key in "${!LP_SET[@]}"; do
       [[ $key == cpu_weight ]] && continue
-      LP_NOTES+=("$key=${LP_SET[$key]//$'\n'/; } needs a cgroup: not in force")
+      LP_NOTES+=("$key=${LP_SET[$key]//$'\n'/; } needs a cgroup")
     done
     if [[ $LP_MECHANISM == autogroup ]] && ! gg_autogroup_enabled; then
       LP_NOTES+=("autogroup is off: nice alone orders the job against others")
