@@ -167,6 +167,8 @@ disk_measure_into() {
   # (a test knob: anything but a plain number is the default; no bash
   # arithmetic on it before that)
   gg_number_into mib "${LOWPRIO_MEASURE_MIB:-256}" int 1 1000000000000 || mib=256
+  # (what was written, for the caller's line: not the knob's raw text)
+  DISK_MEASURED_MIB=$mib
   if ! dir=$(disk_probe_folder "$majmin" "$extra"); then
     DISK_ERROR="no folder on disk $majmin that $(id -un) may write a temporary file in"
     return 1

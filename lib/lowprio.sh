@@ -1601,7 +1601,7 @@ lowprio_disk_action() {
         if disk_measure_into "$majmin" bw "$PWD"; then
           read -r w r _ <<<"$bw"
           printf 'disk %s (%s): writes %s, reads %s (O_DIRECT, %s MiB)\n' "$(disk_name "$majmin")" "$majmin" \
-            "$(disk_rate_text "$w")" "$(disk_rate_text "$r")" "${LOWPRIO_MEASURE_MIB:-256}"
+            "$(disk_rate_text "$w")" "$(disk_rate_text "$r")" "${DISK_MEASURED_MIB:-256}"
         else
           gg_log error "disk $majmin: not measured: $DISK_ERROR"
           return 1

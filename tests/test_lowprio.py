@@ -1152,9 +1152,11 @@ def test_default_tier_caps_the_disk_from_its_measured_bandwidth_where_iocost_is_
     assert "disk %s (%s; the job's folder, the state folder): io.max fallback" % (name, majmin) in r.stdout
     assert "not work-conserving: the job never writes faster, even alone" in r.stdout
     (tmp_path / "state" / "disk-bandwidth").write_text("%s %s 1 5 5 0\n" % (majmin, name))   # another disk's size
-    r = run(["--measure-disk", str(tmp_path)], env=env)
+    # (the knob's value as written, not its text: 'abc' printed "abc MiB")
+    r = run(["--measure-disk", str(tmp_path)], env=dict(env, LOWPRIO_MEASURE_MIB="abc"))
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("disk %s (%s): writes " % (name, majmin))
+    assert r.stdout.rstrip().endswith("(O_DIRECT, 256 MiB)"), r.stdout
     assert cached_bandwidth(tmp_path, majmin)[0] > 5
 
 
