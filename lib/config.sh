@@ -88,7 +88,7 @@ config_define() {
     [GPUGUARD_LOG]='str'
     [GPUGUARD_LOG_LEVEL]='enum:debug|info|warn|error'
     [GPUGUARD_SYSLOG]='bool'
-    [GPUGUARD_TEXTFILE_DIR]='str'
+    [GPUGUARD_TEXTFILE_DIR]='abspath'
     [LEAK_INTERVAL]='int:1:'
     [LEAK_THRESHOLD_MIB_H]='num'
     [LEAK_HISTORY_MAX_ROWS]='int:100:'
@@ -235,6 +235,13 @@ config_validate() {
       fi
       printf -v "${into}[$key]" '%s' "$normal"
       printf -v "${into}[${key}_CURRENCY]" '%s' "${before:-$after}"
+      ;;
+    abspath)
+      # (a relative folder lands wherever the command runs: cron's HOME)
+      [[ -z $value || $value == /* ]] || {
+        gg_usage_error "$key must be an absolute path (got $shown)"
+        return
+      }
       ;;
     bool)
       [[ $value == 0 || $value == 1 ]] || {

@@ -107,7 +107,8 @@ textfile_write_idle() {
   textfile_family out gpuguard_monitor_last_success_timestamp_seconds gauge 'Time of the last good sample.' \
     "{} ${MON_LAST_OK:-0}"
   textfile_family out gpuguard_monitor_last_cycle_timestamp_seconds gauge 'Time of the last cycle.' "{} $now"
-  [[ -d $dir ]] || mkdir -p -- "$dir" || return
+  # (a failure is the caller's one warning line, not mkdir's own too)
+  [[ -d $dir ]] || mkdir -p -- "$dir" 2>/dev/null || return
   gg_write_atomic "$dir/gpuguard_idle.prom" "$out"
 }
 
@@ -153,6 +154,7 @@ textfile_write_leak() {
     "gpu-leak-watch's verdict: 0 no leak, 1 trend note (OOM over 7 days away), 2 warning, 3 critical (OOM within 6 h)." "$sevs"
   textfile_family out gpuguard_process_leak_projected_oom_seconds gauge \
     'Time until the GPU runs out of memory at the present trend (absent when not growing or unknown).' "$ooms"
-  [[ -d $dir ]] || mkdir -p -- "$dir" || return
+  # (a failure is the caller's one warning line, not mkdir's own too)
+  [[ -d $dir ]] || mkdir -p -- "$dir" 2>/dev/null || return
   gg_write_atomic "$dir/gpuguard_leak.prom" "$out"
 }

@@ -432,3 +432,16 @@ def test_notify_check_of_a_misspelt_dingtalk_url_shows_the_example_whole(box):
     assert r.stdout.rstrip("\n").endswith(
         "URL does not look like a dingtalk webhook (https://oapi.dingtalk.com/robot/send?access_token=***)")
     assert "abc123" not in r.stdout + r.stderr
+
+
+def test_a_textfile_folder_that_is_relative_or_cannot_be_made_says_so_in_one_line(box):
+    """A relative GPUGUARD_TEXTFILE_DIR was made wherever the watchdog ran
+    (cron's HOME), where node_exporter never looks; one that cannot be made
+    printed mkdir's own error before the watchdog's warning."""
+    box.write_scenario([{"gpus": [idle_gpu()], "apps": []}])
+    r = box.run("--once", env={"GPUGUARD_TEXTFILE_DIR": "prom"})
+    assert r.returncode == 2
+    assert r.stderr == "yichuidingyin: GPUGUARD_TEXTFILE_DIR must be an absolute path (got 'prom')\n"
+    r = box.once(now=60, env={"GPUGUARD_TEXTFILE_DIR": "/etc/passwd/prom"})
+    assert r.returncode == 0
+    assert "mkdir" not in r.stderr and "could not write textfile metrics in /etc/passwd/prom" in r.stderr
