@@ -616,7 +616,28 @@ gg_retention() {
   for path in "$dir"/history/*.job.json; do
     [[ -e ${path%.job.json}.csv || ! -f $path ]] || rm -f -- "$path"
   done
+  gg_retention_leak_textfiles "$cutoff"
   gg_write_atomic "$dir/.retention-last" "$now"$'\n' || true
+}
+
+# Removes the leak watchers' metrics files (gpuguard_leak-<instance>.prom,
+# lib/textfile.sh) that no watcher writes any more, so that a watcher
+# killed with -9 neither keeps its series (a firing leak among them) in
+# Prometheus for ever nor leaves one file per job behind: a wrapped job's
+# (job-<wrapper PID>) once its wrapper is gone, any other once untouched
+# since the cutoff ($1), as its detector state. gpuguard_leak.prom, the one
+# file all watchers shared before, is written by none now.
+gg_retention_leak_textfiles() {
+  local tdir=${GPUGUARD_TEXTFILE_DIR:-} path pid
+  [[ -n $tdir && -d $tdir ]] || return 0
+  rm -f -- "$tdir/gpuguard_leak.prom"
+  for path in "$tdir"/gpuguard_leak-job-*.prom; do
+    pid=${path##*/gpuguard_leak-job-}
+    pid=${pid%.prom}
+    [[ $pid =~ ^[0-9]+$ && ! -d /proc/$pid ]] || continue
+    rm -f -- "$path"
+  done
+  find "$tdir" -maxdepth 1 -type f -name 'gpuguard_leak-*.prom' ! -newermt "@$1" -delete 2>/dev/null || true
 }
 
 # Runs gg_retention when RETENTION_INTERVAL seconds have passed since the

@@ -647,8 +647,8 @@ leak_lock() {
   return 1
 }
 
-# Removes the lock files and the detector state of a wrapped job's
-# instance once its watcher has stopped: the name is used once (the
+# Removes the lock files, the detector state and the metrics file of a
+# wrapped job's instance once its watcher has stopped: the name is used once (the
 # wrapper's PID), so leaving them would grow the state folder forever.
 # Nothing needs the state after the job: its history and identity stay in
 # history/ for `report` (pruned by gg_retention), and `status` lists the
@@ -657,6 +657,8 @@ leak_lock() {
 leak_unlock_job() {
   [[ $LEAK_INSTANCE == job-* && -n $LEAK_LOCK_FILE ]] || return 0
   rm -f -- "$LEAK_LOCK_FILE" "$LEAK_LOCK_FILE.pid" "$GPUGUARD_STATE_DIR/leak-state-$LEAK_INSTANCE.json"
+  # its metrics file too: the job's series end with it (a daemon's stays)
+  textfile_remove_leak
 }
 
 # Removes the lock files and detector states of wrapped jobs whose wrapper

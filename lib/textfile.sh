@@ -112,15 +112,48 @@ textfile_write_idle() {
   gg_write_atomic "$dir/gpuguard_idle.prom" "$out"
 }
 
-# Writes gpuguard_leak.prom from the leak watcher's last cycle.
+# The leak metrics' file of this watcher instance (LEAK_INSTANCE, ARCHITECTURE.md,
+# rule 6) into the variable named $1: gpuguard_leak-<instance>.prom.
+# Several watchers share a box (wrapped jobs beside an --all daemon); one
+# shared file held only the series of whichever wrote last, so every
+# scrape saw one watcher at random and the leak alert flapped. Instance
+# names are made of letters, digits, '-' and '_' already; anything else
+# becomes '_', so the name stays one file in the folder.
+# shellcheck disable=SC2034 # nameref: assigns the caller's variable
+textfile_leak_path_into() {
+  local -n path_ref=$1
+  path_ref=$GPUGUARD_TEXTFILE_DIR/gpuguard_leak-${LEAK_INSTANCE//[!A-Za-z0-9_-]/_}.prom
+}
+
+# Removes this watcher's leak metrics file: a wrapped job's, once the job
+# has ended (its name, the wrapper's PID, is used once; its series are gone).
+textfile_remove_leak() {
+  local path
+  [[ -n ${GPUGUARD_TEXTFILE_DIR:-} && -n $LEAK_INSTANCE ]] || return 0
+  textfile_leak_path_into path
+  rm -f -- "$path"
+}
+
+# Writes this watcher's gpuguard_leak-<instance>.prom from its last cycle.
+# Every series is labelled watcher="<instance>", so two watchers of one
+# process never give node_exporter the same label set twice (its textfile
+# collector fails the whole scrape on a duplicate across files); the rules
+# take the worst verdict over watchers (max without (watcher)), so such a
+# process is still one alert. gpuguard_leak_watcher_last_cycle_timestamp_seconds
+# says when the watcher last wrote: a file left by a watcher killed with
+# -9 is seen as stale, and gg_retention removes it (a wrapped job's at
+# once, when its wrapper is gone; any other untouched for RETENTION_DAYS).
 # Globals:
-#   LEAK_STATUS (by root PID: "slope firing used_mib severity oom_s name",
+#   LEAK_INSTANCE, LEAK_STATUS (by root PID: "slope firing used_mib severity oom_s name",
 #   tab-separated; severity none|info|warning|critical). A series with a
 #   malformed or empty field is left out, as nvidia-smi garbage is: it
 #   never stops the watcher nor puts a line node_exporter rejects (which
 #   would drop the whole file).
 textfile_write_leak() {
   local dir=$GPUGUARD_TEXTFILE_DIR mem='' slope='' firing='' sevs='' ooms='' pid s f used sev oom name esc lbl
+  local watcher path now
+  [[ -n $LEAK_INSTANCE ]] || return 1
+  textfile_label_escape_into "$LEAK_INSTANCE" watcher
   # shellcheck disable=SC2034 # slope_abs is only checked: the slope may be negative
   local slope_abs used_mib
   local -A sev_level=([none]=0 [info]=1 [warning]=2 [critical]=3)
@@ -136,7 +169,7 @@ textfile_write_leak() {
       *) continue ;;
     esac
     textfile_label_escape_into "$name" esc
-    lbl="{pid=\"$pid\",name=\"$esc\"}"
+    lbl="{pid=\"$pid\",name=\"$esc\",watcher=\"$watcher\"}"
     mem+="$lbl $((used_mib * 1048576))"$'\n'
     # the slope while it fires is the one the alert reports
     slope+="$lbl $s"$'\n'
@@ -154,7 +187,12 @@ textfile_write_leak() {
     "gpu-leak-watch's verdict: 0 no leak, 1 trend note (OOM over 7 days away), 2 warning, 3 critical (OOM within 6 h)." "$sevs"
   textfile_family out gpuguard_process_leak_projected_oom_seconds gauge \
     'Time until the GPU runs out of memory at the present trend (absent when not growing or unknown).' "$ooms"
+  gg_now_into now
+  textfile_family out gpuguard_leak_watcher_last_cycle_timestamp_seconds gauge \
+    "Time of the leak watcher's last cycle (a file not written for several --interval is a stopped watcher's)." \
+    "{watcher=\"$watcher\"} $now"
   # (a failure is the caller's one warning line, not mkdir's own too)
   [[ -d $dir ]] || mkdir -p -- "$dir" 2>/dev/null || return
-  gg_write_atomic "$dir/gpuguard_leak.prom" "$out"
+  textfile_leak_path_into path
+  gg_write_atomic "$path" "$out"
 }

@@ -99,7 +99,7 @@ def write_leak_textfile(textdir):
     script = ("source lib/common.sh; source lib/textfile.sh; declare -A LEAK_STATUS=("
               "[1328]=$'31890.0\\t1\\t58634\\tcritical\\t9540\\tpython3' "
               "[1329]=$'0.0\\t0\\t956\\tnone\\t-\\tpython3'); textfile_write_leak")
-    env = {"PATH": "/usr/bin:/bin", "GPUGUARD_TEXTFILE_DIR": str(textdir)}
+    env = {"PATH": "/usr/bin:/bin", "GPUGUARD_TEXTFILE_DIR": str(textdir), "LEAK_INSTANCE": "all"}
     r = subprocess.run(["bash", "-c", script], cwd=ROOT, env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
 
@@ -125,7 +125,7 @@ def test_every_panel_query_returns_data_from_real_prometheus(box, tmp_path):
     for t in range(3):
         box.once(now=1796220302 + 60 * t, env={"GPUGUARD_TEXTFILE_DIR": str(textdir)})
     write_leak_textfile(textdir)
-    assert sorted(p.name for p in textdir.iterdir()) == ["gpuguard_idle.prom", "gpuguard_leak.prom"]
+    assert sorted(p.name for p in textdir.iterdir()) == ["gpuguard_idle.prom", "gpuguard_leak-all.prom"]
     procs = [
         subprocess.Popen([node_exporter, "--collector.disable-defaults", "--collector.textfile",
                           "--collector.textfile.directory=%s" % textdir,

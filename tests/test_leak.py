@@ -290,19 +290,20 @@ def test_live_watch_follows_the_tree_and_alerts_with_context(box, tmp_path, sink
     assert event["free_memory_mib"] < 143771 and event["loss_plateau"] is True
     assert sink.requests[0]["body"]["events"][0]["event"] == "gpu_memory_leak"
     assert "GPU memory leak suspected" in sink.requests[0]["body"]["message"]
-    prom = (tmp_path / "prom" / "gpuguard_leak.prom").read_text()
-    assert 'gpuguard_process_leak{pid="%d",name="bash"} 1' % job.proc.pid in prom
+    prom = (tmp_path / "prom" / ("gpuguard_leak-pid-%d.prom" % job.proc.pid)).read_text()
+    label = '{pid="%d",name="bash",watcher="pid-%d"}' % (job.proc.pid, job.proc.pid)
+    assert 'gpuguard_process_leak%s 1' % label in prom
     history = list((box.state / "history").glob("%d-*.csv" % job.proc.pid))
     # the history records the GPU's used and total memory, so a replay of it
     # knows the capacity
     assert len(history) == 1 and history[0].read_text().startswith(gg_history.HISTORY_HEADER + "\n")
     assert prom.count("gpuguard_process_leak_slope_mib_per_hour{") == 1
-    slope = float(prom.split('gpuguard_process_leak_slope_mib_per_hour{pid="%d",name="bash"} ' % job.proc.pid)[1].split()[0])
+    slope = float(prom.split('gpuguard_process_leak_slope_mib_per_hour%s ' % label)[1].split()[0])
     assert slope == pytest.approx(event["slope_mib_per_hour"], rel=0.5) and slope > 50
     # a warning (2), not a page: the job never gave memory back, so its
     # level is the reserved pool, and the slow tier does not page it
     assert event["severity"] == "warning"
-    assert 'gpuguard_process_leak_severity{pid="%d",name="bash"} 2' % job.proc.pid in prom
+    assert 'gpuguard_process_leak_severity%s 2' % label in prom
 
 
 def test_steady_memory_does_not_alert(box, tmp_path):

@@ -429,7 +429,8 @@ def test_a_wrapped_jobs_leak_alert_is_resolved_when_the_job_ends(box, tmp_path, 
             proc.kill()
     assert [(e["state"], e.get("reason"), e["pid"]) for e in box.events()] == \
         [("firing", None, pid), ("resolved", "gone", pid)]
-    assert "gpuguard_process_leak{" not in (prom / "gpuguard_leak.prom").read_text()
+    # the job's metrics file went with it
+    assert list(prom.iterdir()) == []
     ended = sink.requests[-1]["body"]["message"]
     assert f"PID {pid} bash ended: its GPU memory leak alert is closed" in ended, ended
     assert "stopped growing" not in ended and "slope" not in ended
@@ -738,3 +739,136 @@ def test_ctrl_c_while_the_wrapper_starts_says_so_and_nothing_false(box, tmp_path
     err = err_of(proc)
     assert "not watching job PID" in err and "interrupted by SIGINT while starting" in err, err
     assert "Traceback" not in err and "uid ?" not in err and "refusing" not in err
+
+
+@pytest.mark.parametrize("flag,value", [("--interval", "99999999999999999999"), ("--grace", "99999999999999999999"),
+                                        ("--bucket", "99999999999999999999"),
+                                        ("--gpu-total-mib", "9999999999999999")])
+def test_a_flag_value_out_of_range_is_one_line_naming_the_flag_before_the_job_starts(box, flag, value):
+    """--interval 99999999999999999999 -- CMD ran the job unwatched with
+    "the configuration could not be loaded" and exit 0 (the same value
+    with --all was one line, exit 2); a huge --gpu-total-mib named
+    LEAK_GPU_TOTAL_MIB, not the flag the user typed."""
+    marker = box.tmp / "ran"
+    line = "gpu-leak-watch: %s needs a whole number of at least 1 (at most 10^15) (got '%s')\n" % (flag, value)
+    r = watch(box, flag, value, "--", "bash", "-c", "touch %s" % marker)
+    assert (r.returncode, r.stdout, r.stderr) == (2, "", line)
+    assert not marker.exists()                                   # the job never started
+    r = watch(box, flag, value, "--all", "--once")
+    assert (r.returncode, r.stderr) == (2, line)
+
+
+def test_report_on_a_state_folder_the_user_cannot_read_says_so_as_gpuguard_report_does(box):
+    """`gpu-leak-watch report` on a root watcher's state folder (mode 700)
+    wrote an empty report, "nothing recorded in ... yet", exit 0, where
+    `gpuguard report` on the same folder says it cannot read it, exit 2."""
+    require(os.geteuid() == 0, "needs root to drop to another user")
+    import tempfile
+    base = tempfile.mkdtemp(prefix="gpuguard-user-")
+    try:
+        os.chmod(base, 0o777)
+        state = os.path.join(base, "state")
+        os.makedirs(os.path.join(state, "history"), 0o700)
+        os.chmod(state, 0o700)
+        open(os.path.join(state, "events.jsonl"), "w").close()
+        env = dict(box.env, GPUGUARD_STATE_DIR=state, HOME=base)
+        line = "cannot read the state folder %s (it belongs to root): run as its owner or root\n" % state
+        for cmd, prog in ((WATCH, "gpu-leak-watch"), (str(ROOT / "bin/gpuguard"), "gpuguard")):
+            out = os.path.join(base, prog + ".html")
+            r = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", cmd, "report",
+                                "--out", out], env=env, capture_output=True, text=True, timeout=60, cwd=base)
+            assert (r.returncode, r.stdout, r.stderr) == (2, "", prog + ": " + line), (prog, r.stdout, r.stderr)
+            assert not os.path.exists(out)
+    finally:
+        shutil.rmtree(base)
+
+
+def leak_textfiles(folder):
+    """{file name: its sample lines} of the leak metrics files in a folder."""
+    return {p.name: [line for line in p.read_text().splitlines() if line and not line.startswith("#")]
+            for p in folder.glob("gpuguard_leak*.prom")}
+
+
+@pytest.mark.slow
+def test_each_watcher_writes_its_own_metrics_file_and_a_wrapped_jobs_goes_with_the_job(box, tmp_path):
+    """Two wrapped jobs and an --all daemon all wrote one gpuguard_leak.prom,
+    each from its own series only: every scrape saw one watcher at random,
+    so GpuMemoryLeak flapped and dashboards had holes. Now each watcher has
+    its own file, its series labelled watcher="<instance>" (no label set
+    twice across files, which node_exporter refuses); a wrapped job's file
+    is removed when the job ends, a daemon's stays."""
+    prom = tmp_path / "prom"
+    prom.mkdir()
+    (tmp_path / "b").mkdir()
+    box.write_scenario([{"gpus": [{"utilization.gpu": 0, "memory.used": 0, "power.draw": 70.0}], "apps": []}])
+    env = env_for(box, LEAK_BUCKET_S="1", GPUGUARD_TEXTFILE_DIR=str(prom), SMI_STREAM="0")
+    cmd_a, started_a, release_a = gate_job(tmp_path, "a", 0)
+    cmd_b, started_b, release_b = gate_job(tmp_path / "b", "b", 0)
+    a = start(box, tmp_path, "--", *cmd_a, env=env, name="a")
+    b = start(box, tmp_path, "--", *cmd_b, env=env, name="b")
+    daemon = start(box, tmp_path, "--all", env=env, name="daemon")
+    try:
+        assert wait_for(lambda: started_a.exists() and started_b.exists(), timeout=30), err_of(a) + err_of(b)
+        job_a, job_b = job_pid_of(a), job_pid_of(b)
+        box.write_scenario([{"gpus": [{"utilization.gpu": 90, "memory.used": 7000, "power.draw": 500.0}],
+                             "apps": [{"pid": job_a, "process_name": "python3", "used_memory": 3000},
+                                      {"pid": job_b, "process_name": "python3", "used_memory": 4000}]}])
+        file_a, file_b = "gpuguard_leak-job-%d.prom" % a.pid, "gpuguard_leak-job-%d.prom" % b.pid
+
+        def both_written():
+            files = leak_textfiles(prom)
+            return (any('pid="%d"' % job_a in line for line in files.get(file_a, []))
+                    and any('pid="%d"' % job_b in line for line in files.get(file_b, []))
+                    and "gpuguard_leak-all.prom" in files)
+        assert wait_for(both_written, timeout=60), (err_of(a), err_of(b), leak_textfiles(prom))
+        files = leak_textfiles(prom)
+        assert 'gpuguard_process_tree_gpu_memory_bytes{pid="%d",name="bash",watcher="job-%d"} %d' % (
+            job_a, a.pid, 3000 * 1048576) in files[file_a]
+        assert not any('pid="%d"' % job_b in line for line in files[file_a])
+        assert not any('pid="%d"' % job_a in line for line in files[file_b])
+        assert 'gpuguard_leak_watcher_last_cycle_timestamp_seconds{watcher="all"}' in \
+            " ".join(files["gpuguard_leak-all.prom"])
+        # no metric and label set twice across the files
+        series = [line.rsplit(" ", 1)[0] for lines in files.values() for line in lines]
+        assert len(series) == len(set(series)), series
+        assert "gpuguard_leak.prom" not in files
+        release_a.touch()
+        assert finish(a) == 0, err_of(a)
+        files = leak_textfiles(prom)
+        assert file_a not in files and file_b in files
+        release_b.touch()
+        assert finish(b) == 0, err_of(b)
+        daemon.send_signal(signal.SIGTERM)
+        assert finish(daemon) == 0, err_of(daemon)
+        assert sorted(leak_textfiles(prom)) == ["gpuguard_leak-all.prom"]
+    finally:
+        release_a.touch()
+        release_b.touch()
+        for proc in (a, b, daemon):
+            if proc.poll() is None:
+                proc.kill()
+
+
+def test_metrics_files_of_killed_wrappers_and_long_gone_watchers_are_swept(box):
+    """A watcher killed with -9 leaves its file: a wrapped job's goes at the
+    next retention pass once its wrapper is gone, any other once untouched
+    for RETENTION_DAYS; the file all watchers once shared is written by none."""
+    prom = box.tmp / "prom"
+    prom.mkdir()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = {"gpuguard_leak-job-%d.prom" % dead.pid: 0, "gpuguard_leak-pid-77.prom": 40 * 86400,
+             "gpuguard_leak.prom": 0, "gpuguard_leak-match-5.prom": 3600}
+    for name, age in stale.items():
+        (prom / name).write_text('gpuguard_process_leak{pid="1",name="x"} 1\n')
+        os.utime(prom / name, (time.time() - age,) * 2)
+    box.write_scenario([{"gpus": [{"utilization.gpu": 0, "memory.used": 0, "power.draw": 70.0}], "apps": []}])
+    target = subprocess.Popen(["sleep", "30"])
+    try:
+        r = watch(box, "--pid", str(target.pid), "--once", env=env_for(box, GPUGUARD_TEXTFILE_DIR=str(prom)))
+    finally:
+        target.kill()
+        target.wait()
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in prom.iterdir()) == ["gpuguard_leak-match-5.prom",
+                                                      "gpuguard_leak-pid-%d.prom" % target.pid]

@@ -62,14 +62,14 @@ def test_leak_textfile_is_valid_and_drops_gone_processes(box, tmp_path):
     try:
         leak_scenario(box, job.child())
         watch_cycles(box, ["--pid", str(job.proc.pid)], 3, env={"GPUGUARD_TEXTFILE_DIR": str(textdir)})
-        text = (textdir / "gpuguard_leak.prom").read_text()
+        text = (textdir / ("gpuguard_leak-pid-%d.prom" % job.proc.pid)).read_text()
         assert 'pid="%d"' % job.proc.pid in text
         r = subprocess.run([PROMTOOL, "check", "metrics"], input=text, capture_output=True, text=True)
         assert r.returncode == 0, r.stdout + r.stderr
     finally:
         job.stop()
     watch_cycles(box, ["--pid", str(job.proc.pid)], 1, env={"GPUGUARD_TEXTFILE_DIR": str(textdir)})
-    assert 'pid="%d"' % job.proc.pid not in (textdir / "gpuguard_leak.prom").read_text()
+    assert 'pid="%d"' % job.proc.pid not in (textdir / ("gpuguard_leak-pid-%d.prom" % job.proc.pid)).read_text()
 
 
 def get(url):

@@ -11,6 +11,7 @@ setup() {
   source "$ROOT/lib/textfile.sh"
   GPUGUARD_TEXTFILE_DIR=$BATS_TEST_TMPDIR/textfile
   T=$'\t'
+  LEAK_INSTANCE=all
   declare -gA LEAK_STATUS=()
 }
 
@@ -24,14 +25,14 @@ status_of() {
   status_of 1329 -3.5 0 956 none - 'py "x"'
   set -euo pipefail
   textfile_write_leak
-  run cat "$GPUGUARD_TEXTFILE_DIR/gpuguard_leak.prom"
-  assert_line 'gpuguard_process_tree_gpu_memory_bytes{pid="1328",name="python3"} 61482205184'
-  assert_line 'gpuguard_process_leak_slope_mib_per_hour{pid="1328",name="python3"} 31890.0'
-  assert_line 'gpuguard_process_leak_slope_mib_per_hour{pid="1329",name="py \"x\""} -3.5'
-  assert_line 'gpuguard_process_leak{pid="1328",name="python3"} 1'
-  assert_line 'gpuguard_process_leak_severity{pid="1328",name="python3"} 3'
-  assert_line 'gpuguard_process_leak_severity{pid="1329",name="py \"x\""} 0'
-  assert_line 'gpuguard_process_leak_projected_oom_seconds{pid="1328",name="python3"} 9540'
+  run cat "$GPUGUARD_TEXTFILE_DIR/gpuguard_leak-all.prom"
+  assert_line 'gpuguard_process_tree_gpu_memory_bytes{pid="1328",name="python3",watcher="all"} 61482205184'
+  assert_line 'gpuguard_process_leak_slope_mib_per_hour{pid="1328",name="python3",watcher="all"} 31890.0'
+  assert_line 'gpuguard_process_leak_slope_mib_per_hour{pid="1329",name="py \"x\"",watcher="all"} -3.5'
+  assert_line 'gpuguard_process_leak{pid="1328",name="python3",watcher="all"} 1'
+  assert_line 'gpuguard_process_leak_severity{pid="1328",name="python3",watcher="all"} 3'
+  assert_line 'gpuguard_process_leak_severity{pid="1329",name="py \"x\"",watcher="all"} 0'
+  assert_line 'gpuguard_process_leak_projected_oom_seconds{pid="1328",name="python3",watcher="all"} 9540'
   refute_output --partial 'projected_oom_seconds{pid="1329"'
 }
 
@@ -52,9 +53,9 @@ status_of() {
   set -euo pipefail
   run textfile_write_leak
   assert_success
-  run cat "$GPUGUARD_TEXTFILE_DIR/gpuguard_leak.prom"
-  assert_line 'gpuguard_process_leak{pid="1328",name="python3"} 1'
-  run grep -c 'pid=' "$GPUGUARD_TEXTFILE_DIR/gpuguard_leak.prom"
+  run cat "$GPUGUARD_TEXTFILE_DIR/gpuguard_leak-all.prom"
+  assert_line 'gpuguard_process_leak{pid="1328",name="python3",watcher="all"} 1'
+  run grep -c 'pid=' "$GPUGUARD_TEXTFILE_DIR/gpuguard_leak-all.prom"
   assert_output 5
 }
 
@@ -63,6 +64,6 @@ status_of() {
   set -euo pipefail
   run textfile_write_leak
   assert_success
-  run grep -c 'pid=' "$GPUGUARD_TEXTFILE_DIR/gpuguard_leak.prom"
+  run grep -c 'pid=' "$GPUGUARD_TEXTFILE_DIR/gpuguard_leak-all.prom"
   assert_output 0
 }
