@@ -16,6 +16,8 @@ leak_init() {
   # by root PID: ascend when its tree holds memory on an Ascend NPU (lib/npu.sh),
   # so that its leak alerts say NPU
   declare -gA LEAK_VENDOR=()
+  # by watcher instance: what leak_covered_pids_into found of its lock
+  declare -gA LEAK_COVER_SEEN=()
   declare -g LEAK_MATCH='' LEAK_ALL=0 LEAK_FAILS=0 LEAK_ACTION=notify LEAK_GRACE=30
   # option values for the Python helper, set by leak_apply_options
   declare -gA LEAK_OPT_ENV=()
@@ -56,9 +58,12 @@ leak_select_roots() {
   LEAK_ROOT_PIDS=()
   local pid cmd parent parent_cmd
   if ((LEAK_ALL)); then
-    # every compute process; also those whose PID this namespace cannot see
+    # every compute process; also those whose PID this namespace cannot see;
+    # not those another watcher already covers (one leak, one alert)
+    local -A covered=()
+    leak_covered_pids_into covered
     for pid in "${!SMI_PIDS_MEM[@]}"; do
-      LEAK_ROOT_PIDS+=("$pid")
+      [[ -n ${covered[$pid]:-} ]] || LEAK_ROOT_PIDS+=("$pid")
     done
   elif [[ -n $LEAK_MATCH ]]; then
     local -A own=()
@@ -82,6 +87,52 @@ leak_select_roots() {
     if [[ -n ${GG_PROC_PPID[$pid]:-} || -n ${SMI_PIDS_MEM[$pid]:-} ]]; then
       LEAK_ROOT_PIDS+=("$pid")
     fi
+  done
+  return 0
+}
+
+# Puts into the associative array named $1 (PID -> instance) the processes
+# that a live wrapped-job watcher (job-<wrapper PID>: the wrapper's tree,
+# the job in it) or --pid daemon (pid-<PID>: that tree) on this state
+# folder covers, so that the --all daemon leaves them out: watched by both,
+# one leak was alerted twice (the daemon named the GPU process, the other
+# watcher the job's root). A watcher is live while its lock is held, tested
+# with flock -n without keeping it, and only once its holder has written
+# the .pid file (after taking the lock: a lock being taken is never
+# touched, which would make that watcher's own gg_lock fail). The answer is
+# kept per holder and target, so flock runs once per watcher, not every
+# cycle; the tree is said once in the log. (--once runs hold no lock and
+# are not seen.)
+# shellcheck disable=SC2034,SC2004 # nameref: fills the caller's associative array
+leak_covered_pids_into() {
+  local -n covered_ref=$1
+  local path inst target holder seen pid
+  local -a tree
+  for path in "$GPUGUARD_STATE_DIR"/leak-job-*.lock "$GPUGUARD_STATE_DIR"/leak-pid-*.lock; do
+    inst=${path##*/leak-}
+    inst=${inst%.lock}
+    target=${inst#*-}
+    [[ $target =~ ^[0-9]+$ && -n ${GG_PROC_PPID[$target]:-} ]] || continue
+    holder=''
+    { read -r holder <"$path.pid"; } 2>/dev/null || continue
+    seen="${GG_PROC_START[$target]:-} $holder"
+    if [[ ${LEAK_COVER_SEEN[$inst]:-} != "$seen "* ]]; then
+      if flock -n "$path" true 2>/dev/null; then
+        LEAK_COVER_SEEN[$inst]="$seen free"
+      else
+        LEAK_COVER_SEEN[$inst]="$seen held"
+        gg_proc_tree_into "$target" tree
+        gg_log info "leaving PID $target and its tree (${tree[*]}) to the watcher $inst (PID $holder), which covers it"
+      fi
+    fi
+    [[ ${LEAK_COVER_SEEN[$inst]} == *' held' ]] || continue
+    gg_proc_tree_into "$target" tree
+    for pid in "${tree[@]}"; do
+      covered_ref[$pid]=$inst
+    done
+  done
+  for inst in "${!LEAK_COVER_SEEN[@]}"; do
+    [[ -e $GPUGUARD_STATE_DIR/leak-$inst.lock ]] || unset "LEAK_COVER_SEEN[$inst]"
   done
   return 0
 }

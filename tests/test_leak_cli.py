@@ -872,3 +872,40 @@ def test_metrics_files_of_killed_wrappers_and_long_gone_watchers_are_swept(box):
     assert r.returncode == 0, r.stderr
     assert sorted(p.name for p in prom.iterdir()) == ["gpuguard_leak-match-5.prom",
                                                       "gpuguard_leak-pid-%d.prom" % target.pid]
+
+
+@pytest.mark.slow
+def test_a_wrapped_jobs_leak_beside_an_all_daemon_is_alerted_once(box, tmp_path, sink):
+    """An --all daemon and a wrapped job's watcher both followed the job's
+    GPU process, and one leak was alerted twice (two firing events, two
+    chat messages naming the same job). The daemon now leaves a tree that a
+    live wrapped-job watcher covers (its lock held) to that watcher, and
+    says so once in its log."""
+    box.write_scenario([{"gpus": [{"utilization.gpu": 0, "memory.used": 0, "power.draw": 70.0}], "apps": []}])
+    env = env_for(box, LEAK_BUCKET_S="1", SMI_STREAM="0", NOTIFY_URL=sink.url + "/generic")
+    daemon = start(box, tmp_path, "--all", env=env, name="daemon")
+    cmd, started, release = gate_job(tmp_path, "a", 0)
+    proc = None
+    try:
+        assert wait_for(lambda: "watching every" in err_of(daemon), timeout=30), err_of(daemon)
+        proc = start(box, tmp_path, "--", *cmd, env=env)
+        assert wait_for(started.exists, timeout=30), err_of(proc)
+        pid = job_pid_of(proc)
+        assert wait_for(lambda: (box.state / f"leak-job-{proc.pid}.lock.pid").exists(), timeout=30), err_of(proc)
+        box.write_scenario([{"gpus": [{"utilization.gpu": 90, "memory.used": 3500 + 64 * i, "power.draw": 500.0}],
+                             "apps": [{"pid": pid, "process_name": "python3", "used_memory": 3000 + 64 * i}]}
+                            for i in range(400)])
+        assert wait_for(lambda: [e for e in box.events() if e["state"] == "firing"], timeout=120), \
+            err_of(proc) + err_of(daemon)
+        time.sleep(5)                       # the second watcher's cycles, had it followed the job too
+        assert [(e["state"], e["pid"]) for e in box.events()] == [("firing", pid)], err_of(daemon)
+        release.touch()
+        assert finish(proc) == 0, err_of(proc)
+        said = [line for line in err_of(daemon).splitlines() if "leaving PID" in line]
+        assert len(said) == 1 and f"to the watcher job-{proc.pid}" in said[0], err_of(daemon)
+        assert "gpu_memory_leak firing" not in err_of(daemon)
+    finally:
+        release.touch()
+        for p in (proc, daemon):
+            if p is not None and p.poll() is None:
+                p.kill()
