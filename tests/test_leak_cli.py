@@ -17,7 +17,7 @@ import termios
 import time
 
 import pytest
-from conftest import ROOT, wait_for
+from conftest import ROOT, require, wait_for
 
 WATCH = str(ROOT / "bin" / "gpu-leak-watch")
 FORWARDED = [signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT]
@@ -909,3 +909,4 @@ def test_a_wrapped_jobs_leak_beside_an_all_daemon_is_alerted_once(box, tmp_path,
         for p in (proc, daemon):
             if p is not None and p.poll() is None:
                 p.kill()
+
