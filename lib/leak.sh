@@ -591,21 +591,31 @@ leak_act() {
 # Applies one option that takes a value. Values meant for the Python helper
 # wait in LEAK_OPT_ENV until leak_apply_options: a wrapped job is started
 # first and must see the user's environment, not the watcher's settings.
+#
+# A number is checked here against the same range as the configuration's
+# (gg_number_into: at most 10^15), so a value out of range is the user's
+# typo, said in one line naming the flag before a wrapped job starts;
+# checked only by config_load it failed after the job had started, which
+# then ran unwatched, and the line named LEAK_INTERVAL, not --interval.
 leak_option() {
+  local number shown
   case $1 in
-    --interval | --grace | --gpu-total-mib)
-      [[ $2 =~ ^[0-9]+$ && $2 -gt 0 ]] || gg_usage_error "$1 needs a whole number of at least 1 (got '$2')" || return
-      [[ $1 == --interval ]] && LEAK_OPT_ENV[LEAK_INTERVAL]=$2
-      [[ $1 == --grace ]] && LEAK_GRACE=$2
-      [[ $1 == --gpu-total-mib ]] && LEAK_OPT_ENV[LEAK_GPU_TOTAL_MIB]=$2
+    --interval | --grace | --gpu-total-mib | --bucket)
+      if ! gg_number_into number "$2" int 1; then
+        gg_shown_into shown "$2" 40
+        gg_usage_error "$1 needs a whole number of at least 1 (at most 10^15) (got $shown)" || return
+      fi
+      [[ $1 == --interval ]] && LEAK_OPT_ENV[LEAK_INTERVAL]=$number
+      [[ $1 == --grace ]] && LEAK_GRACE=$number
+      [[ $1 == --gpu-total-mib ]] && LEAK_OPT_ENV[LEAK_GPU_TOTAL_MIB]=$number
+      [[ $1 == --bucket ]] && LEAK_OPT_ENV[LEAK_BUCKET_S]=$number
       ;;
     --threshold)
-      gg_is_number "$2" || gg_usage_error "--threshold needs MiB per hour (got '$2')" || return
-      LEAK_OPT_ENV[LEAK_THRESHOLD_MIB_H]=$2
-      ;;
-    --bucket)
-      [[ $2 =~ ^[0-9]+$ && $2 -gt 0 ]] || gg_usage_error "--bucket needs seconds (got '$2')" || return
-      LEAK_OPT_ENV[LEAK_BUCKET_S]=$2
+      if ! gg_number_into number "$2" dec 0; then
+        gg_shown_into shown "$2" 40
+        gg_usage_error "--threshold needs MiB per hour, a decimal number from 0 to 10^15 (got $shown)" || return
+      fi
+      LEAK_OPT_ENV[LEAK_THRESHOLD_MIB_H]=$number
       ;;
     --rules) LEAK_OPT_ENV[LEAK_RULES]=$2 ;;
     --loss-log) LEAK_OPT_ENV[LEAK_LOSS_LOG]=$2 ;;

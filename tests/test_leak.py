@@ -219,7 +219,7 @@ def test_replay_leaves_out_nvidia_smi_garbage_memory_and_says_so(tmp_path):
     ([], "say what to watch"),
     (["--pid", "abc"], "--pid needs a process ID (got 'abc')"),
     (["--match", "(unclosed"], "--match: invalid regular expression '(unclosed'"),
-    (["--interval", "0", "--all"], "--interval needs a whole number of at least 1 (got '0')"),
+    (["--interval", "0", "--all"], "--interval needs a whole number of at least 1 (at most 10^15) (got '0')"),
     (["--on-leak", "explode", "--all"], "--on-leak takes notify, kill or signal:NAME (got 'explode')"),
     # said at start, not as "could not signal PID" when the leak comes
     (["--on-leak", "signal:FOO", "--all", "--once"], "--on-leak signal:FOO: no such signal (kill -l lists them)"),
