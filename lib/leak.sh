@@ -568,12 +568,16 @@ leak_act() {
     notify) return 0 ;;
     signal:*)
       gg_log warn "sending SIG${LEAK_ACTION#signal:} to PID $root (--on-leak)"
-      kill -s "${LEAK_ACTION#signal:}" "$root" 2>/dev/null || gg_log error "could not signal PID $root"
+      kill -s "${LEAK_ACTION#signal:}" "$root" 2>/dev/null || leak_act_failed "could not signal PID $root" "$root"
       ;;
     kill)
       gg_proc_tree_into "$root" tree
       gg_log warn "stopping PID $root and its tree (${tree[*]}) (--on-leak kill, grace ${LEAK_GRACE}s)"
-      kill -TERM "${tree[@]}" 2>/dev/null || true
+      if ! kill -TERM "${tree[@]}" 2>/dev/null && [[ ! -O /proc/$root ]] && ((EUID != 0)); then
+        # (refused, EPERM: waiting out the grace would change nothing)
+        leak_act_failed "could not stop PID $root" "$root"
+        return 0
+      fi
       local waited=0
       while ((waited < LEAK_GRACE)) && kill -0 "$root" 2>/dev/null; do
         sleep 1
@@ -585,6 +589,35 @@ leak_act() {
       done
       ;;
   esac
+  return 0
+}
+
+# Logs that --on-leak could not act on PID $2 ($1: what failed), and why
+# when it is another user's process (the kernel's EPERM): without it the log
+# said "stopping PID ..." and nothing happened, with no error.
+leak_act_failed() {
+  if [[ -e /proc/$2 && ! -O /proc/$2 ]] && ((EUID != 0)); then
+    gg_log error "$1: not permitted, it belongs to another user (--on-leak needs root or the process's owner)"
+  else
+    gg_log error "$1"
+  fi
+}
+
+# Refuses (one line, exit 2) --on-leak kill or signal:NAME against a --pid
+# target that belongs to another user when we are not root: the kernel
+# refuses the signal (EPERM), so the user would be promised an action that
+# cannot happen. Refused rather than warned: the user named that process,
+# and a watcher that can only notify is what --on-leak notify is for.
+# (--all and --match pick their processes as they come: a refusal is
+# logged when the action fails, by leak_act_failed.)
+leak_action_check() {
+  local pid
+  [[ $LEAK_ACTION != notify ]] && ((EUID != 0)) || return 0
+  for pid in "${LEAK_PIDS[@]}"; do
+    [[ -e /proc/$pid && ! -O /proc/$pid ]] || continue
+    gg_usage_error "--on-leak $LEAK_ACTION cannot act on PID $pid: it belongs to another user (run as root or as its owner, or use --on-leak notify)"
+    return
+  done
   return 0
 }
 

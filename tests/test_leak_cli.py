@@ -910,3 +910,47 @@ def test_a_wrapped_jobs_leak_beside_an_all_daemon_is_alerted_once(box, tmp_path,
             if p is not None and p.poll() is None:
                 p.kill()
 
+
+@pytest.mark.slow
+def test_on_leak_against_another_users_process_is_refused_at_start_or_logged(box, tmp_path):
+    """As a user other than root, --on-leak kill against a root process
+    logged "stopping PID ..." and nothing happened, with no error. Now a
+    --pid target of another user is refused at start (one line, exit 2),
+    and where the watcher picks processes as they come (--all) the
+    kernel's refusal is logged when the leak comes."""
+    require(os.geteuid() == 0, "needs root to drop to another user")
+    import tempfile
+    base = tempfile.mkdtemp(prefix="gpuguard-user-")
+    victim = subprocess.Popen(["sleep", "600"])
+    try:
+        os.chmod(base, 0o777)
+        scenario = os.path.join(base, "scenario.json")
+        box.scenario = type(box.scenario)(scenario)
+        from test_leak import leak_scenario
+        leak_scenario(box, victim.pid)
+        os.chmod(scenario, 0o644)
+        env = dict(box.env, GPUGUARD_STATE_DIR=os.path.join(base, "state"), HOME=base, FAKE_SMI_SCENARIO=scenario,
+                   FAKE_SMI_STATE=os.path.join(base, "step"), FAKE_SMI_LOG="")
+
+        def as_nobody(*args, now=None):
+            e = dict(env, GPUGUARD_NOW=str(now)) if now else env
+            return subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", WATCH,
+                                   *args], env=e, capture_output=True, text=True, timeout=60, cwd=base)
+        r = as_nobody("--pid", str(victim.pid), "--once", "--on-leak", "kill")
+        assert (r.returncode, r.stderr) == (2, "gpu-leak-watch: --on-leak kill cannot act on PID %d: it belongs to "
+                                            "another user (run as root or as its owner, or use --on-leak notify)\n"
+                                            % victim.pid)
+        log = ""
+        for i in range(30):
+            r = as_nobody("--all", "--once", "--bucket", "1", "--on-leak", "kill", "--grace", "1",
+                          now=1796206508 + i)
+            assert r.returncode == 0, r.stderr
+            log += r.stderr
+        assert "stopping PID %d" % victim.pid in log, log
+        assert ("could not stop PID %d: not permitted, it belongs to another user (--on-leak needs root or the "
+                "process's owner)" % victim.pid) in log, log
+        assert victim.poll() is None
+    finally:
+        victim.kill()
+        victim.wait()
+        shutil.rmtree(base)
