@@ -847,6 +847,12 @@ def _with_job(state_dir, key, ev, keys=()):
         job = identity_read(state_dir, member) if member else None
     job = job or identity_read(state_dir, key)
     if job is not None:
+        # the identity is kept without elapsed_s (it is written once and
+        # would go stale): the event's own time gives it, as idle alerts
+        # carry it, so the alert says "running 3 h", not "running ?"
+        ts, start = ev.get("ts"), job.get("start_ts")
+        if isinstance(ts, int) and isinstance(start, int) and not isinstance(start, bool) and ts >= start:
+            job["elapsed_s"] = ts - start
         ev["job"] = job
 
 

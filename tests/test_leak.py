@@ -738,3 +738,32 @@ def test_a_killed_detector_is_started_again_and_the_watch_goes_on(box, tmp_path)
     assert proc.returncode == 0
     # the watcher waited for its detector to end
     assert not os.path.exists("/proc/%d" % second)
+
+
+@pytest.mark.slow
+def test_a_leak_alert_says_how_long_the_job_has_run(box, tmp_path):
+    """Leak alerts said "started 06:12 (running ?)" though the job's start
+    was known: the leak event's job lacked elapsed_s, which idle alerts
+    carry. It is the event's time less the job's start."""
+    device = tmp_path / "fakedev0"
+    device.touch()
+    # the job holds the "GPU" (the device file) as a CUDA job holds /dev/nvidia0
+    proc = subprocess.Popen(["bash", "-c", "exec 3<'%s'; sleep 600 & wait" % device], start_new_session=True)
+    job = Job.__new__(Job)
+    job.proc = proc
+    assert wait_for(lambda: job.child() is not None)
+    try:
+        leak_scenario(box, job.child())
+        start = int(time.time())
+        for i in range(30):
+            r = box.run("--pid", str(job.proc.pid), "--bucket", "1", "--once", cmd="bin/gpu-leak-watch",
+                        env={"GPUGUARD_NOW": str(start + 600 + i),
+                             "JOBINFO_DEVICE_GLOB": str(tmp_path / "fakedev*")})
+            assert r.returncode == 0, r.stderr
+    finally:
+        job.stop()
+    (event,) = [e for e in box.events() if e["event"] == "gpu_memory_leak" and e["state"] == "firing"]
+    assert event["job"]["elapsed_s"] == event["ts"] - event["job"]["start_ts"] >= 600
+    r = box.run("notify", "--preview", str(box.state / "events.jsonl"), cmd="bin/gpuguard")
+    assert r.returncode == 0, r.stderr
+    assert "running ?" not in r.stdout and "running 10 min" in r.stdout, r.stdout
