@@ -115,6 +115,9 @@ leak_covered_pids_into() {
     [[ $target =~ ^[0-9]+$ && -n ${GG_PROC_PPID[$target]:-} ]] || continue
     holder=''
     { read -r holder <"$path.pid"; } 2>/dev/null || continue
+    # a watcher killed with -9 leaves its files: its job is the daemon's
+    # again once the holder is gone (this cycle's process scan)
+    [[ $holder =~ ^[0-9]+$ && -n ${GG_PROC_PPID[$holder]:-} ]] || continue
     seen="${GG_PROC_START[$target]:-} $holder"
     if [[ ${LEAK_COVER_SEEN[$inst]:-} != "$seen "* ]]; then
       if flock -n "$path" true 2>/dev/null; then

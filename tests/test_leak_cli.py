@@ -954,3 +954,37 @@ def test_on_leak_against_another_users_process_is_refused_at_start_or_logged(box
         victim.kill()
         victim.wait()
         shutil.rmtree(base)
+
+
+@pytest.mark.slow  # a daemon's cycles: about 2 s
+def test_a_killed_wrappers_lock_files_do_not_keep_its_job_from_the_all_daemon(box, tmp_path):
+    """A wrapper killed with -9 leaves leak-job-<pid>.lock and its .pid
+    behind; its job runs on. The daemon, which had left the job to that
+    wrapper while it lived, watches it again once the wrapper is gone,
+    where the lock it had seen held kept the job unwatched for good."""
+    target = subprocess.Popen(["sleep", "120"])
+    box.state.mkdir(parents=True)
+    lock = box.state / ("leak-job-%d.lock" % target.pid)
+    holder = subprocess.Popen(["flock", str(lock), "sleep", "120"])
+    (box.state / ("leak-job-%d.lock.pid" % target.pid)).write_text("%d\n" % holder.pid)
+    box.write_scenario([{"gpus": [{"utilization.gpu": 50, "memory.used": 3500, "power.draw": 300.0}],
+                         "apps": [{"pid": target.pid, "process_name": "sleep", "used_memory": 3000}]}])
+    daemon = start(box, tmp_path, "--all", env=env_for(box, SMI_STREAM="0"), name="daemon")
+
+    def watched():
+        try:
+            state = json.loads((box.state / "leak-state-all.json").read_text())
+        except (OSError, ValueError):
+            return False
+        return any(s["pid"] == target.pid for s in state["series"].values())
+    try:
+        assert wait_for(lambda: "leaving PID %d" % target.pid in err_of(daemon), timeout=30), err_of(daemon)
+        assert not watched()
+        holder.kill()                                  # the wrapper's kill -9
+        holder.wait()
+        assert wait_for(watched, timeout=30), err_of(daemon)
+    finally:
+        for p in (daemon, holder, target):
+            if p.poll() is None:
+                p.kill()
+            p.wait()
