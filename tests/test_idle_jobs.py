@@ -208,13 +208,16 @@ def test_hidden_processes_say_memory_held_and_no_job(gbox):
 
 def test_cost_uses_the_configured_currency_and_is_absent_without_price(gbox):
     step = {"gpus": [idle_gpu()], "apps": [app(1410)]}
-    run_cycles(gbox, [step] * 4, 3, env={"GPU_HOUR_PRICE": "2.5", "GPU_PRICE_CURRENCY": "$"})
+    # (a watchdog sampling every 20 minutes: the hour below is watched time,
+    # not a pause that leaves the incident's idle time out)
+    slow = {"CHECK_INTERVAL": "1200"}
+    run_cycles(gbox, [step] * 4, 3, env=dict(slow, GPU_HOUR_PRICE="2.5", GPU_PRICE_CURRENCY="$"))
     (event,) = gbox.events()
     assert event["cost"] == 0.08 and event["currency"] == "$" and event["gpu_hour_price"] == 2.5
-    gbox.once(now=1000 + 3600 + 120, env={"GPU_HOUR_PRICE": "2.5", "GPU_PRICE_CURRENCY": "$",
-                                   "REPEAT_INTERVAL": "3600"})
+    gbox.once(now=1000 + 3600 + 120, env=dict(slow, GPU_HOUR_PRICE="2.5", GPU_PRICE_CURRENCY="$",
+                                              REPEAT_INTERVAL="3600"))
     assert gbox.events()[1]["state"] == "reminder" and gbox.events()[1]["cost"] == 2.58
-    run_cycles(gbox, [step] * 3, 1, start=10_000)
+    run_cycles(gbox, [step] * 3, 1, start=10_000, env=slow)
     assert gbox.events()[-1]["state"] == "reminder" and "cost" not in gbox.events()[-1]
 
 
