@@ -489,6 +489,11 @@ gg_write_atomic() {
 gg_write_failed() {
   local marker=''
   [[ -n ${GPUGUARD_STATE_DIR:-} && $1 == "$GPUGUARD_STATE_DIR"/* ]] && marker=$GPUGUARD_STATE_DIR/disk-full
+  # The state folder itself is gone (removed under a daemon between its
+  # check and this write): not a full disk. The daemon's next cycle makes
+  # it again and says so (gg_state_dir_recreate); a "disk full?" line
+  # here would send the reader after the wrong cause.
+  [[ -n $marker && ! -d $GPUGUARD_STATE_DIR ]] && return 0
   if [[ -n $marker ]] && [[ -e $marker || -L $marker ]]; then
     GG_WRITE_FAILING=1
     return 0

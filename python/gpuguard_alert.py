@@ -166,6 +166,10 @@ def _write_failed(env, state_dir, what, e):
     """Logs a failed write once for a whole outage, shared with the bash
     writers (gg_write_failed): the first to create the empty disk-full
     marker in the state folder says it; the others stay quiet."""
+    if not os.path.isdir(state_dir):
+        # the folder was removed under a daemon: not a full disk; the
+        # daemon makes it again and says so (gg_state_dir_recreate)
+        return
     marker = os.path.join(state_dir, "disk-full")
     try:
         fd = _open_nofollow(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL)

@@ -428,3 +428,20 @@ def test_a_receiver_down_for_days_still_gets_its_alert(outbox_env, down_port):
         assert [e["uuid"] for r in sink.requests for e in r["body"]["events"]] == [IDLE_EVENT["uuid"]]
     finally:
         server.shutdown()
+
+
+def test_a_write_into_a_removed_state_folder_is_not_called_a_full_disk(tmp_path):
+    """The daemon's state folder removed while the helper writes into it:
+    the daemon makes it again and says so; a "disk full?" line before that
+    sent the reader after the wrong cause. A folder that is there but
+    cannot take the marker still says it once."""
+    log = tmp_path / "log"
+    env = {"GPUGUARD_LOG": str(log)}
+    gone = tmp_path / "gone"
+    alert._write_failed(env, str(gone), str(gone / "outbox"), OSError(2, "No such file or directory"))
+    assert not log.exists() or "disk full" not in log.read_text()
+    here = tmp_path / "here"
+    here.mkdir()
+    alert._write_failed(env, str(here), str(here / "outbox"), OSError(28, "No space left on device"))
+    alert._write_failed(env, str(here), str(here / "outbox"), OSError(28, "No space left on device"))
+    assert log.read_text().count("disk full?") == 1

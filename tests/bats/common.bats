@@ -175,3 +175,20 @@ setup() {
   kill "$p_second" "$p_exec" "$p_exec2"
   assert_equal "$before" sleep
 }
+
+@test "a write into a state folder removed under the daemon is not called a full disk" {
+  # the folder vanishes between the daemon's per-cycle check and a write in
+  # the same cycle: the next cycle makes it again and says so; a
+  # "disk full?" line before that sent the reader after the wrong cause
+  GG_PROG=t GPUGUARD_LOG="$BATS_TEST_TMPDIR/log"
+  GPUGUARD_STATE_DIR="$BATS_TEST_TMPDIR/gone"
+  : >"$GPUGUARD_LOG"
+  run -1 gg_write_atomic "$GPUGUARD_STATE_DIR/idle.state" "x"
+  run -0 cat "$GPUGUARD_LOG"
+  refute_output --partial "disk full"
+  # a folder that is there but cannot be written is still said, once
+  mkdir "$GPUGUARD_STATE_DIR"
+  run -1 gg_write_atomic "$GPUGUARD_STATE_DIR/no/such/idle.state" "x"
+  run -0 grep -c "disk full?" "$BATS_TEST_TMPDIR/log"
+  assert_output 1
+}
