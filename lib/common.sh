@@ -575,9 +575,9 @@ gg_rotate_by_size() {
 }
 
 # Bounds the state folder's disk use in one pass: events.jsonl and the log
-# rotated by size (one old copy each), rejected outbox files (*.bad) and
-# leak watcher states (leak-state-*.json) untouched for RETENTION_DAYS
-# removed, stray temporary files after an hour (a disk measurement's
+# rotated by size (one old copy each), rejected outbox files (*.bad), leak
+# watcher states (leak-state-*.json) and claims (leak-claim-*) untouched for
+# RETENTION_DAYS removed, stray temporary files after an hour (a disk measurement's
 # 256 MiB file of a lowprio-run killed mid-way too), history files
 # (one per leak series) removed after RETENTION_DAYS and then, oldest first,
 # until at most HISTORY_MAX_FILES files and HISTORY_MAX_MB remain.
@@ -593,12 +593,15 @@ gg_retention() {
   cutoff=$((now - ${RETENTION_DAYS:-7} * 86400))
   gg_rotate_by_size "$dir/events.jsonl" "${EVENTS_MAX_MB:-5}" "$dir/events.lock"
   [[ -n ${GPUGUARD_LOG:-} ]] && gg_rotate_by_size "$GPUGUARD_LOG" "${EVENTS_MAX_MB:-5}"
-  # (a leak watcher writes its leak-state-<instance>.json every cycle: one
-  # untouched for RETENTION_DAYS is a watcher's that is long gone)
+  # (a leak watcher writes its leak-state-<instance>.json every cycle, and a
+  # cron --once one its leak-claim-<instance>: one untouched for
+  # RETENTION_DAYS is a watcher's that is long gone; an --all watcher
+  # removes a claim as soon as it is stale, this is for boxes without one)
   find "$dir" "$dir/outbox" "$dir/history" "$dir/ledger" -maxdepth 1 -type f \
     \( \( -name '*.tmp' -o -name '*.tmp.*' -o -name '*.tmp[0-9]*' -o -name '.gpuguard-disk-measure.*' \) \
     ! -newermt "@$((now - 3600))" \
-    -o \( -path "$dir/outbox/*.bad" -o -path "$dir/leak-state*.json" \) ! -newermt "@$cutoff" \) \
+    -o \( -path "$dir/outbox/*.bad" -o -path "$dir/leak-state*.json" -o -path "$dir/leak-claim-*" \) \
+    ! -newermt "@$cutoff" \) \
     -delete 2>/dev/null || true
   # newest first: keep while under both caps and younger than the cutoff
   # (a series' identity, <key>.job.json, goes with its history, below)

@@ -18,6 +18,12 @@ leak_init() {
   declare -gA LEAK_VENDOR=()
   # by watcher instance: what leak_covered_pids_into found of its lock
   declare -gA LEAK_COVER_SEEN=()
+  # by claiming watcher instance: the roots leak_claimed_pids_into last said
+  # it leaves to that watcher (said again only when they change)
+  declare -gA LEAK_CLAIM_SAID=()
+  # 1 in a --once run (cron): no lock is held between runs, so a targeted
+  # watcher leaves a claim for the --all runs instead (leak_claim_write)
+  declare -g LEAK_ONCE=0
   declare -g LEAK_MATCH='' LEAK_ALL=0 LEAK_FAILS=0 LEAK_ACTION=notify LEAK_GRACE=30
   # option values for the Python helper, set by leak_apply_options
   declare -gA LEAK_OPT_ENV=()
@@ -62,6 +68,7 @@ leak_select_roots() {
     # not those another watcher already covers (one leak, one alert)
     local -A covered=()
     leak_covered_pids_into covered
+    leak_claimed_pids_into covered
     for pid in "${!SMI_PIDS_MEM[@]}"; do
       [[ -n ${covered[$pid]:-} ]] || LEAK_ROOT_PIDS+=("$pid")
     done
@@ -101,8 +108,8 @@ leak_select_roots() {
 # the .pid file (after taking the lock: a lock being taken is never
 # touched, which would make that watcher's own gg_lock fail). The answer is
 # kept per holder and target, so flock runs once per watcher, not every
-# cycle; the tree is said once in the log. (--once runs hold no lock and
-# are not seen.)
+# cycle; the tree is said once in the log. (--once runs hold no lock: they
+# leave a claim instead, leak_claimed_pids_into.)
 # shellcheck disable=SC2034,SC2004 # nameref: fills the caller's associative array
 leak_covered_pids_into() {
   local -n covered_ref=$1
@@ -136,6 +143,122 @@ leak_covered_pids_into() {
   done
   for inst in "${!LEAK_COVER_SEEN[@]}"; do
     [[ -e $GPUGUARD_STATE_DIR/leak-$inst.lock ]] || unset "LEAK_COVER_SEEN[$inst]"
+  done
+  return 0
+}
+
+# Claims of targeted watchers run by cron (--pid, --match, --slurm-job with
+# --once), which hold no lock between runs: one file per instance,
+# leak-claim-<instance>, one line "LAST INTERVAL PID:START...": the time of
+# the claimer's last cycle, its own interval, and the roots it watched
+# (START from /proc, '-' when /proc does not show the PID).
+#
+# The rule: the targeted watcher always watches its job (it is the user's
+# more specific request, with its own --on-leak, --loss-log, thresholds),
+# and the --all watcher (daemon or --once) leaves the claimed trees to it
+# while the claim is fresh: its last cycle within LEAK_CLAIM_CYCLES of its
+# own intervals. Both cron lines watching the same job sent each leak
+# twice (two firing, two resolved events). When the claimer stops running
+# (its cron line removed) the claim goes stale and the --all runs take the
+# job over again, at most LEAK_CLAIM_CYCLES intervals later; the interval
+# is the gap the claimer saw between its own last two cycles (cron's
+# schedule, which a --once run cannot know otherwise), at least
+# LEAK_INTERVAL and at most LEAK_CLAIM_MAX_INTERVAL_S, so the takeover
+# comes within LEAK_CLAIM_CYCLES hours at worst.
+LEAK_CLAIM_CYCLES=3
+LEAK_CLAIM_MAX_INTERVAL_S=3600
+
+# Writes this --once watcher's claim (see above) on the roots it watches
+# this cycle, or removes it when none runs any more (the job ended: nothing
+# to leave to it). Written atomically (a random exclusive temporary file,
+# renamed: never through a link planted at the name); only a regular file
+# is read back.
+# Arguments:
+#   $1 now (unix seconds)
+leak_claim_write() {
+  local now=$1 path=$GPUGUARD_STATE_DIR/leak-claim-$LEAK_INSTANCE line pid
+  local interval=${LEAK_INTERVAL:-60} cap=$LEAK_CLAIM_MAX_INTERVAL_S
+  local -a fields=()
+  if ((${#LEAK_ROOT_PIDS[@]} == 0)); then
+    rm -f -- "$path"
+    return 0
+  fi
+  # (a regular file only: a FIFO planted at the name would block the read)
+  if [[ -f $path && ! -L $path ]]; then
+    { read -r -a fields <"$path"; } 2>/dev/null || true
+  fi
+  # the gap since this watcher's previous cycle is its real interval
+  if [[ ${fields[0]:-} =~ ^[0-9]{1,12}$ ]] && ((now > fields[0] && now - fields[0] <= cap && now - fields[0] > interval)); then
+    interval=$((now - fields[0]))
+  fi
+  ((interval <= cap)) || interval=$cap
+  line="$now $interval"
+  for pid in "${LEAK_ROOT_PIDS[@]}"; do
+    line+=" $pid:${GG_PROC_START[$pid]:--}"
+  done
+  gg_write_atomic "$path" "$line"$'\n' || true
+}
+
+# Puts into the associative array named $1 (PID -> instance) the process
+# trees that a fresh claim covers (see leak_claim_write), for the --all
+# watcher to leave out. A root counts only while it is the same process
+# (its start time), so a reused PID is not left out. A stale claim covers
+# nothing and is removed (the --all watcher takes the job over again and
+# says so once); one that is not a claim's line is removed too, so claims
+# do not pile up. The trees left out are said when they change (in a
+# --once run, which remembers nothing between runs, at debug level: not a
+# line a minute in cron's log).
+# shellcheck disable=SC2034,SC2004 # nameref: fills the caller's associative array
+leak_claimed_pids_into() {
+  local -n claimed_ref=$1
+  local path inst now age item pid start said level
+  local -a fields tree
+  gg_now_into now
+  for path in "$GPUGUARD_STATE_DIR"/leak-claim-*; do
+    inst=${path##*/leak-claim-}
+    # (a name no watcher writes is left to gg_retention)
+    [[ -f $path && ! -L $path && $inst =~ ^[A-Za-z0-9_-]+$ ]] || continue
+    fields=()
+    { read -r -a fields <"$path"; } 2>/dev/null || true
+    if [[ ! ${fields[0]:-} =~ ^[0-9]{1,12}$ || ! ${fields[1]:-} =~ ^[0-9]{1,12}$ ]]; then
+      rm -f -- "$path"
+      continue
+    fi
+    # a claim from the future (the clock set back) is as old as it is far
+    # ahead, so it cannot stay fresh for ever
+    age=$((now - fields[0]))
+    ((age >= 0)) || age=$((-age))
+    if ((age > LEAK_CLAIM_CYCLES * fields[1])); then
+      rm -f -- "$path"
+      unset "LEAK_CLAIM_SAID[$inst]"
+      gg_log info "watching the processes the watcher $inst claimed again: its last cycle was ${age}s ago (its interval ${fields[1]}s)"
+      continue
+    fi
+    said=''
+    for item in "${fields[@]:2}"; do
+      [[ $item =~ ^([0-9]+):([0-9]+|-)$ ]] || continue
+      pid=${BASH_REMATCH[1]} start=${BASH_REMATCH[2]}
+      [[ ${GG_PROC_START[$pid]:--} == "$start" ]] || continue
+      if [[ -n ${GG_PROC_PPID[$pid]:-} ]]; then
+        gg_proc_tree_into "$pid" tree
+      else
+        tree=("$pid")
+      fi
+      for pid in "${tree[@]}"; do
+        claimed_ref[$pid]=$inst
+      done
+      said+="${said:+; }PID ${tree[0]} and its tree (${tree[*]})"
+    done
+    if [[ -n $said && ${LEAK_CLAIM_SAID[$inst]:-} != "$said" ]]; then
+      LEAK_CLAIM_SAID[$inst]=$said
+      level=info
+      ((LEAK_ONCE)) && level=debug
+      gg_log "$level" "leaving $said to the watcher $inst, which claims it (its last cycle ${age}s ago)"
+    fi
+  done
+  # a daemon forgets what it said of claims that are gone
+  for inst in "${!LEAK_CLAIM_SAID[@]}"; do
+    [[ -e $GPUGUARD_STATE_DIR/leak-claim-$inst ]] || unset "LEAK_CLAIM_SAID[$inst]"
   done
   return 0
 }
@@ -190,6 +313,9 @@ leak_cycle() {
     gg_proc_update
   fi
   leak_select_roots
+  if ((LEAK_ONCE && ! LEAK_ALL)); then
+    leak_claim_write "$now"
+  fi
   LEAK_ID_RESET=1
   local lines
   leak_samples_into lines "$now"

@@ -370,6 +370,103 @@ def test_on_leak_signal_is_sent_to_the_root(box, tmp_path):
         job.stop()
 
 
+def once_at(box, args, now, env=None):
+    """One cron run of gpu-leak-watch ARGS --once at the time NOW."""
+    e = dict(env or {}, GPUGUARD_NOW=str(now), LEAK_INTERVAL="1")
+    r = box.run(*(args + ["--bucket", "1", "--once"]), cmd="bin/gpu-leak-watch", env=e)
+    assert r.returncode == 0, r.stderr
+    return r.stderr
+
+
+def watched_by_all(box, pid):
+    """True when the --all watcher's detector state has a series of PID."""
+    try:
+        state = json.loads((box.state / "leak-state-all.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return any(s["pid"] == pid for s in state["series"].values())
+
+
+@pytest.mark.slow  # 74 cron runs
+def test_cron_all_and_pid_once_runs_alert_one_leak_once(box, tmp_path, sink):
+    """Two cron lines, `gpu-leak-watch --all --once` and `gpu-leak-watch
+    --pid N --once`, both followed the job (a --once run holds no lock for
+    the other to see), and one leak was alerted twice: two firing events,
+    two chat messages, two resolutions. The --pid runs leave a claim that
+    the --all runs honour while it is fresh: one alert, one resolution."""
+    job = Job(tmp_path)
+    env = {"NOTIFY_URL": sink.url + "/generic"}
+    t0 = 1796206508
+    try:
+        leak_scenario(box, job.child(), steps=80)
+        # --all first: it sees the job before any claim exists
+        for i in range(36):
+            for args in (["--all"], ["--pid", str(job.proc.pid)]):
+                once_at(box, args, t0 + i, env)
+    finally:
+        job.stop()
+    box.write_scenario([{"gpus": [{"utilization.gpu": 0, "memory.used": 0, "power.draw": 70.0}], "apps": []}])
+    for args in (["--all"], ["--pid", str(job.proc.pid)]):
+        once_at(box, args, t0 + 36, env)
+    leaks = [(e["state"], e["pid"]) for e in box.events() if e["event"] == "gpu_memory_leak"]
+    assert leaks == [("firing", job.proc.pid), ("resolved", job.proc.pid)], leaks
+    sent = [(e["state"], e["pid"]) for r in sink.requests for e in r["body"]["events"]
+            if e["event"] == "gpu_memory_leak"]
+    assert sent == leaks
+    # the job ended: its claim went with it
+    assert not list(box.state.glob("leak-claim-*"))
+
+
+@pytest.mark.slow  # 30 cron runs
+def test_the_all_runs_take_a_job_over_once_its_pid_runs_stop(box, tmp_path):
+    """The --pid cron line removed, its claim goes stale after three of its
+    own intervals (the gap between its runs: cron's schedule) and the --all
+    runs watch the job again, saying so once; the --pid line back, they
+    leave it again. The --pid runs never stop watching for the --all ones."""
+    job = Job(tmp_path)
+    child, root = job.child(), job.proc.pid
+    t0 = 1796206508
+    claim = box.state / ("leak-claim-pid-%d" % root)
+    try:
+        leak_scenario(box, child, steps=200, per_step=0)
+        for i in range(3):
+            once_at(box, ["--all"], t0 + i)
+            once_at(box, ["--pid", str(root)], t0 + i)
+        assert claim.exists() and not watched_by_all(box, child)
+        # the --pid line removed: the claim is fresh for 3 of its 1-second
+        # intervals after its last run (t0 + 2)
+        for t in (t0 + 3, t0 + 4, t0 + 5):
+            once_at(box, ["--all"], t)
+            assert not watched_by_all(box, child), t - t0
+        log = once_at(box, ["--all"], t0 + 6)
+        assert watched_by_all(box, child)
+        assert "watching the processes the watcher pid-%d claimed again" % root in log, log
+        assert not claim.exists()                  # a stale claim is swept
+        once_at(box, ["--all"], t0 + 7)
+        # the --pid line back, run every minute: the --all runs leave the
+        # job again, for three minutes after its last run
+        for t in (t0 + 60, t0 + 120):
+            once_at(box, ["--pid", str(root)], t)
+            once_at(box, ["--all"], t)
+            assert not watched_by_all(box, child)
+        assert claim.read_text().split()[1] == "60"
+        once_at(box, ["--all"], t0 + 120 + 180)
+        assert not watched_by_all(box, child)
+        once_at(box, ["--all"], t0 + 120 + 181)
+        assert watched_by_all(box, child)
+        # the --all line removed: the --pid runs watch on, as they always did
+        rows = history_rows_of(box, root)
+        once_at(box, ["--pid", str(root)], t0 + 400)
+        assert history_rows_of(box, root) == rows + 1
+    finally:
+        job.stop()
+
+
+def history_rows_of(box, pid):
+    files = list((box.state / "history").glob("%d-*.csv" % pid))
+    return len(files[0].read_text().splitlines()) if files else 0
+
+
 def test_on_leak_kill_stops_the_whole_tree(box, tmp_path):
     job = Job(tmp_path)
     child = job.child()
