@@ -102,6 +102,17 @@ install_check() {
       gg_usage_error "cannot write under $INSTALL_DEST$dir: run it with sudo, or install for yourself with --user" || return
     fi
   done
+  local cmd
+  local -a foreign=()
+  for cmd in "${INSTALL_COMMANDS[@]}"; do
+    if [[ -e $INSTALL_DEST$INSTALL_PREFIX/bin/$cmd || -L $INSTALL_DEST$INSTALL_PREFIX/bin/$cmd ]] &&
+      ! install_is_our_link "$INSTALL_PREFIX/bin/$cmd"; then
+      foreign+=("$INSTALL_PREFIX/bin/$cmd")
+    fi
+  done
+  if ((${#foreign[@]})); then
+    gg_usage_error "${foreign[*]}: not installed by gpuguard, and an install would replace it: move it away or install with another --prefix; nothing was installed" || return
+  fi
   if ((INSTALL_SYSTEMD)) && [[ -z $INSTALL_DEST ]] && ! gg_systemd_is_init; then
     gg_usage_error "systemd is not running here (PID 1 is $(cat /proc/1/comm 2>/dev/null)): use --cron, or nohup yichuidingyin.sh &" || return
   fi
@@ -112,6 +123,14 @@ install_check() {
     gg_log warn "no cron daemon is running here: the watchdog entry will not run until one is started (service cron start, or systemctl enable --now cron); or run the watchdog as a service (--systemd) or with nohup yichuidingyin.sh &"
   fi
   return 0
+}
+
+# True when PREFIX/bin/CMD ($1, as installed) is the link install.sh puts
+# there; anything else in its place is someone's own, never replaced or
+# removed.
+install_is_our_link() {
+  local link
+  link=$(readlink -- "$INSTALL_DEST$1") && [[ $link == "../lib/gpuguard/bin/${1##*/}" ]]
 }
 
 # Records a path this run installed (as installed, without DESTDIR) for the
@@ -393,7 +412,8 @@ install_systemd() {
 
 # Removes exactly what the manifest lists: files and links, and folders
 # only when empty (anything else put there stays). An edited config or
-# secrets file is kept.
+# secrets file is kept, and so is a command in PREFIX/bin that is no longer
+# our link.
 install_remove() {
   if [[ ! -f $INSTALL_MANIFEST ]]; then
     gg_usage_error "nothing to uninstall: no $INSTALL_MANIFEST" || return
@@ -417,6 +437,13 @@ install_remove() {
       'crontab:# gpuguard') install_crontab_remove ;;
       */gpuguard.conf) install_remove_unless_edited "$path" "$GPUGUARD_ROOT/etc/gpuguard.conf" ;;
       */secrets.conf) install_remove_unless_edited "$path" "$GPUGUARD_ROOT/etc/secrets.conf" ;;
+      "$INSTALL_PREFIX"/bin/*)
+        if install_is_our_link "$path"; then
+          files+=("$target")
+        elif [[ -e $target || -L $target ]]; then
+          gg_log warn "kept $path: it is no longer the link gpuguard installed"
+        fi
+        ;;
       *)
         if [[ -d $target && ! -L $target ]]; then
           # A manifest of version 0.1 listed the tree's parts as whole

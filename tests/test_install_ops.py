@@ -227,6 +227,42 @@ def test_uninstall_removes_exactly_what_the_manifest_lists(tmp_path):
                           "opt/gg/lib/gpuguard", "opt/gg/lib/gpuguard/etc", "opt/gg/lib/gpuguard/etc/my-rules.conf"}
 
 
+@pytest.mark.parametrize("own", ["file", "link elsewhere"])
+def test_install_never_replaces_a_command_of_ones_own_and_uninstall_never_deletes_one(tmp_path, own):
+    """A script of the admin's own at PREFIX/bin/gpuguard was replaced by the
+    install's link without a word, and --uninstall then deleted it. Now the
+    install refuses in one line (exit 2, the file named, nothing installed),
+    and --uninstall keeps a command that is no longer gpuguard's link."""
+    dest = tmp_path / "dest"
+    mine = dest / "opt/gg/bin/gpuguard"
+    mine.parent.mkdir(parents=True)
+    if own == "file":
+        mine.write_text("#!/bin/sh\necho my own gpuguard\n")
+    else:
+        mine.symlink_to("/opt/gpuguard-git/bin/gpuguard")
+    before = tree(dest)
+    env = {"DESTDIR": str(dest)}
+    r = install(["--prefix", "/opt/gg"], env=env)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr == "install.sh: /opt/gg/bin/gpuguard: not installed by gpuguard, and an install would replace " \
+        "it: move it away or install with another --prefix; nothing was installed\n"
+    assert tree(dest) == before
+    if own == "file":
+        assert mine.read_text() == "#!/bin/sh\necho my own gpuguard\n"
+    else:
+        assert os.readlink(mine) == "/opt/gpuguard-git/bin/gpuguard"
+    # the admin moves it away, installs, then puts it back over the link
+    aside = tmp_path / "aside"
+    os.rename(mine, aside)
+    assert install(["--prefix", "/opt/gg"], env=env).returncode == 0
+    mine.unlink()
+    os.rename(aside, mine)
+    r = install(["--prefix", "/opt/gg", "--uninstall"], env=env)
+    assert r.returncode == 0, r.stderr
+    assert "kept /opt/gg/bin/gpuguard: it is no longer the link gpuguard installed" in r.stderr
+    assert os.path.lexists(mine) and sorted(os.listdir(mine.parent)) == ["gpuguard"]
+
+
 def test_an_earlier_private_config_without_secrets_becomes_readable(tmp_path):
     dest = tmp_path / "dest"
     conf = dest / "etc/gpuguard/gpuguard.conf"
