@@ -17,9 +17,11 @@
 #   --uninstall    remove exactly what an earlier install put in place (an
 #                  edited config or secrets file is kept, and so is anything
 #                  else put in its folders); disks set up by --setup-disk
-#                  get back the iocost settings they had
+#                  get back the iocost settings they had; what another
+#                  prefix's install still uses stays (README: Install)
 #   --version      print the version
-# Commands go to PREFIX/bin (links into PREFIX/lib/gpuguard), the shared
+# Commands go to PREFIX/bin (links into PREFIX/lib/gpuguard; a file of
+# one's own there stops the install, exit 2), the shared
 # config to /etc/gpuguard/gpuguard.conf (mode 644, no secrets: every user's
 # commands read it) and the secrets (webhook URLs, signing secret) to
 # /etc/gpuguard/secrets.conf (mode 600); neither is ever overwritten. With

@@ -146,7 +146,18 @@ disk_measure_sweep() {
   find "$1" -maxdepth 1 -type f -name "$DISK_MEASURE_PREFIX*" -user "$EUID" -mmin +60 -delete 2>/dev/null || true
 }
 
-# Measures a disk: writes LOWPRIO_MEASURE_MIB (default 256) MiB with
+# Reads the measurement's size, LOWPRIO_MEASURE_MIB (default 256), into
+# DISK_MEASURE_MIB. A value that is not a whole number in range is refused
+# in one line (status 2): replaced by the default without a word, a typo
+# measured 256 MiB where the user meant a few.
+disk_measure_mib_check() {
+  local shown
+  gg_number_into DISK_MEASURE_MIB "${LOWPRIO_MEASURE_MIB:-256}" int 1 1000000000 && return 0
+  gg_shown_into shown "$LOWPRIO_MEASURE_MIB" 24
+  gg_usage_error "LOWPRIO_MEASURE_MIB must be a whole number of MiB from 1 to 1000000000 (got $shown)"
+}
+
+# Measures a disk: writes DISK_MEASURE_MIB (default 256) MiB with
 # O_DIRECT and a final flush into a new temporary file on it, reads it back
 # with O_DIRECT, removes it; caches and puts "WRITE_B/S READ_B/S UNIX_TIME"
 # into the variable named $2. Returns 1 with DISK_ERROR set when it cannot
@@ -164,11 +175,8 @@ disk_measure_into() {
   local majmin=$1 extra=${3:-} dir tmp mib start w r avail err saved_traps rc
   local -n measured_ref=$2
   DISK_ERROR='' DISK_SIGNAL=''
-  # (a test knob: anything but a plain number is the default; no bash
-  # arithmetic on it before that)
-  gg_number_into mib "${LOWPRIO_MEASURE_MIB:-256}" int 1 1000000000000 || mib=256
-  # (what was written, for the caller's line: not the knob's raw text)
-  DISK_MEASURED_MIB=$mib
+  # (checked by disk_measure_mib_check when the options were read)
+  mib=${DISK_MEASURE_MIB:-256}
   if ! dir=$(disk_probe_folder "$majmin" "$extra"); then
     DISK_ERROR="no folder on disk $majmin that $(id -un) may write a temporary file in"
     return 1

@@ -14,6 +14,8 @@ INSTALL_COMMANDS=(yichuidingyin.sh gpu-leak-watch lowprio-run gpuguard)
 INSTALL_PARTS=(bin lib python etc VERSION)
 # Keys that belong in secrets.conf, never in the shared config.
 
+INSTALL_REGISTRY_HEADER="# gpuguard installs sharing this folder's config (install.sh keeps this list; --uninstall of one leaves what another still uses)"
+
 # Parses the options into INSTALL_* globals.
 install_parse() {
   INSTALL_PREFIX='' INSTALL_USER=0 INSTALL_CRON=0 INSTALL_SYSTEMD=0 INSTALL_UNINSTALL=0 INSTALL_SETUP_DISK=0
@@ -64,6 +66,10 @@ install_parse() {
   fi
   INSTALL_HOME=$INSTALL_PREFIX/lib/gpuguard
   INSTALL_MANIFEST=$INSTALL_DEST$INSTALL_HOME/.install-manifest
+  # Every install that shares the config folder (and, system-wide, the
+  # cron, systemd and logrotate files) is listed here, so that --uninstall
+  # of one leaves what another still uses.
+  INSTALL_REGISTRY=$INSTALL_CONFIG_DIR/installs
 }
 
 # True when a folder (as installed, without DESTDIR) can be created or
@@ -102,6 +108,17 @@ install_check() {
       gg_usage_error "cannot write under $INSTALL_DEST$dir: run it with sudo, or install for yourself with --user" || return
     fi
   done
+  local cmd
+  local -a foreign=()
+  for cmd in "${INSTALL_COMMANDS[@]}"; do
+    if [[ -e $INSTALL_DEST$INSTALL_PREFIX/bin/$cmd || -L $INSTALL_DEST$INSTALL_PREFIX/bin/$cmd ]] &&
+      ! install_is_our_link "$INSTALL_PREFIX/bin/$cmd"; then
+      foreign+=("$INSTALL_PREFIX/bin/$cmd")
+    fi
+  done
+  if ((${#foreign[@]})); then
+    gg_usage_error "${foreign[*]}: not installed by gpuguard, and an install would replace it: move it away or install with another --prefix; nothing was installed" || return
+  fi
   if ((INSTALL_SYSTEMD)) && [[ -z $INSTALL_DEST ]] && ! gg_systemd_is_init; then
     gg_usage_error "systemd is not running here (PID 1 is $(cat /proc/1/comm 2>/dev/null)): use --cron, or nohup yichuidingyin.sh &" || return
   fi
@@ -112,6 +129,14 @@ install_check() {
     gg_log warn "no cron daemon is running here: the watchdog entry will not run until one is started (service cron start, or systemctl enable --now cron); or run the watchdog as a service (--systemd) or with nohup yichuidingyin.sh &"
   fi
   return 0
+}
+
+# True when PREFIX/bin/CMD ($1, as installed) is the link install.sh puts
+# there; anything else in its place is someone's own, never replaced or
+# removed.
+install_is_our_link() {
+  local link
+  link=$(readlink -- "$INSTALL_DEST$1") && [[ $link == "../lib/gpuguard/bin/${1##*/}" ]]
 }
 
 # Records a path this run installed (as installed, without DESTDIR) for the
@@ -270,6 +295,7 @@ install_steps() {
     fi
   done
   install_config || return
+  install_register || return
   if ((INSTALL_CRON)); then
     install_cron || return
   fi
@@ -320,23 +346,70 @@ install_has_secrets() {
 # secrets file (0600) beside it; never over edited ones.
 install_config() {
   local dir=$INSTALL_CONFIG_DIR conf=$INSTALL_DEST$INSTALL_CONFIG_DIR/gpuguard.conf
+  # (the folder is gpuguard's even where another install made it: the
+  # last uninstall removes it once empty)
+  [[ -d $INSTALL_DEST$dir ]] && install_record "$dir" old
   install_mkdir "$dir" || return
   if [[ ! -e $conf ]] || cmp -s "$conf" "$GPUGUARD_ROOT/etc/gpuguard.conf"; then
     install_file "$GPUGUARD_ROOT/etc/gpuguard.conf" "$dir/gpuguard.conf" 644 || return
-  elif install_has_secrets "$conf"; then
-    gg_log warn "kept your edited $dir/gpuguard.conf; it holds webhook credentials, so it stays private and other users' commands cannot read it: move the NOTIFY_URL, NOTIFY_SECRET and ALERTMANAGER_URL lines into $dir/secrets.conf, then chmod 644 $dir/gpuguard.conf"
   else
-    gg_log info "kept your edited $dir/gpuguard.conf"
-    if [[ $(stat -c %a -- "$conf") != 644 ]]; then
-      chmod 644 -- "$conf" || return
-      gg_log info "made $dir/gpuguard.conf readable by every user (mode 644): it holds no secrets"
+    # (listed all the same: uninstall keeps it while edited)
+    install_record "$dir/gpuguard.conf" old
+    if install_has_secrets "$conf"; then
+      gg_log warn "kept your edited $dir/gpuguard.conf; it holds webhook credentials, so it stays private and other users' commands cannot read it: move the NOTIFY_URL, NOTIFY_SECRET and ALERTMANAGER_URL lines into $dir/secrets.conf, then chmod 644 $dir/gpuguard.conf"
+    else
+      gg_log info "kept your edited $dir/gpuguard.conf"
+      if [[ $(stat -c %a -- "$conf") != 644 ]]; then
+        chmod 644 -- "$conf" || return
+        gg_log info "made $dir/gpuguard.conf readable by every user (mode 644): it holds no secrets"
+      fi
     fi
   fi
   if [[ -e $INSTALL_DEST$dir/secrets.conf ]]; then
+    # (listed all the same: uninstall removes it unless edited)
+    install_record "$dir/secrets.conf" old
     gg_log info "kept your $dir/secrets.conf"
   else
     install_file "$GPUGUARD_ROOT/etc/secrets.conf" "$dir/secrets.conf" 600 || return
   fi
+}
+
+# Adds this prefix to the list of installs sharing the config folder;
+# drops those whose manifest is gone (removed by hand).
+install_register() {
+  local list=$INSTALL_DEST$INSTALL_REGISTRY prefix text=$INSTALL_REGISTRY_HEADER$'\n'
+  if [[ -f $list ]]; then
+    while IFS= read -r prefix; do
+      [[ $prefix == /* && $prefix != "$INSTALL_PREFIX" && -f $INSTALL_DEST$prefix/lib/gpuguard/.install-manifest ]] &&
+        text+=$prefix$'\n'
+    done <"$list"
+  fi
+  install_text "$INSTALL_REGISTRY" 644 "$text$INSTALL_PREFIX"$'\n'
+}
+
+# Puts the paths that the other registered installs' manifests list into
+# the associative array named $1 (path -> that install's prefix), and
+# their prefixes, one a line, into INSTALL_OTHERS.
+install_others_into() {
+  local -n others_ref=$1
+  local list=$INSTALL_DEST$INSTALL_REGISTRY prefix path manifest
+  INSTALL_OTHERS=''
+  [[ -f $list ]] || return 0
+  while IFS= read -r prefix; do
+    manifest=$INSTALL_DEST$prefix/lib/gpuguard/.install-manifest
+    [[ $prefix == /* && $prefix != "$INSTALL_PREFIX" && -f $manifest ]] || continue
+    INSTALL_OTHERS+=$prefix$'\n'
+    while IFS= read -r path; do
+      [[ -z $path ]] || others_ref["$path"]=$prefix
+    done <"$manifest"
+  done <"$list"
+}
+
+# True when a cron file or unit ($1, as installed) runs this prefix's
+# commands: such a file is this install's even where another install wrote
+# it first (the last install's --cron or --systemd wins).
+install_runs_this_prefix() {
+  grep -qF -e " $INSTALL_PREFIX/bin/" -e "=$INSTALL_PREFIX/bin/" -- "$INSTALL_DEST$1" 2>/dev/null
 }
 
 # The cron line: the watchdog once a minute, logging to a file.
@@ -373,9 +446,17 @@ install_cron() {
   fi
 }
 
+# Removes this prefix's watchdog line from the user's crontab; another
+# install's line stays.
 install_crontab_remove() {
   command -v crontab >/dev/null || return 0
-  crontab -l 2>/dev/null | grep -v '# gpuguard$' | crontab - || true
+  local current
+  current=$(crontab -l 2>/dev/null) || return 0
+  if grep -q '# gpuguard$' <<<"$current" && ! grep -qF " $INSTALL_PREFIX/bin/yichuidingyin.sh " <<<"$current"; then
+    gg_log info "left your crontab's gpuguard line: it runs another install's watchdog, not $INSTALL_PREFIX's"
+    return 0
+  fi
+  grep -v '# gpuguard$' <<<"$current" | crontab - || true
 }
 
 install_systemd() {
@@ -393,18 +474,25 @@ install_systemd() {
 
 # Removes exactly what the manifest lists: files and links, and folders
 # only when empty (anything else put there stays). An edited config or
-# secrets file is kept.
+# secrets file is kept, and so is a command in PREFIX/bin that is no longer
+# our link. What another registered install's manifest lists stays (the
+# shared config, logrotate), except a cron file or unit that runs this
+# prefix's commands; one that runs another's stays too. One line says
+# what was left for another install and why.
 install_remove() {
   if [[ ! -f $INSTALL_MANIFEST ]]; then
     gg_usage_error "nothing to uninstall: no $INSTALL_MANIFEST" || return
   fi
   local path target
-  local -A listed=()
+  local -A listed=() others=() users=()
+  local -a used=() elsewhere=() lost=()
   while IFS= read -r path; do
     [[ -n $path ]] && listed[$path]=1
   done <"$INSTALL_MANIFEST"
+  install_others_into others
   install_undo_disks
-  if grep -q '^/etc/systemd/system/' "$INSTALL_MANIFEST" && [[ -z $INSTALL_DEST ]] && gg_systemd_is_init; then
+  local unit=/etc/systemd/system/gpuguard-idle.service
+  if [[ -n ${listed[$unit]:-} && -z $INSTALL_DEST ]] && install_runs_this_prefix "$unit" && gg_systemd_is_init; then
     systemctl disable --now gpuguard-idle.service gpuguard-leak.service 2>/dev/null || true
   fi
   # Files first (one rm), then folders, longest paths first (one rmdir),
@@ -413,10 +501,49 @@ install_remove() {
   while IFS= read -r path; do
     target=$INSTALL_DEST$path
     case $path in
-      '') ;;
-      'crontab:# gpuguard') install_crontab_remove ;;
+      '') continue ;;
+      # (it removes this prefix's line only, whoever else lists it)
+      'crontab:# gpuguard')
+        install_crontab_remove
+        continue
+        ;;
+      /etc/cron.d/gpuguard | /etc/systemd/system/gpuguard-*.service)
+        if [[ -e $target ]] && ! install_runs_this_prefix "$path"; then
+          elsewhere+=("$path")
+          continue
+        fi
+        [[ -n ${others[$path]:-} && -e $target ]] && lost+=("$path") && users[${others[$path]}]=1
+        ;;
+      "$INSTALL_REGISTRY")
+        if [[ -n $INSTALL_OTHERS ]]; then
+          install_unregister || return
+          continue
+        fi
+        ;;
+      "$INSTALL_CONFIG_DIR"/*)
+        # every install reads the config folder, whichever wrote the file
+        if [[ -n $INSTALL_OTHERS ]]; then
+          [[ -e $target && ! -d $target ]] && used+=("$path") && install_users_add users "$INSTALL_OTHERS"
+          continue
+        fi
+        ;;
+      *)
+        if [[ -n ${others[$path]:-} ]]; then
+          [[ -e $target && ! -d $target ]] && used+=("$path") && users[${others[$path]}]=1
+          continue
+        fi
+        ;;
+    esac
+    case $path in
       */gpuguard.conf) install_remove_unless_edited "$path" "$GPUGUARD_ROOT/etc/gpuguard.conf" ;;
       */secrets.conf) install_remove_unless_edited "$path" "$GPUGUARD_ROOT/etc/secrets.conf" ;;
+      "$INSTALL_PREFIX"/bin/*)
+        if install_is_our_link "$path"; then
+          files+=("$target")
+        elif [[ -e $target || -L $target ]]; then
+          gg_log warn "kept $path: it is no longer the link gpuguard installed"
+        fi
+        ;;
       *)
         if [[ -d $target && ! -L $target ]]; then
           # A manifest of version 0.1 listed the tree's parts as whole
@@ -435,10 +562,41 @@ install_remove() {
   ((${#files[@]} == 0)) || rm -f -- "${files[@]}"
   ((${#trees[@]} == 0)) || rm -rf -- "${trees[@]}"
   ((${#dirs[@]} == 0)) || rmdir -- "${dirs[@]}" 2>/dev/null || true
+  local left=" ${used[*]} ${elsewhere[*]} "
   for target in "${dirs[@]}"; do
-    [[ -d $target ]] && gg_log info "kept the folder ${target#"$INSTALL_DEST"}: it holds something gpuguard did not install"
+    # (a folder kept for what another install uses is said below)
+    [[ -d $target && $left != *" ${target#"$INSTALL_DEST"}/"* ]] &&
+      gg_log info "kept the folder ${target#"$INSTALL_DEST"}: it holds something gpuguard did not install"
   done
+  local who="${!users[*]}" these
+  who=${who// /, }
+  if ((${#used[@]})); then
+    printf -v these '%s, ' "${used[@]}"
+    gg_log info "left ${these%, }: the gpuguard install in $who still uses them"
+  fi
+  if ((${#elsewhere[@]})); then
+    printf -v these '%s, ' "${elsewhere[@]}"
+    gg_log info "left ${these%, }: they run another install's commands, not $INSTALL_PREFIX's"
+  fi
+  if ((${#lost[@]})); then
+    printf -v these '%s, ' "${lost[@]}"
+    gg_log warn "removed ${these%, }: they ran $INSTALL_PREFIX's commands (the install in $who had them too: install.sh --prefix ${who%%,*} --cron or --systemd writes them again)"
+  fi
   gg_log info "uninstalled gpuguard from $INSTALL_PREFIX"
+}
+
+# Adds each line of $2 as a key of the associative array named $1.
+install_users_add() {
+  local -n users_ref=$1
+  local prefix
+  while IFS= read -r prefix; do
+    [[ -z $prefix ]] || users_ref["$prefix"]=1
+  done <<<"$2"
+}
+
+# Takes this prefix off the list of installs; the others stay on it.
+install_unregister() {
+  install_text "$INSTALL_REGISTRY" 644 "$INSTALL_REGISTRY_HEADER"$'\n'"$INSTALL_OTHERS"
 }
 
 # Puts back the disks' iocost settings that --setup-disk changed (kept in

@@ -436,6 +436,7 @@ lowprio_parse_check() {
   else
     unset 'LP_SET[io_prio]'
   fi
+  disk_measure_mib_check || return
   if ((LP_UNDO)) && [[ $LP_ACTION != setup-disk ]]; then
     gg_usage_error "--undo goes with --setup-disk (lowprio-run --setup-disk --undo [DEV])" || return
   fi
@@ -1601,7 +1602,7 @@ lowprio_disk_action() {
         if disk_measure_into "$majmin" bw "$PWD"; then
           read -r w r _ <<<"$bw"
           printf 'disk %s (%s): writes %s, reads %s (O_DIRECT, %s MiB)\n' "$(disk_name "$majmin")" "$majmin" \
-            "$(disk_rate_text "$w")" "$(disk_rate_text "$r")" "${DISK_MEASURED_MIB:-256}"
+            "$(disk_rate_text "$w")" "$(disk_rate_text "$r")" "${DISK_MEASURE_MIB:-256}"
         else
           gg_log error "disk $majmin: not measured: $DISK_ERROR"
           return 1

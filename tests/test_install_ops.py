@@ -227,6 +227,116 @@ def test_uninstall_removes_exactly_what_the_manifest_lists(tmp_path):
                           "opt/gg/lib/gpuguard", "opt/gg/lib/gpuguard/etc", "opt/gg/lib/gpuguard/etc/my-rules.conf"}
 
 
+SHARED = ["etc/gpuguard/gpuguard.conf", "etc/gpuguard/secrets.conf", "etc/logrotate.d/gpuguard", "etc/cron.d/gpuguard",
+          "etc/systemd/system/gpuguard-idle.service", "etc/systemd/system/gpuguard-leak.service"]
+
+
+@pytest.mark.parametrize("first", ["/opt/a", "/opt/b"])
+def test_uninstalling_one_prefix_leaves_the_shared_files_another_install_uses(tmp_path, first):
+    """Two installs (/opt/a, then /opt/b, both --cron --systemd): uninstalling
+    either removed the shared config, secrets, logrotate, cron and unit
+    files the other still used. Now the config stays for the other, the cron
+    file and units stay while they run the other's commands, and one line
+    says what was left and why; the second uninstall leaves nothing."""
+    dest = tmp_path / "dest"
+    for system_dir in ("opt", "etc/cron.d", "etc/logrotate.d", "etc/systemd/system"):   # the system had them
+        (dest / system_dir).mkdir(parents=True)
+    env = {"DESTDIR": str(dest)}
+    for prefix in ("/opt/a", "/opt/b"):
+        r = install(["--prefix", prefix, "--cron", "--systemd"], env=env)
+        assert r.returncode == 0, r.stderr
+    other = "/opt/b" if first == "/opt/a" else "/opt/a"
+    r = install(["--prefix", first, "--uninstall"], env=env)
+    assert r.returncode == 0, r.stderr
+    assert not (dest / first.lstrip("/") / "bin").exists()
+    left = [line for line in r.stderr.splitlines() if "still uses them" in line]
+    assert len(left) == 1 and left[0].endswith(
+        "left /etc/gpuguard/gpuguard.conf, /etc/gpuguard/secrets.conf, /etc/logrotate.d/gpuguard: "
+        "the gpuguard install in %s still uses them" % other), r.stderr
+    for path in SHARED[:3]:
+        assert (dest / path).exists(), path
+    if first == "/opt/a":       # /opt/b wrote the cron file and units last: they are its own
+        assert "/opt/b/bin/yichuidingyin.sh --once" in (dest / "etc/cron.d/gpuguard").read_text()
+        assert "ExecStart=/opt/b/bin/yichuidingyin.sh\n" in (dest / SHARED[4]).read_text()
+        assert "they run another install's commands, not /opt/a's" in r.stderr
+    else:                       # they ran /opt/b's commands, now gone: removed, and /opt/a is told
+        assert not (dest / "etc/cron.d/gpuguard").exists() and not (dest / SHARED[4]).exists()
+        assert "(the install in /opt/a had them too: install.sh --prefix /opt/a --cron or --systemd " \
+            "writes them again)" in r.stderr
+    h = subprocess.run([str(dest / other.lstrip("/") / "bin/gpuguard"), "--help"], capture_output=True, text=True)
+    assert h.returncode == 0, h.stderr
+    r = install(["--prefix", other, "--uninstall"], env=env)
+    assert r.returncode == 0, r.stderr
+    assert "still uses" not in r.stderr
+    assert tree(dest) == {"etc", "etc/cron.d", "etc/logrotate.d", "etc/systemd", "etc/systemd/system", "opt"}
+
+
+def test_uninstalling_one_user_prefix_keeps_the_other_prefixs_crontab_line_and_config(tmp_path):
+    """Two --user --cron installs (~/a, then ~/b): uninstalling ~/a removed
+    ~/b's watchdog line from the crontab and the config both read."""
+    fake = tmp_path / "fakebin"
+    fake.mkdir()
+    tab = tmp_path / "crontab.txt"
+    tab.write_text("0 3 * * * backup.sh\n")
+    (fake / "crontab").write_text('#!/bin/sh\nif [ "$1" = "-l" ]; then cat %s; else cat > %s.new && mv %s.new %s; fi\n'
+                                  % (tab, tab, tab, tab))
+    (fake / "crontab").chmod(0o755)
+    home, env = user_env(tmp_path, [fake])
+    for prefix in ("a", "b"):
+        r = subprocess.run([str(ROOT / "install.sh"), "--user", "--cron", "--prefix", str(home / prefix)], env=env,
+                           capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+    line = "* * * * * %s/b/bin/yichuidingyin.sh --once >>%s/.local/state/gpuguard.log 2>&1 # gpuguard\n" % (home, home)
+    assert tab.read_text() == "0 3 * * * backup.sh\n" + line
+    r = subprocess.run([str(ROOT / "install.sh"), "--user", "--uninstall", "--prefix", str(home / "a")], env=env,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert tab.read_text() == "0 3 * * * backup.sh\n" + line
+    assert (home / ".config/gpuguard/gpuguard.conf").exists() and (home / ".config/gpuguard/secrets.conf").exists()
+    assert "the gpuguard install in %s/b still uses them" % home in r.stderr
+    r = subprocess.run([str(ROOT / "install.sh"), "--user", "--uninstall", "--prefix", str(home / "b")], env=env,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert tab.read_text() == "0 3 * * * backup.sh\n"
+    assert not (home / ".config/gpuguard").exists()
+
+
+@pytest.mark.parametrize("own", ["file", "link elsewhere"])
+def test_install_never_replaces_a_command_of_ones_own_and_uninstall_never_deletes_one(tmp_path, own):
+    """A script of the admin's own at PREFIX/bin/gpuguard was replaced by the
+    install's link without a word, and --uninstall then deleted it. Now the
+    install refuses in one line (exit 2, the file named, nothing installed),
+    and --uninstall keeps a command that is no longer gpuguard's link."""
+    dest = tmp_path / "dest"
+    mine = dest / "opt/gg/bin/gpuguard"
+    mine.parent.mkdir(parents=True)
+    if own == "file":
+        mine.write_text("#!/bin/sh\necho my own gpuguard\n")
+    else:
+        mine.symlink_to("/opt/gpuguard-git/bin/gpuguard")
+    before = tree(dest)
+    env = {"DESTDIR": str(dest)}
+    r = install(["--prefix", "/opt/gg"], env=env)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr == "install.sh: /opt/gg/bin/gpuguard: not installed by gpuguard, and an install would replace " \
+        "it: move it away or install with another --prefix; nothing was installed\n"
+    assert tree(dest) == before
+    if own == "file":
+        assert mine.read_text() == "#!/bin/sh\necho my own gpuguard\n"
+    else:
+        assert os.readlink(mine) == "/opt/gpuguard-git/bin/gpuguard"
+    # the admin moves it away, installs, then puts it back over the link
+    aside = tmp_path / "aside"
+    os.rename(mine, aside)
+    assert install(["--prefix", "/opt/gg"], env=env).returncode == 0
+    mine.unlink()
+    os.rename(aside, mine)
+    r = install(["--prefix", "/opt/gg", "--uninstall"], env=env)
+    assert r.returncode == 0, r.stderr
+    assert "kept /opt/gg/bin/gpuguard: it is no longer the link gpuguard installed" in r.stderr
+    assert os.path.lexists(mine) and sorted(os.listdir(mine.parent)) == ["gpuguard"]
+
+
 def test_an_earlier_private_config_without_secrets_becomes_readable(tmp_path):
     dest = tmp_path / "dest"
     conf = dest / "etc/gpuguard/gpuguard.conf"

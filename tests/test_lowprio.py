@@ -1152,11 +1152,10 @@ def test_default_tier_caps_the_disk_from_its_measured_bandwidth_where_iocost_is_
     assert "disk %s (%s; the job's folder, the state folder): io.max fallback" % (name, majmin) in r.stdout
     assert "not work-conserving: the job never writes faster, even alone" in r.stdout
     (tmp_path / "state" / "disk-bandwidth").write_text("%s %s 1 5 5 0\n" % (majmin, name))   # another disk's size
-    # (the knob's value as written, not its text: 'abc' printed "abc MiB")
-    r = run(["--measure-disk", str(tmp_path)], env=dict(env, LOWPRIO_MEASURE_MIB="abc"))
+    r = run(["--measure-disk", str(tmp_path)], env=env)
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("disk %s (%s): writes " % (name, majmin))
-    assert r.stdout.rstrip().endswith("(O_DIRECT, 256 MiB)"), r.stdout
+    assert r.stdout.rstrip().endswith("(O_DIRECT, 8 MiB)"), r.stdout
     assert cached_bandwidth(tmp_path, majmin)[0] > 5
 
 
@@ -1309,6 +1308,20 @@ def test_bad_disk_input_is_one_line_exit_2_and_the_job_never_starts(tmp_path, ar
     assert r.returncode == 2, r.stderr
     assert message in r.stderr and len(r.stderr.splitlines()) == 1
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-5", "1e3", "99999999999999999999"])
+@pytest.mark.parametrize("args", [["--measure-disk", "."], ["--", "touch", "started"]])
+def test_a_bad_measurement_size_is_one_line_exit_2_naming_the_key_and_range(tmp_path, value, args):
+    """LOWPRIO_MEASURE_MIB=abc measured 256 MiB without a word (and a job
+    started as if it were unset): now the key, the range and the value."""
+    require(disk_of(tmp_path) is not None, "the test's folder on a disk")
+    r = run(args, env={"LOWPRIO_MEASURE_MIB": value}, cwd=tmp_path)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr == "lowprio-run: LOWPRIO_MEASURE_MIB must be a whole number of MiB from 1 to 1000000000 " \
+        "(got '%s')\n" % value
+    assert r.stdout == "" and not (tmp_path / "started").exists()
+    assert not (tmp_path / "state" / "disk-bandwidth").exists()          # nothing measured
 
 
 MEASURE_MIB = 300
