@@ -511,6 +511,17 @@ ledger_with_today() {
   "$@" <<<"$text"
 }
 
+# `gpuguard ledger`: the ledger as text or JSON (gpuguard_ledger.py show),
+# today's as the watchdog holds it; the text in ASCII where the terminal's
+# locale is not UTF-8 (gg_utf8_locale decides, GG_ASCII tells the helper).
+# shellcheck disable=SC2034 # GG_ASCII: passed on by gg_python
+ledger_show() {
+  local GG_ASCII=1
+  gg_utf8_locale && GG_ASCII=0
+  ledger_with_today gg_python gpuguard_ledger.py "LEDGER_NAMES GPU_HOUR_PRICE GPU_PRICE_CURRENCY NOTIFY_LANG GG_ASCII" \
+    show "$@"
+}
+
 # Checks the ledger's keys that the configuration's kinds cannot.
 # Returns:
 #   2 with a one-line error for a LEDGER_DIGEST_AT that is not HH:MM

@@ -424,6 +424,33 @@ def test_a_pause_in_sampling_ends_the_longest_idle_stretch(box, pause_h, start):
     assert [(j["longest_s"], j["longest_end"]) for j in s["jobs"]] == [(13 * M, after + 25 * M)]
 
 
+@pytest.mark.parametrize("locale, utf8", [({"LANG": "C"}, False), ({"LANG": "C.UTF-8", "LC_ALL": "POSIX"}, False),
+                                          ({"LANG": "C.UTF-8"}, True)], ids=["LANG=C", "LC_ALL=POSIX", "LANG=C.UTF-8"])
+def test_ledger_text_is_ascii_where_the_locale_is_not_utf8(box, locale, utf8):
+    """`gpuguard ledger --since 2d` on a console set to C printed its span's
+    dash and the dots between a job's user, Slurm job and command line as
+    UTF-8 (mojibake there); it now prints ASCII there, and as before under
+    a UTF-8 locale. The digest sent to chat keeps them."""
+    ledger_dir = box.state / "ledger"
+    ledger_dir.mkdir(parents=True)
+    for n, day in enumerate(("2026-12-01", "2026-12-02"), 1):
+        ts = at(15, day=n - 2)
+        (ledger_dir / (day + ".tsv")).write_text(
+            "# gpuguard ledger 1\nday\t%s\nlast\t%d\t%d\n"
+            "job\talice\t1000\tslurm:4242\t7200\t%d\t3600\t%d\t0,1\tpython3 train.py --lr 0.1\n"
+            % (day, ts, n, 1800 * n, ts))
+    r = box.run("ledger", "--since", "2d", cmd="bin/gpuguard",
+                env=dict(env_for(box, {"GPU_HOUR_PRICE": "0"}), GPUGUARD_HOST="lab", GPUGUARD_NOW=str(at(18)), **locale))
+    assert r.returncode == 0, r.stderr
+    dash, dot = ("\u2013", "\u00b7") if utf8 else ("-", "|")
+    lines = r.stdout.splitlines()
+    assert lines[0] == "[gpuguard DAILY] lab: GPU ledger 2026-12-01 %s 2026-12-02" % dash
+    assert f"  1. GPU 0,1 idle for 1 h 0 min (until 15:00): alice {dot} Slurm job 4242 {dot} python3 train.py --lr 0.1" \
+        in lines
+    assert lines[-1] == f"  Idle GPU-hours, last 2 days: 12-01 0.5 {dot} 12-02 1.0"
+    assert r.stdout.isascii() is not utf8
+
+
 def test_busy_box_stays_under_a_megabyte_a_month(box):
     """A day of 400 jobs (a new job every few minutes on 8 GPUs) keeps
     LEDGER_MAX_JOBS rows; the rest of a user's jobs add up in one row."""
