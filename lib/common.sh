@@ -108,6 +108,26 @@ gg_cut_into() {
   cut_ref=$text
 }
 
+# True when the terminal takes UTF-8: the locale, as the C library picks it
+# (the first of LC_ALL, LC_CTYPE and LANG that is set and not empty; none
+# is C), names the UTF-8 character set. The one place that decides: under
+# C, POSIX or a Latin-1 locale the views drawn for a terminal (status, the
+# ledger's text) use ASCII stand-ins, as such a console shows UTF-8 as
+# mojibake. Chat texts and JSON stay UTF-8: no console reads them.
+gg_utf8_locale() {
+  local loc=${LC_ALL:-${LC_CTYPE:-${LANG:-}}}
+  loc=${loc,,}
+  [[ $loc == *.utf-8* || $loc == *.utf8* ]]
+}
+
+# Puts $2 into the variable named $1 as a terminal shows it: the ellipsis
+# of a cut name as "..." where the locale is not UTF-8 (gg_utf8_locale).
+gg_term_text_into() {
+  local -n term_ref=$1
+  term_ref=$2
+  gg_utf8_locale || term_ref=${term_ref//…/...}
+}
+
 # Sets the variable named $1 to a value ($2) the way an error line may show
 # it: quoted when plain and at most $3 characters; a URL (a webhook token
 # pasted into the wrong key), a value holding a piece of a secret key's

@@ -462,7 +462,7 @@ status_state_into() {
 # counters against their limits), then a line per process holding it
 # (its job, the leak watcher's verdict and slope, recent memory).
 status_table() {
-  local uuid state colour power pid name mem root leak firing user label head=GPU npus=0
+  local uuid state colour power pid name mem root leak firing user label head=GPU npus=0 short
   # the first column names what the box has: GPU, NPU (Ascend, lib/npu.sh)
   # or DEV on a box with both
   for uuid in "${SMI_UUIDS[@]}"; do
@@ -496,7 +496,8 @@ status_table() {
       fi
       user=${STATUS_JOB_USER:+ ($STATUS_JOB_USER)}
       [[ -n $STATUS_JOB_SHORT ]] || STATUS_JOB_SHORT=${name##*/}
-      printf '       pid %-8s %7s MiB  %s%s  %s %s%s%s\n' "$pid" "${mem:-?}" "$STATUS_JOB_SHORT" "$user" \
+      gg_term_text_into short "$STATUS_JOB_SHORT"
+      printf '       pid %-8s %7s MiB  %s%s  %s %s%s%s\n' "$pid" "${mem:-?}" "$short" "$user" \
         "$leak" "$C_DIM" "$(status_spark "${STATUS_SPARK[${root:-none}]:-}" 0)" "$C_OFF"
     done <<<"${SMI_PROCS[$uuid]}"
   done
@@ -515,6 +516,7 @@ status_ended_table() {
     [[ $ts =~ ^[0-9]+$ ]] || continue
     [[ $user == - ]] && user=''
     [[ $short == - ]] && short=''
+    gg_term_text_into short "$short"
     printf '       pid %-8s %s%s  %slast seen %s min ago%s\n' "$pid" "${short:-(not named)}" "${user:+ ($user)}" \
       "$C_DIM" "$(((now - ts) / 60))" "$C_OFF"
   done
@@ -648,10 +650,12 @@ status_watch_frame() {
 }
 
 # Draws a sparkline of comma-separated numbers; $2 the scale's top (0: from
-# the smallest to the largest value).
+# the smallest to the largest value). Its eight levels are block characters,
+# or ASCII ones where the locale is not UTF-8 (gg_utf8_locale).
 status_spark() {
   local values=$1 top=$2 v out='' min='' max=0
   local -a bars=(▁ ▂ ▃ ▄ ▅ ▆ ▇ █)
+  gg_utf8_locale || bars=(_ . : - '=' + '*' '#')
   [[ -n $values ]] || return 0
   local IFS=,
   for v in $values; do

@@ -548,6 +548,18 @@ idle_holders_into() {
   done <<<"${SMI_PROCS[$2]:-}"
 }
 
+# Puts into the variable named $1 the longest wait between two good
+# samples that still counts as watching without a break: 5 cycles of
+# CHECK_INTERVAL, at least 15 minutes. Past it (the watchdog or its cron
+# line stopped, the host asleep) the idle counts start again
+# (idle_continuity) and the ledger's idle stretches end (ledger_account),
+# so both draw the line in the same place.
+idle_pause_limit_into() {
+  local -n pause_ref=$1
+  pause_ref=$((5 * CHECK_INTERVAL))
+  ((pause_ref >= 900)) || pause_ref=900
+}
+
 # An idle count belongs to one job watched without a break. It starts again
 # when no process that held the GPU last cycle holds it now (another job
 # took the GPU) or when no good sample came for a long while (the watchdog
@@ -561,9 +573,9 @@ idle_holders_into() {
 # Arguments:
 #   $1 now, $2 uuid
 idle_continuity() {
-  local now=$1 uuid=$2 holders pid other_job=0 gap=0
-  local was=${IDLE_HOLDERS[$uuid]:-} limit=$((5 * CHECK_INTERVAL))
-  ((limit >= 900)) || limit=900
+  local now=$1 uuid=$2 holders pid other_job=0 gap=0 limit
+  local was=${IDLE_HOLDERS[$uuid]:-}
+  idle_pause_limit_into limit
   idle_holders_into holders "$uuid"
   IDLE_HOLDERS[$uuid]=$holders
   if [[ -n $was && -n $holders ]]; then

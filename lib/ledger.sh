@@ -142,8 +142,14 @@ ledger_read_day() {
 #   $1 sequence number, $2 time it ends, $3 seconds, $4... one per held
 #   GPU: "UUID|INDEX|IDLE(0/1)|USER|JOB"
 ledger_account() {
-  local seq=$1 ts=$2 dt=$3 entry uuid idx idle user job key day run
+  local seq=$1 ts=$2 dt=$3 entry uuid idx idle user job key day run pause=0 limit
   shift 3
+  # a pause in sampling past the watchdog's own limit ends every idle
+  # stretch: before, the longest stretch ran across a stopped watchdog or
+  # a sleeping host as if watched all along; the next one starts with
+  # this sample, as the watchdog's idle counts do
+  idle_pause_limit_into limit
+  ((LG_LAST > 0 && ts - LG_LAST > limit)) && pause=1
   printf -v day '%(%Y-%m-%d)T' "$ts"
   if [[ $day != "$LG_DAY" ]]; then
     # a clock set back past midnight never reopens (and empties) a finished day
@@ -180,8 +186,10 @@ ledger_account() {
       LG_TOT_IDLE[$user]=$((${LG_TOT_IDLE[$user]:-0} + dt))
       # one idle stretch per GPU and holder; it may run past midnight
       run=0
-      [[ ${LG_RUN_KEY[$uuid]:-} == "$key" ]] && run=${LG_RUN[$uuid]:-0}
-      run=$((run + dt))
+      if ((! pause)); then
+        [[ ${LG_RUN_KEY[$uuid]:-} == "$key" ]] && run=${LG_RUN[$uuid]:-0}
+        run=$((run + dt))
+      fi
       LG_RUN[$uuid]=$run LG_RUN_KEY[$uuid]=$key
       if ((run > LG_LONG[$key])); then
         LG_LONG[$key]=$run LG_LONG_END[$key]=$ts
@@ -501,6 +509,17 @@ ledger_with_today() {
   local text=''
   ((LG_OK)) && [[ -n $LG_DAY ]] && ledger_day_text_into text
   "$@" <<<"$text"
+}
+
+# `gpuguard ledger`: the ledger as text or JSON (gpuguard_ledger.py show),
+# today's as the watchdog holds it; the text in ASCII where the terminal's
+# locale is not UTF-8 (gg_utf8_locale decides, GG_ASCII tells the helper).
+# shellcheck disable=SC2034 # GG_ASCII: passed on by gg_python
+ledger_show() {
+  local GG_ASCII=1
+  gg_utf8_locale && GG_ASCII=0
+  ledger_with_today gg_python gpuguard_ledger.py "LEDGER_NAMES GPU_HOUR_PRICE GPU_PRICE_CURRENCY NOTIFY_LANG GG_ASCII" \
+    show "$@"
 }
 
 # Checks the ledger's keys that the configuration's kinds cannot.

@@ -343,6 +343,12 @@ def _trend_line(e, lang):
     return line
 
 
+# The ledger text's own glyphs and their ASCII stand-ins, for a terminal
+# whose locale is not UTF-8 (lib/common.sh's gg_utf8_locale decides and
+# says so with GG_ASCII=1); the digest sent to chat keeps them.
+_ASCII_GLYPHS = str.maketrans({"\u2013": "-", "\u00b7": "|", "\u2026": "..."})
+
+
 def _render_text(e, lang, host):
     what, lines = render_lines(e, lang)
     title = TABLES[lang]["title_one"].format(tag=_msg(lang, "tag_ledger"), host=_defuse(host), what=what)
@@ -397,7 +403,8 @@ def _show(args, env, stdin_text, now=None):
                                         "longest_end")} for j in jobs[:JSON_JOBS]]
         return json.dumps(s, ensure_ascii=False, indent=1)
     lang = env.get("NOTIFY_LANG") if env.get("NOTIFY_LANG") in TABLES else "en"
-    return _render_text(s, lang, env.get("GPUGUARD_HOST") or os.uname().nodename)
+    text = _render_text(s, lang, env.get("GPUGUARD_HOST") or os.uname().nodename)
+    return text.translate(_ASCII_GLYPHS) if env.get("GG_ASCII") == "1" else text
 
 
 def main(argv):

@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import time
 
 import pytest
 import webhook_sink
@@ -393,6 +394,61 @@ def test_a_stopped_watchdog_does_not_invent_held_time(box):
     assert s["held_s"] == 300 and s["idle_s"] == 300
     # a PID this namespace cannot vouch for is no one's: "?"
     assert [u["user"] for u in s["users"]] == ["?"]
+
+
+@pytest.mark.parametrize("pause_h, start", [(3, at(1)), (9, at(20))], ids=["watchdog stopped 3 h", "host asleep overnight"])
+def test_a_pause_in_sampling_ends_the_longest_idle_stretch(box, pause_h, start):
+    """A job idle for 10 watched minutes, then a pause in sampling (the
+    watchdog stopped, the host asleep past midnight), then 5 more watched
+    idle minutes. The longest stretch read 10 min + 3 capped cycles of the
+    pause + 5 min = 18 min, as if watched all along; it ends at the pause
+    (the watchdog's own rule: a pause over max(5 cycles, 15 min) is a
+    break), and the next one starts with the first sample after it."""
+    box.write_scenario([{"gpus": [idle_gpu(mem=30000)], "apps": [app(os.getpid(), mem=29800)]}])
+    env = {"CHECK_INTERVAL": "60", "TZ": "UTC", "JOBINFO_DEVICE_GLOB": "/nonexistent*"}
+    for t in range(0, 11 * M, M):
+        box.once(now=start + t, env=env)
+    after = start + 10 * M + pause_h * H
+    for t in range(0, 6 * M, M):
+        box.once(now=after + t, env=env)
+    s = json.loads(ledger(box, "--json", "--since", "2d", now=after + 6 * M, env=env))
+    rows = {j["day"]: (j["longest_s"], j["longest_end"]) for j in s["jobs"]}
+    want = {time.strftime("%Y-%m-%d", time.gmtime(after)): (5 * M, after + 5 * M),
+            time.strftime("%Y-%m-%d", time.gmtime(start)): (10 * M, start + 10 * M)}
+    assert rows == want
+    # a pause of 15 minutes at 1-minute cycles is within the rule: no
+    # break (5 min, 3 capped cycles, 5 min)
+    for t in range(20 * M, 26 * M, M):
+        box.once(now=after + t, env=env)
+    s = json.loads(ledger(box, "--json", now=after + 26 * M, env=env))
+    assert [(j["longest_s"], j["longest_end"]) for j in s["jobs"]] == [(13 * M, after + 25 * M)]
+
+
+@pytest.mark.parametrize("locale, utf8", [({"LANG": "C"}, False), ({"LANG": "C.UTF-8", "LC_ALL": "POSIX"}, False),
+                                          ({"LANG": "C.UTF-8"}, True)], ids=["LANG=C", "LC_ALL=POSIX", "LANG=C.UTF-8"])
+def test_ledger_text_is_ascii_where_the_locale_is_not_utf8(box, locale, utf8):
+    """`gpuguard ledger --since 2d` on a console set to C printed its span's
+    dash and the dots between a job's user, Slurm job and command line as
+    UTF-8 (mojibake there); it now prints ASCII there, and as before under
+    a UTF-8 locale. The digest sent to chat keeps them."""
+    ledger_dir = box.state / "ledger"
+    ledger_dir.mkdir(parents=True)
+    for n, day in enumerate(("2026-12-01", "2026-12-02"), 1):
+        ts = at(15, day=n - 2)
+        (ledger_dir / (day + ".tsv")).write_text(
+            "# gpuguard ledger 1\nday\t%s\nlast\t%d\t%d\n"
+            "job\talice\t1000\tslurm:4242\t7200\t%d\t3600\t%d\t0,1\tpython3 train.py --lr 0.1\n"
+            % (day, ts, n, 1800 * n, ts))
+    r = box.run("ledger", "--since", "2d", cmd="bin/gpuguard",
+                env=dict(env_for(box, {"GPU_HOUR_PRICE": "0"}), GPUGUARD_HOST="lab", GPUGUARD_NOW=str(at(18)), **locale))
+    assert r.returncode == 0, r.stderr
+    dash, dot = ("\u2013", "\u00b7") if utf8 else ("-", "|")
+    lines = r.stdout.splitlines()
+    assert lines[0] == "[gpuguard DAILY] lab: GPU ledger 2026-12-01 %s 2026-12-02" % dash
+    assert f"  1. GPU 0,1 idle for 1 h 0 min (until 15:00): alice {dot} Slurm job 4242 {dot} python3 train.py --lr 0.1" \
+        in lines
+    assert lines[-1] == f"  Idle GPU-hours, last 2 days: 12-01 0.5 {dot} 12-02 1.0"
+    assert r.stdout.isascii() is not utf8
 
 
 def test_busy_box_stays_under_a_megabyte_a_month(box):

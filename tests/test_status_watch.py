@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 
+import pytest
 from conftest import H200_UUID, ROOT, app, default_signals, idle_gpu, require, wait_for
 
 
@@ -270,3 +271,57 @@ def test_a_wrapped_job_that_never_held_gpu_memory_is_not_listed_as_ended(box):
     assert list((box.state / "history").glob("*.csv"))         # it was sampled
     r = box.run("status", cmd="bin/gpuguard")
     assert r.returncode == 0 and "ended in the last hour" not in r.stdout, r.stdout
+
+
+@pytest.mark.parametrize("locale, utf8", [
+    ({"LANG": "C"}, False), ({"LANG": "POSIX"}, False), ({"LANG": ""}, False),
+    ({"LANG": "C.UTF-8", "LC_ALL": "C"}, False), ({"LANG": "C.UTF-8"}, True),
+    ({"LANG": "C", "LC_CTYPE": "en_US.UTF-8"}, True)],
+    ids=["LANG=C", "LANG=POSIX", "no locale", "LC_ALL=C over LANG=C.UTF-8", "LANG=C.UTF-8",
+         "LC_CTYPE=en_US.UTF-8 over LANG=C"])
+def test_status_draws_in_ascii_where_the_locale_is_not_utf8(box, tmp_path, locale, utf8):
+    """On a console set to C or POSIX, status printed its sparklines and the
+    ellipsis of a cut job name as UTF-8, which such a console shows as
+    mojibake; there it now draws them in ASCII, and under a UTF-8 locale
+    as before. The locale is the C library's: LC_ALL, then LC_CTYPE, then
+    LANG."""
+    now = 1796169600
+    script = tmp_path / "train.py"
+    script.write_text("import os, time\nf = open(os.environ['DEV'])\ntime.sleep(60)\n")
+    (tmp_path / "nvidia0").touch()
+    box.env["JOBINFO_DEVICE_GLOB"] = str(tmp_path / "nvidia*")
+    job = subprocess.Popen(["python3", str(script), "--run-name", "llama-70b-sft-long-context-experiment-42",
+                            "--lr", "0.1"], start_new_session=True, env=dict(os.environ, DEV=str(tmp_path / "nvidia0")))
+    try:
+        assert wait_for(lambda: any(os.readlink("/proc/%d/fd/%s" % (job.pid, fd)).endswith("nvidia0")
+                                    for fd in os.listdir("/proc/%d/fd" % job.pid)), timeout=10)
+        box.write_scenario([{"gpus": [idle_gpu(mem=9000, util=37)], "apps": [app(job.pid, mem=6000)]}])
+        # the watchdog's recent utilization, the leak watcher's recent memory
+        # of the job, and a job that ended 2 minutes ago
+        leak_state(box, {job.pid: (2.0, False)})
+        (box.state / "idle.state").write_text("gpu %s 2 100 0 0 0 0\nhistory %s 0,14,28,43,57,71,85,100\n"
+                                              % (H200_UUID, H200_UUID))
+        history = box.state / "history"
+        history.mkdir()
+        (history / ("%d-1000.csv" % job.pid)).write_text("timestamp,pid,used_memory_mib,gpu_used_mib,gpu_total_mib\n" + "".join(
+            "%d,%d,%d,9000,143771\n" % (now - 80 + 10 * i, job.pid, 4000 + 100 * i) for i in range(8)))
+        (history / "4242-1000.csv").write_text("timestamp,pid,used_memory_mib,gpu_used_mib,gpu_total_mib\n"
+                                               "%d,4242,3000,9000,143771\n" % (now - 120))
+        (history / "4242-1000.job.json").write_text(json.dumps({
+            "user": "alice", "cmdline": "/opt/venv/bin/python3 /home/alice/eval_checkpoint.py --checkpoint "
+                                        "/data/ckpt/llama-70b-step-12000 --batch 8"}))
+        r = box.run("status", cmd="bin/gpuguard", env=dict(locale, GPUGUARD_NOW=str(now)))
+    finally:
+        job.kill()
+        job.wait()
+    assert r.returncode == 0, r.stderr
+    dots, gpu_spark, mem_spark = ("…", "▁▁▂▄▄▅▆█", "▁▂▃▄▅▆▇█") if utf8 else ("...", "__.--=+#", "_.:-=+*#")
+    lines = r.stdout.splitlines()
+    assert lines[1].startswith("0 ") and lines[1].endswith(" idle?  " + gpu_spark), r.stdout
+    assert lines[2].startswith("       pid %-8s %7s MiB  python3 train.py --run-name llama-70b-sft-long-%s (%s)"
+                               % (job.pid, 6000, dots, getpass.getuser())), r.stdout
+    assert lines[2].endswith("healthy +2 MiB/h " + mem_spark), r.stdout
+    assert lines[3:] == ["ended in the last hour",
+                         "       pid 4242     python3 eval_checkpoint.py --checkpoint /data/c%s (alice)  "
+                         "last seen 2 min ago" % dots], r.stdout
+    assert r.stdout.isascii() is not utf8
