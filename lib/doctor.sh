@@ -486,7 +486,7 @@ status_table() {
       "idle ${IDLE_CYCLES[$uuid]:-0}/$IDLE_T_MAX" "stuck ${IDLE_SPIN[$uuid]:-0}/$IDLE_T_SPIN" \
       "$colour" "$state" "$C_OFF" "$(status_spark "${IDLE_HISTORY[$uuid]:-}" 100)"
     [[ -z ${SMI_BAD_VALUE[$uuid]:-} ]] || printf '       %snvidia-smi read %s%s\n' "$C_DIM" "${SMI_BAD_VALUE[$uuid]}" "$C_OFF"
-    while IFS=$'\t' read -r pid name mem; do
+    while IFS=$SMI_FS read -r pid name mem; do
       [[ -n $pid ]] || continue
       status_job "$pid" "${name##*/}"
       root=$(status_leak_root "$pid")
@@ -551,7 +551,7 @@ status_json() {
   for uuid in "${SMI_UUIDS[@]}"; do
     status_state_into "$uuid" state colour
     procs=''
-    while IFS=$'\t' read -r pid name mem; do
+    while IFS=$SMI_FS read -r pid name mem; do
       [[ -n $pid ]] || continue
       status_job "$pid" "${name##*/}"
       root=$(status_leak_root "$pid")
