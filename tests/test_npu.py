@@ -316,6 +316,23 @@ def test_health_other_than_ok_is_a_device_fault(box):
     assert [e for e in box.events() if e["event"] == "gpu_idle"] == []
 
 
+def test_status_says_fault_for_a_chip_whose_health_is_critical(box):
+    """Health Critical pages gpu_degraded; status says FAULT and the
+    health, in the table and in --json (before: "ok", no fault key)."""
+    devices = Devices(box, "ascend")
+    critical = {"chips": [{"aicore": 0, "used": 41052, "power": 92.3, "temp": 32, "health": "Critical"}],
+                "procs": []}
+    devices.write([critical] * 6)
+    for t in range(4):
+        box.once(now=t, env={"SMI_FAIL_ALERT_CYCLES": "3"})
+    assert [e["state"] for e in box.events() if e["event"] == "gpu_degraded"] == ["firing"]
+    status = box.run("status", cmd="bin/gpuguard")
+    (row,) = [ln for ln in status.stdout.splitlines() if ln.split()[:1] == ["npu0"]]
+    assert "FAULT" in row.split() and "fault: Health Critical" in status.stdout, status.stdout
+    (chip,) = json.loads(box.run("status", "--json", cmd="bin/gpuguard").stdout)["gpus"]
+    assert (chip["state"], chip["fault"], chip["degraded_firing"]) == ("FAULT", "Health Critical", True)
+
+
 @pytest.mark.parametrize("recording,uuid,pid,mem", [
     ("info-910b3-25.2.0-one-process.txt", "NPU-2-0", 1333928, 37709),
     ("info-ascend910-a3-25.2.3-busy.txt", "NPU-0-0", 3325989, 50128)])
