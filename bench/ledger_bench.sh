@@ -46,7 +46,7 @@ main() {
     uuid=GPU-0000000$i-3a23-ca8c-52da-f8eedc850d97
     SMI_UUIDS+=("$uuid")
     SMI_INDEX[$uuid]=$i SMI_MEM_USED[$uuid]=30000
-    SMI_PROCS[$uuid]="${pids[i]}"$'\t'python3$'\t'29800
+    SMI_PROCS[$uuid]="${pids[i]}${SMI_FS}python3${SMI_FS}29800"
     ((i % 2)) && IDLE_CYCLES["$uuid"]=1
   done
   # the first cycle looks the jobs up (once per PID); then the steady state

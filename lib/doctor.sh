@@ -429,8 +429,9 @@ status_leak_into() {
   lk_text="${lk_verdict:-?} $lk_slope MiB/h"
 }
 
-# Puts a GPU's state into the variables named $2 (ok, idle?, IDLE, STUCK,
-# bad (values out of range), or freed / busy / exempt) and $3 (its colour). The counters are the
+# Puts a GPU's state into the variables named $2 (FAULT (a device fault in
+# this sample), ok, idle?, IDLE, STUCK, bad (values out of range), or
+# freed / busy / exempt) and $3 (its colour). The counters are the
 # watchdog's, saved at its last cycle; the sample is this moment's. An
 # alert still open on a GPU that this sample shows free, busy or exempt is
 # about to be resolved by the watchdog's next cycle (or the watchdog has
@@ -442,7 +443,12 @@ status_state_into() {
   local -n st_state=$2 st_colour=$3
   idle_settings_for "$st_uuid"
   st_state=ok st_colour=${C_GRN:-}
-  if ((${IDLE_FIRING[$st_uuid]:-0})); then
+  if [[ -n ${SMI_GPU_FAULT[$st_uuid]:-} ]]; then
+    # a device fault ([GPU requires reset], Health Critical) first: the
+    # most serious thing gpuguard knows, what its gpu_degraded alert pages
+    # about; the device's readings mean nothing meanwhile
+    st_state=FAULT st_colour=${C_RED:-}
+  elif ((${IDLE_FIRING[$st_uuid]:-0})); then
     if idle_classify "$st_uuid" st_verdict && [[ $st_verdict != utilization && $st_verdict != spinning ]]; then
       st_state=${st_verdict/released/freed} st_colour=${C_YEL:-}
       return 0
@@ -462,7 +468,7 @@ status_state_into() {
 # counters against their limits), then a line per process holding it
 # (its job, the leak watcher's verdict and slope, recent memory).
 status_table() {
-  local uuid state colour power pid name mem root leak firing user label head=GPU npus=0 short
+  local uuid state colour power pid name mem root leak firing user label head=GPU npus=0 short open
   # the first column names what the box has: GPU, NPU (Ascend, lib/npu.sh)
   # or DEV on a box with both
   for uuid in "${SMI_UUIDS[@]}"; do
@@ -486,7 +492,12 @@ status_table() {
       "idle ${IDLE_CYCLES[$uuid]:-0}/$IDLE_T_MAX" "stuck ${IDLE_SPIN[$uuid]:-0}/$IDLE_T_SPIN" \
       "$colour" "$state" "$C_OFF" "$(status_spark "${IDLE_HISTORY[$uuid]:-}" 100)"
     [[ -z ${SMI_BAD_VALUE[$uuid]:-} ]] || printf '       %snvidia-smi read %s%s\n' "$C_DIM" "${SMI_BAD_VALUE[$uuid]}" "$C_OFF"
-    while IFS=$'\t' read -r pid name mem; do
+    if [[ -n ${SMI_GPU_FAULT[$uuid]:-} ]]; then
+      open=''
+      ((${IDLE_FAULT_FIRING[$uuid]:-0})) && open=' (gpu_degraded alert open)'
+      printf '       %sfault: %s%s%s\n' "$C_RED" "${SMI_GPU_FAULT[$uuid]}" "$open" "$C_OFF"
+    fi
+    while IFS=$SMI_FS read -r pid name mem; do
       [[ -n $pid ]] || continue
       status_job "$pid" "${name##*/}"
       root=$(status_leak_root "$pid")
@@ -549,11 +560,11 @@ status_json() {
     printf '{"host":"%s","ts":%s,"error":"%s","gpus":[]}\n' "$host" "$(gg_now)" "$err"
     return 1
   fi
-  local gpus='' uuid procs pid name mem root slope firing verdict leak name_esc job_esc cmd user state colour
+  local gpus='' uuid procs pid name mem root slope firing verdict leak name_esc job_esc cmd user state colour fault
   for uuid in "${SMI_UUIDS[@]}"; do
     status_state_into "$uuid" state colour
     procs=''
-    while IFS=$'\t' read -r pid name mem; do
+    while IFS=$SMI_FS read -r pid name mem; do
       [[ -n $pid ]] || continue
       status_job "$pid" "${name##*/}"
       root=$(status_leak_root "$pid")
@@ -569,7 +580,8 @@ status_json() {
       procs+="${procs:+,}{\"pid\":$pid,\"name\":\"$name_esc\",\"job\":\"$job_esc\",\"cmdline\":$cmd,\"user\":$user,\"job_pid\":$STATUS_JOB_PID,\"visible\":$(status_json_bool "$STATUS_JOB_VISIBLE"),\"used_memory_mib\":${mem:-null},\"leak_root_pid\":${root:-null},\"leak\":$leak}"
     done <<<"${SMI_PROCS[$uuid]}"
     gg_json_escape_into "${SMI_NAME[$uuid]:-}" name_esc
-    gpus+="${gpus:+,}{\"index\":${SMI_INDEX[$uuid]},\"uuid\":\"$uuid\",\"vendor\":\"${SMI_VENDOR[$uuid]:-nvidia}\",\"name\":\"$name_esc\",\"utilization\":${SMI_UTIL[$uuid]:-null},\"memory_used_mib\":${SMI_MEM_USED[$uuid]:-null},\"memory_total_mib\":${SMI_MEM_TOTAL[$uuid]:-null},\"power_w\":${SMI_POWER[$uuid]:-null},\"idle_cycles\":${IDLE_CYCLES[$uuid]:-0},\"idle_limit\":$IDLE_T_MAX,\"stuck_cycles\":${IDLE_SPIN[$uuid]:-0},\"stuck_limit\":$IDLE_T_SPIN,\"idle_firing\":$(status_json_bool "${IDLE_FIRING[$uuid]:-0}"),\"state\":\"$state\",\"recent_utilization\":[$(status_json_numbers "${IDLE_HISTORY[$uuid]:-}")],\"processes\":[$procs]}"
+    jobinfo_json_str_into "${SMI_GPU_FAULT[$uuid]:-}" fault
+    gpus+="${gpus:+,}{\"index\":${SMI_INDEX[$uuid]},\"uuid\":\"$uuid\",\"vendor\":\"${SMI_VENDOR[$uuid]:-nvidia}\",\"name\":\"$name_esc\",\"utilization\":${SMI_UTIL[$uuid]:-null},\"memory_used_mib\":${SMI_MEM_USED[$uuid]:-null},\"memory_total_mib\":${SMI_MEM_TOTAL[$uuid]:-null},\"power_w\":${SMI_POWER[$uuid]:-null},\"idle_cycles\":${IDLE_CYCLES[$uuid]:-0},\"idle_limit\":$IDLE_T_MAX,\"stuck_cycles\":${IDLE_SPIN[$uuid]:-0},\"stuck_limit\":$IDLE_T_SPIN,\"idle_firing\":$(status_json_bool "${IDLE_FIRING[$uuid]:-0}"),\"state\":\"$state\",\"fault\":$fault,\"degraded_firing\":$(status_json_bool "${IDLE_FAULT_FIRING[$uuid]:-0}"),\"recent_utilization\":[$(status_json_numbers "${IDLE_HISTORY[$uuid]:-}")],\"processes\":[$procs]}"
   done
   local no_state=null apps_error=null
   jobinfo_json_str_into "$STATUS_NO_STATE" no_state

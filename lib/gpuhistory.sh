@@ -34,7 +34,7 @@ gpuhistory_append() {
       idle=1
     fi
     holders=''
-    while IFS=$'\t' read -r pid _ mem; do
+    while IFS=$SMI_FS read -r pid _ mem; do
       [[ -n $pid ]] && holders+="${holders:+,}$pid:$mem"
     done <<<"${SMI_PROCS[$uuid]:-}"
     ((apps_ok)) || holders='?'

@@ -340,7 +340,7 @@ idle_settings_for() {
   idle_settings_default
   ((${#IDLE_RULE_KIND[@]})) || return 0
   local pid name mem best='' best_mem=-1
-  while IFS=$'\t' read -r pid name mem; do
+  while IFS=$SMI_FS read -r pid name mem; do
     [[ -n $pid ]] || continue
     if ((${mem:-0} > best_mem)); then
       best=$pid best_mem=${mem:-0}
@@ -542,7 +542,7 @@ idle_holders_into() {
   local -n holders_ref=$1
   local pid _rest
   holders_ref=''
-  while IFS=$'\t' read -r pid _rest; do
+  while IFS=$SMI_FS read -r pid _rest; do
     [[ -n $pid ]] || continue
     holders_ref=${holders_ref:-,}$pid,
   done <<<"${SMI_PROCS[$2]:-}"
@@ -676,7 +676,7 @@ idle_jobs_json_into() {
   local ij_pid ij_mem ij_key
   local -A ij_group_mem=() ij_group_pid=()
   local -a ij_order=()
-  while IFS=$'\t' read -r ij_pid _ ij_mem; do
+  while IFS=$SMI_FS read -r ij_pid _ ij_mem; do
     [[ -n $ij_pid ]] || continue
     ij_key=x$ij_pid
     # a PID this namespace cannot vouch for stays a job of its own
@@ -733,7 +733,7 @@ idle_emit() {
   [[ $kind == - ]] && kind=gpu_idle
   local idle_seconds=0
   ((since > 0)) && idle_seconds=$((now - since))
-  while IFS=$'\t' read -r pid name mem; do
+  while IFS=$SMI_FS read -r pid name mem; do
     [[ -n $pid ]] || continue
     gg_json_escape_into "$name" esc
     procs+="${procs:+,}{\"pid\":$pid,\"name\":\"$esc\",\"used_memory_mib\":${mem:-null}}"

@@ -324,13 +324,13 @@ ledger_entries_into() {
   local -A pids_now=()
   for uuid in "${SMI_UUIDS[@]}"; do
     best='' best_mem=-1
-    # "PID<TAB>NAME<TAB>MIB" lines, read by expansion (a cycle forks nothing)
+    # "PID NAME MIB" lines (SMI_FS between), read by expansion (a cycle forks nothing)
     rest=${SMI_PROCS[$uuid]:-}
     while [[ -n $rest ]]; do
       line=${rest%%$'\n'*}
       rest=${rest#"$line"}
       rest=${rest#$'\n'}
-      pid=${line%%$'\t'*} mem=${line##*$'\t'}
+      pid=${line%%"$SMI_FS"*} mem=${line##*"$SMI_FS"}
       [[ -n $pid && $pid != "$line" ]] || continue
       pids_now[$pid]=1
       mem=${mem%.*}

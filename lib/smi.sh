@@ -12,6 +12,12 @@
 SMI_GPU_FIELDS=index,uuid,utilization.gpu,memory.used,memory.total,power.draw,power.limit,name
 SMI_APP_FIELDS=pid,process_name,used_memory,gpu_uuid
 
+# The separator of SMI_PROCS's lines "PID NAME MiB". Not a tab: tab is blank
+# to `read`, so two in a row (an empty name, as npu-smi and some nvidia-smi
+# print it) became one and the memory was read as the name. `IFS=$SMI_FS
+# read -r pid name mem` keeps empty fields.
+SMI_FS=$'\x1f'
+
 # Ranges of the values read, for gg_number_into (the one numeric check):
 # anything outside becomes '' (unknown), never a number that could alert.
 # 16 TiB of GPU memory, 5 kW of board power, PIDs within pid_t (int32).
@@ -257,7 +263,8 @@ smi_sample() {
 #   in that GPU's line, e.g. "GPU requires reset"); SMI_BAD_VALUE (assoc,
 #   by UUID: '' or the values of that GPU's line out of their range, e.g.
 #   "utilization.gpu 250 (expected 0-100)"); SMI_NPROCS (assoc, by
-#   UUID); SMI_PROCS (assoc, by UUID: lines "pid<TAB>name<TAB>MiB");
+#   UUID: distinct PIDs); SMI_PROCS (assoc, by UUID: lines
+#   "pid<SMI_FS>name<SMI_FS>MiB", one per PID, name and MiB may be '');
 #   SMI_PIDS_MEM (assoc, by PID: MiB summed over GPUs); SMI_PID_UUIDS;
 #   SMI_APPS_OK (1 when this cycle's process list was read and parsed);
 #   SMI_BAD_LINES (lines skipped as unparseable); SMI_ERROR (why it failed)
@@ -583,12 +590,38 @@ smi_parse_apps() {
       fault=''
       smi_value_into mem "$mem" int 0 "$total" fault
     fi
+    if [[ -n ${SMI_PID_UUIDS[$pid]:-} && " ${SMI_PID_UUIDS[$pid]} " == *" $uuid "* ]]; then
+      smi_proc_merge "$uuid" "$pid" "$mem"
+      continue
+    fi
     SMI_NPROCS[$uuid]=$((SMI_NPROCS[$uuid] + 1))
-    SMI_PROCS[$uuid]+="${pid}"$'\t'"${name//$'\t'/ }"$'\t'"${mem}"$'\n'
+    SMI_PROCS[$uuid]+="${pid}$SMI_FS${name//$SMI_FS/ }$SMI_FS${mem}"$'\n'
     SMI_PIDS_MEM[$pid]=$((${SMI_PIDS_MEM[$pid]:-0} + ${mem:-0}))
     SMI_PID_UUIDS[$pid]+="${SMI_PID_UUIDS[$pid]:+ }$uuid"
   done
   return 0
+}
+
+# Adds the memory of a second line for a PID already listed on a device
+# (nvidia-smi lists a process once per context: two MIG instances of one
+# GPU carry the GPU's UUID) to its line, so each PID is one holder, one
+# status row and one metric series (node_exporter rejects a textfile with
+# two series of the same labels). Memory unknown in both stays unknown.
+# Arguments:
+#   $1 device UUID, $2 PID, $3 its MiB on this line ('' unknown)
+smi_proc_merge() {
+  local uuid=$1 pid=$2 mem=$3 line merged='' old
+  while IFS= read -r line; do
+    [[ -n $line ]] || continue
+    if [[ $line == "$pid$SMI_FS"* ]]; then
+      old=${line##*"$SMI_FS"}
+      [[ -z $old && -z $mem ]] || old=$((${old:-0} + ${mem:-0}))
+      line=${line%"$SMI_FS"*}$SMI_FS$old
+    fi
+    merged+=$line$'\n'
+  done <<<"${SMI_PROCS[$uuid]}"
+  SMI_PROCS[$uuid]=$merged
+  SMI_PIDS_MEM[$pid]=$((${SMI_PIDS_MEM[$pid]:-0} + ${mem:-0}))
 }
 
 # True when a UUID is the start of, but not the whole, UUID of a GPU in

@@ -69,7 +69,7 @@ textfile_write_idle() {
       cycles+="$lbl ${IDLE_CYCLES[$uuid]:-0}"$'\n'
       idle+="$lbl $firing_idle"$'\n'
       local pid name mem esc
-      while IFS=$'\t' read -r pid name mem; do
+      while IFS=$SMI_FS read -r pid name mem; do
         [[ -n $pid && -n $mem ]] || continue
         textfile_label_escape_into "${name##*/}" esc
         pmem+="{gpu=\"${SMI_INDEX[$uuid]}\",uuid=\"$uuid\",vendor=\"${SMI_VENDOR[$uuid]:-nvidia}\",pid=\"$pid\",name=\"$esc\"} $((${mem%.*} * 1048576))"$'\n'

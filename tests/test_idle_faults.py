@@ -207,6 +207,29 @@ def test_values_out_of_range_are_a_failed_reading_then_one_monitor_degraded(box,
     assert kinds(box.events()) == [("monitor_degraded", "firing"), ("monitor_degraded", "resolved")]
 
 
+def test_status_says_fault_for_a_gpu_that_requires_reset_while_its_alert_is_open(box):
+    """A GPU printing [GPU requires reset]: the watchdog pages gpu_degraded,
+    and status says FAULT with the fault's text, in the table and in
+    --json (before: STATE "ok", no fault key)."""
+    box.write_scenario([dict(faulted(), apps=[app(1410, mem=20000)])] * 6)
+    for t in range(4):
+        box.once(now=60 * t, env={"SMI_FAIL_ALERT_CYCLES": "3"})
+    assert ("gpu_degraded", "firing") in kinds(box.events())
+    status = box.run("status", cmd="bin/gpuguard", env={"GPUGUARD_NOW": "240"})
+    (row,) = [ln for ln in status.stdout.splitlines() if ln.split()[:1] == ["0"]]
+    assert "FAULT" in row.split() and " ok " not in row, status.stdout
+    assert "fault: GPU requires reset (gpu_degraded alert open)" in status.stdout, status.stdout
+    doc = json.loads(box.run("status", "--json", cmd="bin/gpuguard", env={"GPUGUARD_NOW": "300"}).stdout)
+    (gpu,) = doc["gpus"]
+    assert (gpu["state"], gpu["fault"], gpu["degraded_firing"]) == ("FAULT", "GPU requires reset", True)
+
+
+def test_status_json_fault_is_null_on_a_sound_gpu(box):
+    box.write_scenario([BUSY])
+    (gpu,) = json.loads(box.run("status", "--json", cmd="bin/gpuguard").stdout)["gpus"]
+    assert (gpu["state"], gpu["fault"], gpu["degraded_firing"]) == ("ok", None, False)
+
+
 def test_pending_events_of_a_killed_run_are_enqueued_once(box):
     """A run killed after it saved the incident but before it enqueued its
     event: the next run enqueues it; one killed after enqueueing it too:

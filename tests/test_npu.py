@@ -316,6 +316,53 @@ def test_health_other_than_ok_is_a_device_fault(box):
     assert [e for e in box.events() if e["event"] == "gpu_idle"] == []
 
 
+def test_status_says_fault_for_a_chip_whose_health_is_critical(box):
+    """Health Critical pages gpu_degraded; status says FAULT and the
+    health, in the table and in --json (before: "ok", no fault key)."""
+    devices = Devices(box, "ascend")
+    critical = {"chips": [{"aicore": 0, "used": 41052, "power": 92.3, "temp": 32, "health": "Critical"}],
+                "procs": []}
+    devices.write([critical] * 6)
+    for t in range(4):
+        box.once(now=t, env={"SMI_FAIL_ALERT_CYCLES": "3"})
+    assert [e["state"] for e in box.events() if e["event"] == "gpu_degraded"] == ["firing"]
+    status = box.run("status", cmd="bin/gpuguard")
+    (row,) = [ln for ln in status.stdout.splitlines() if ln.split()[:1] == ["npu0"]]
+    assert "FAULT" in row.split() and "fault: Health Critical" in status.stdout, status.stdout
+    (chip,) = json.loads(box.run("status", "--json", cmd="bin/gpuguard").stdout)["gpus"]
+    assert (chip["state"], chip["fault"], chip["degraded_firing"]) == ("FAULT", "Health Critical", True)
+
+
+@pytest.mark.parametrize("recording,uuid,pid,mem", [
+    ("info-910b3-25.2.0-one-process.txt", "NPU-2-0", 1333928, 37709),
+    ("info-ascend910-a3-25.2.3-busy.txt", "NPU-0-0", 3325989, 50128)])
+def test_a_recorded_process_without_a_name_keeps_its_memory(box, tmp_path, recording, uuid, pid, mem):
+    """The recordings leave "Process name" blank: status, events and metrics
+    still read the memory as memory (before: "? MiB", the name "37709",
+    used_memory_mib null, no process series)."""
+    textdir = tmp_path / "textfile"
+    box.env.update({"GPUGUARD_DEVICE": "ascend", "NPU_SMI": str(NPU_SMI),
+                    "FAKE_NPU_FIXTURE": str(FIXTURES / recording), "GPUGUARD_TEXTFILE_DIR": str(textdir)})
+    for t in range(4):
+        box.once(now=60 * t)
+    status = box.run("status", cmd="bin/gpuguard").stdout
+    (row,) = [ln for ln in status.splitlines() if ln.split()[:2] == ["pid", str(pid)]]
+    assert row.split()[2:4] == [str(mem), "MiB"] and "(not visible here)" in row, status
+    doc = json.loads(box.run("status", "--json", cmd="bin/gpuguard").stdout)
+    (chip,) = [g for g in doc["gpus"] if g["uuid"] == uuid]
+    (proc,) = [p for p in chip["processes"] if p["pid"] == pid]
+    assert (proc["name"], proc["used_memory_mib"]) == ("", mem)
+    prom = (textdir / "gpuguard_idle.prom").read_text()
+    assert 'uuid="%s",vendor="ascend",pid="%d",name=""} %d' % (uuid, pid, mem * 1048576) in prom, prom
+    for event in box.events():
+        for p in event.get("processes") or []:
+            assert p["name"] == "" and isinstance(p["used_memory_mib"], int), event
+    if uuid == "NPU-2-0":
+        # its chip idles at 0 %: the alert lists the process with its memory
+        (fired,) = [e for e in box.events() if e["event"] == "gpu_idle"]
+        assert fired["processes"] == [{"pid": pid, "name": "", "used_memory_mib": mem}]
+
+
 def test_dash_and_na_fields_are_unknown_never_idle(box):
     devices = Devices(box, "ascend")
     unknown = {"chips": [{"aicore": "NA", "used": 41052, "power": "-", "temp": 32}],

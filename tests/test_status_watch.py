@@ -54,6 +54,44 @@ def test_status_json_for_scripts(box):
     assert procs[1411]["name"] == "torchrun" and procs[1411]["used_memory_mib"] == 3000
 
 
+def test_a_process_without_a_name_keeps_its_memory_in_status_events_and_metrics(box, tmp_path):
+    """nvidia-smi printing an empty process_name: the memory stays the
+    memory (before: status "? MiB", the name "20000", used_memory_mib null
+    in the alert, no process series)."""
+    textdir = tmp_path / "textfile"
+    box.write_scenario([{"gpus": [idle_gpu(mem=20500)], "apps": [app(1410, mem=20000, name="")]}] * 5)
+    for t in range(4):
+        box.once(now=60 * t, env={"GPUGUARD_TEXTFILE_DIR": str(textdir)})
+    (fired,) = [e for e in box.events() if e["event"] == "gpu_idle"]
+    assert fired["processes"] == [{"pid": 1410, "name": "", "used_memory_mib": 20000}]
+    prom = (textdir / "gpuguard_idle.prom").read_text()
+    assert 'pid="1410",name=""} %d' % (20000 * 1048576) in prom, prom
+    status = box.run("status", cmd="bin/gpuguard").stdout
+    (row,) = [ln for ln in status.splitlines() if ln.split()[:2] == ["pid", "1410"]]
+    assert row.split()[2:4] == ["20000", "MiB"], status
+    (gpu,) = json.loads(box.run("status", "--json", cmd="bin/gpuguard").stdout)["gpus"]
+    assert [(p["pid"], p["name"], p["used_memory_mib"]) for p in gpu["processes"]] == [(1410, "", 20000)]
+
+
+def test_a_pid_listed_twice_on_one_gpu_is_one_row_and_one_series(box, tmp_path):
+    """Two compute-app lines of one PID on one GPU (contexts on two MIG
+    instances): one metric series with the memory summed (node_exporter
+    rejects a file with duplicate series), one status row, one process
+    (before: two identical series, the PID listed twice)."""
+    textdir = tmp_path / "textfile"
+    box.write_scenario([{"gpus": [idle_gpu(mem=50500)],
+                         "apps": [app(1410, mem=20000), app(1411, mem=500), app(1410, mem=30000)]}] * 2)
+    box.once(now=0, env={"GPUGUARD_TEXTFILE_DIR": str(textdir)})
+    prom = (textdir / "gpuguard_idle.prom").read_text()
+    series = [ln for ln in prom.splitlines() if ln.startswith("gpuguard_process_gpu_memory_bytes{")]
+    assert len(series) == len({ln.rsplit(" ", 1)[0] for ln in series}) == 2, prom
+    assert any('pid="1410"' in ln and ln.endswith(" %d" % (50000 * 1048576)) for ln in series), prom
+    assert 'gpuguard_gpu_processes{gpu="0",uuid="%s",vendor="nvidia"} 2' % H200_UUID in prom
+    status = box.run("status", cmd="bin/gpuguard").stdout
+    rows = [ln.split()[:4] for ln in status.splitlines() if ln.split()[:1] == ["pid"]]
+    assert rows == [["pid", "1410", "50000", "MiB"], ["pid", "1411", "500", "MiB"]], status
+
+
 def test_status_json_when_nvidia_smi_fails_is_still_json(box):
     box.write_scenario([{"fault": "driver"}])
     r = box.run("status", "--json", cmd="bin/gpuguard")

@@ -146,7 +146,23 @@ setup() {
   smi_parse_apps $'1410, python3, 2556, '"$H200"$'\n1408, /opt/torch/.venv/bin/python3, 2910, '"$H200"
   assert_equal "${SMI_NPROCS[$H200]}" 2
   assert_equal "${SMI_PIDS_MEM[1408]}" 2910
-  assert_equal "${SMI_PROCS[$H200]}" $'1410\tpython3\t2556\n1408\t/opt/torch/.venv/bin/python3\t2910\n'
+  assert_equal "${SMI_PROCS[$H200]//$SMI_FS/|}" $'1410|python3|2556\n1408|/opt/torch/.venv/bin/python3|2910\n'
+}
+
+@test "an empty process name stays empty: a reader gets the memory as memory" {
+  smi_parse_gpus "0, $H200, 0, 12266, 143771, 691.00, 700.00"
+  smi_parse_apps $'1410, , 2556, '"$H200"
+  IFS=$SMI_FS read -r pid name mem <<<"${SMI_PROCS[$H200]}"
+  assert_equal "$pid|$name|$mem" "1410||2556"
+}
+
+@test "a PID listed twice on one GPU is one line with its memory summed" {
+  smi_parse_gpus "0, $H200, 0, 50000, 143771, 691.00, 700.00"
+  smi_parse_apps $'1410, python3, 20000, '"$H200"$'\n1411, python3, 5, '"$H200"$'\n1410, python3, 30000, '"$H200"
+  assert_equal "${SMI_NPROCS[$H200]}" 2
+  assert_equal "${SMI_PROCS[$H200]//$SMI_FS/|}" $'1410|python3|50000\n1411|python3|5\n'
+  assert_equal "${SMI_PIDS_MEM[1410]}" 50000
+  assert_equal "${SMI_PID_UUIDS[1410]}" "$H200"
 }
 
 @test "an empty process list (0 bytes, exit 0) is valid" {
@@ -157,7 +173,7 @@ setup() {
 @test "a process name with commas from an old driver keeps its commas" {
   smi_parse_gpus "0, $H200, 0, 1, 143771, 76.61, 700.00"
   smi_parse_apps "7, a, b, c, 10, $H200"
-  assert_equal "${SMI_PROCS[$H200]}" $'7\ta, b, c\t10\n'
+  assert_equal "${SMI_PROCS[$H200]//$SMI_FS/|}" $'7|a, b, c|10\n'
 }
 
 @test "garbage in the process list is reported" {
@@ -174,7 +190,7 @@ setup() {
 @test "process memory: placeholders and out-of-range values are unknown, leading zeros dropped" {
   smi_parse_gpus "0, $H200, 0, 12266, 143771, 691.00, 700.00"
   smi_parse_apps $'1410, python3, [N/A], '"$H200"$'\n1411, python3, 0256, '"$H200"$'\n1412, python3, 18446744073709551615, '"$H200"
-  assert_equal "${SMI_PROCS[$H200]}" $'1410\tpython3\t\n1411\tpython3\t256\n1412\tpython3\t\n'
+  assert_equal "${SMI_PROCS[$H200]//$SMI_FS/|}" $'1410|python3|\n1411|python3|256\n1412|python3|\n'
   assert_equal "${SMI_PIDS_MEM[1411]}" 256
 }
 
