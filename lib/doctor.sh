@@ -287,6 +287,7 @@ status_main() {
       }
       status_notes
       status_table
+      status_rc
       ;;
   esac
 }
@@ -331,13 +332,27 @@ status_collect() {
   return 0
 }
 
-# What the table cannot vouch for, in STATUS_NO_STATE and STATUS_APPS_ERROR
-# (empty when all is well): no watchdog has kept its counters in this state
-# folder (they read 0: a user's own folder while the watchdog runs as root
-# with /var/lib/gpuguard), and a process list that could not be read (the
-# GPUs then show no holder, which is not the same as none).
+# What the table cannot vouch for, in STATUS_NO_STATE, STATUS_APPS_ERROR
+# and STATUS_TOOL_ERROR (empty when all is well): no watchdog has kept its
+# counters in this state folder (they read 0: a user's own folder while the
+# watchdog runs as root with /var/lib/gpuguard), a process list that could
+# not be read (the GPUs then show no holder, which is not the same as none),
+# and a device tool that failed while the other answered (its devices are
+# missing from the table). STATUS_TOOL_LEFT_OUT is 1 when that tool has
+# never found a device here (the watchdog leaves it out: idle_tool_track),
+# which is no failure of status.
 status_caveats() {
-  declare -g STATUS_NO_STATE='' STATUS_APPS_ERROR=''
+  declare -g STATUS_NO_STATE='' STATUS_APPS_ERROR='' STATUS_TOOL_ERROR='' STATUS_TOOL_LEFT_OUT=0
+  if [[ -n ${SMI_TOOL_FAILED:-} ]]; then
+    local word=GPUs
+    [[ $SMI_TOOL_FAILED == ascend ]] && word=NPUs
+    if idle_kind_known "$SMI_TOOL_FAILED"; then
+      STATUS_TOOL_ERROR="$SMI_TOOL_ERROR: its $word are not shown"
+    else
+      STATUS_TOOL_LEFT_OUT=1
+      STATUS_TOOL_ERROR="$SMI_TOOL_ERROR: it has found no device here, so it is left out (GPUGUARD_DEVICE names the tool to use)"
+    fi
+  fi
   if [[ ! -f $GPUGUARD_STATE_DIR/idle.state ]]; then
     STATUS_NO_STATE="no watchdog counters in $GPUGUARD_STATE_DIR: idle and stuck read 0"
     if [[ $GPUGUARD_STATE_DIR != /var/lib/gpuguard && -e /var/lib/gpuguard ]]; then
@@ -355,6 +370,15 @@ status_caveats() {
 status_notes() {
   [[ -z $STATUS_NO_STATE ]] || printf 'gpuguard status: %s\n' "$STATUS_NO_STATE" >&2
   [[ -z $STATUS_APPS_ERROR ]] || printf 'gpuguard status: %s\n' "$STATUS_APPS_ERROR" >&2
+  [[ -z $STATUS_TOOL_ERROR ]] || printf 'gpuguard status: %s\n' "$STATUS_TOOL_ERROR" >&2
+  return 0
+}
+
+# The status of `gpuguard status` after a table or document: 1 when a
+# device tool failed while the other answered (unless it never found a
+# device here), else 0.
+status_rc() {
+  [[ -n $STATUS_TOOL_ERROR ]] && ((! STATUS_TOOL_LEFT_OUT)) && return 1
   return 0
 }
 
@@ -583,11 +607,17 @@ status_json() {
     jobinfo_json_str_into "${SMI_GPU_FAULT[$uuid]:-}" fault
     gpus+="${gpus:+,}{\"index\":${SMI_INDEX[$uuid]},\"uuid\":\"$uuid\",\"vendor\":\"${SMI_VENDOR[$uuid]:-nvidia}\",\"name\":\"$name_esc\",\"utilization\":${SMI_UTIL[$uuid]:-null},\"memory_used_mib\":${SMI_MEM_USED[$uuid]:-null},\"memory_total_mib\":${SMI_MEM_TOTAL[$uuid]:-null},\"power_w\":${SMI_POWER[$uuid]:-null},\"idle_cycles\":${IDLE_CYCLES[$uuid]:-0},\"idle_limit\":$IDLE_T_MAX,\"stuck_cycles\":${IDLE_SPIN[$uuid]:-0},\"stuck_limit\":$IDLE_T_SPIN,\"idle_firing\":$(status_json_bool "${IDLE_FIRING[$uuid]:-0}"),\"state\":\"$state\",\"fault\":$fault,\"degraded_firing\":$(status_json_bool "${IDLE_FAULT_FIRING[$uuid]:-0}"),\"recent_utilization\":[$(status_json_numbers "${IDLE_HISTORY[$uuid]:-}")],\"processes\":[$procs]}"
   done
-  local no_state=null apps_error=null
+  local no_state=null apps_error=null tool_error=null tool=nvidia-smi
   jobinfo_json_str_into "$STATUS_NO_STATE" no_state
   jobinfo_json_str_into "$STATUS_APPS_ERROR" apps_error
-  printf '{"host":"%s","ts":%s,"error":null,"processes_error":%s,"no_watchdog_state":%s,"gpus":[%s],"ended_jobs":[%s]}\n' \
-    "$host" "$(gg_now)" "$apps_error" "$no_state" "$gpus" "$(status_ended_json)"
+  if [[ -n $STATUS_TOOL_ERROR ]]; then
+    [[ $SMI_TOOL_FAILED == ascend ]] && tool=npu-smi
+    jobinfo_json_str_into "$SMI_TOOL_ERROR" tool_error
+    tool_error="{\"tool\":\"$tool\",\"vendor\":\"$SMI_TOOL_FAILED\",\"error\":$tool_error,\"left_out\":$(status_json_bool "$STATUS_TOOL_LEFT_OUT")}"
+  fi
+  printf '{"host":"%s","ts":%s,"error":null,"processes_error":%s,"tool_error":%s,"no_watchdog_state":%s,"gpus":[%s],"ended_jobs":[%s]}\n' \
+    "$host" "$(gg_now)" "$apps_error" "$tool_error" "$no_state" "$gpus" "$(status_ended_json)"
+  status_rc
 }
 
 # Prints the whole numbers of a comma-separated list, comma separated (a

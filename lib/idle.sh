@@ -78,6 +78,10 @@ idle_init() {
   declare -g MON_FAILS=0 MON_FIRING=0 MON_SINCE=0 MON_LAST_OK=0 MON_LAST_ERROR='' IDLE_PREV_OK=0
   # whose tool failed (nvidia, or ascend: lib/npu.sh), for the event's words
   declare -g MON_VENDOR=nvidia
+  # a tool that fails while the other answers (a mixed box, auto:
+  # device_sample's SMI_TOOL_FAILED): its kind, streak, alert, and 1 when it
+  # never found a device here (left out: one log line, no alert)
+  declare -g MON_TOOL_VENDOR='' MON_TOOL_FAILS=0 MON_TOOL_FIRING=0 MON_TOOL_SINCE=0 MON_TOOL_LEFT_OUT=0
   # the rules are idle_rules_load's; kept when it ran first
   declare -p IDLE_RULE_KIND &>/dev/null ||
     declare -ga IDLE_RULE_KIND=() IDLE_RULE_PAT=() IDLE_RULE_SET=() IDLE_RULE_WHERE=()
@@ -137,6 +141,16 @@ idle_state_load() {
           continue
         fi
         ;;
+      tool)
+        # the tool failing while the other answers: its kind, streak,
+        # firing flag, streak start, left out (idle_tool_track)
+        read -r -a f <<<"$line"
+        if ((${#f[@]} == 6)) && [[ ${f[1]} =~ ^(nvidia|ascend)$ ]] && idle_all_uint "${f[@]:2:4}"; then
+          MON_TOOL_VENDOR=${f[1]} MON_TOOL_FAILS=${f[2]} MON_TOOL_FIRING=${f[3]}
+          MON_TOOL_SINCE=${f[4]} MON_TOOL_LEFT_OUT=${f[5]}
+          continue
+        fi
+        ;;
       job)
         # job UUID JOB-JSON: the job the incident's alerts named, for its
         # resolved event once the job is gone
@@ -177,6 +191,9 @@ idle_state_save() {
   local mon_npu=0
   [[ $MON_VENDOR == ascend ]] && mon_npu=1
   printf -v state 'monitor %s %s %s %s %s 0 0\n' "$MON_FAILS" "$MON_FIRING" "$MON_SINCE" "$((MON_LAST_OK / 60 * 60))" "$mon_npu"
+  if [[ -n $MON_TOOL_VENDOR ]]; then
+    state+="tool $MON_TOOL_VENDOR $MON_TOOL_FAILS $MON_TOOL_FIRING $MON_TOOL_SINCE $MON_TOOL_LEFT_OUT"$'\n'
+  fi
   for uuid in "${!IDLE_CYCLES[@]}"; do
     printf -v state '%sgpu %s %s %s %s %s %s %s %s %s %s %s %s %s\n' "$state" "$uuid" "${IDLE_CYCLES[$uuid]}" \
       "${IDLE_SINCE[$uuid]:-0}" "${IDLE_FIRING[$uuid]:-0}" \
@@ -214,7 +231,9 @@ idle_cycle() {
   IDLE_PREV_OK=$MON_LAST_OK
   if ! device_sample; then
     idle_monitor_failed "$now"
-  elif ((${SMI_APPS_OK:-1} != 1)); then
+    # (a tool failing alone before: its streak neither grows nor ends
+    # while no tool answers)
+  elif idle_tool_track "$now" && ((${SMI_APPS_OK:-1} != 1)); then
     # The GPU lines are fine but the process list is not: nothing about
     # occupancy can be told this cycle; device faults still can.
     idle_monitor_failed "$now"
@@ -293,6 +312,12 @@ idle_judge_all() {
   idle_settings_default
   for uuid in "${!IDLE_CYCLES[@]}"; do
     [[ -n ${seen[$uuid]:-} ]] && continue
+    # a device of a tool that failed this cycle (the other answered) is not
+    # judged: it is not absent, it was not asked
+    if [[ -n ${SMI_TOOL_FAILED:-} ]]; then
+      idle_kind_of "$uuid"
+      [[ $IDLE_KIND_OF == "$SMI_TOOL_FAILED" ]] && continue
+    fi
     # A GPU missing from one sample (a garbage line) keeps its state.
     IDLE_ABSENT[$uuid]=$((${IDLE_ABSENT[$uuid]:-0} + 1))
     if ((${IDLE_ABSENT[$uuid]} >= IDLE_FORGET_AFTER)); then
@@ -825,6 +850,80 @@ idle_monitor_ok() {
     gg_log debug "$SMI_ERROR"
   fi
   MON_FAILS=0 MON_FIRING=0 MON_SINCE=0 MON_LAST_OK=$now MON_VENDOR=nvidia
+}
+
+# The kind of a device key, into IDLE_KIND_OF: ascend for an NPU
+# (lib/npu.sh's NPU-<card>-<chip>), else nvidia.
+idle_kind_of() {
+  IDLE_KIND_OF=nvidia
+  [[ $1 == NPU-* ]] && IDLE_KIND_OF=ascend
+  return 0
+}
+
+# True when the watchdog's state holds a device of kind $1 (nvidia or
+# ascend): its tool found one here (and not for IDLE_FORGET_AFTER good
+# samples since).
+idle_kind_known() {
+  local uuid
+  for uuid in "${!IDLE_CYCLES[@]}"; do
+    idle_kind_of "$uuid"
+    [[ $IDLE_KIND_OF == "$1" ]] && return 0
+  done
+  return 1
+}
+
+# Follows a tool that fails while the other answers (device_sample's
+# SMI_TOOL_FAILED on a mixed box, or a box with a leftover tool): its
+# devices are not judged, and after SMI_FAIL_ALERT_CYCLES failures in a row
+# it raises its own monitor_degraded (the event carries "tool"), resolved
+# when it answers again. A tool that has never found a device here (none of
+# its kind in the state: an NVIDIA box with npu-smi from a CANN image, an
+# Ascend box with nvidia-smi but no NVIDIA driver) is left out of auto:
+# one log line a streak, no alert. Always returns 0 (idle_cycle's chain).
+idle_tool_track() {
+  local now=$1 failed=${SMI_TOOL_FAILED:-} tool=nvidia-smi word=GPUs
+  if [[ -n $MON_TOOL_VENDOR && $MON_TOOL_VENDOR != "$failed" ]]; then
+    [[ $MON_TOOL_VENDOR == ascend ]] && tool=npu-smi
+    if ((! MON_TOOL_LEFT_OUT)); then
+      gg_log info "$tool answers again after $MON_TOOL_FAILS failed cycles"
+    fi
+    ((MON_TOOL_FIRING)) && idle_emit_tool_monitor "$now" resolved
+    MON_TOOL_VENDOR='' MON_TOOL_FAILS=0 MON_TOOL_FIRING=0 MON_TOOL_SINCE=0 MON_TOOL_LEFT_OUT=0
+  fi
+  [[ -n $failed ]] || return 0
+  tool=nvidia-smi word=GPUs
+  [[ $failed == ascend ]] && tool=npu-smi word=NPUs
+  MON_TOOL_VENDOR=$failed
+  MON_TOOL_FAILS=$((MON_TOOL_FAILS + 1))
+  if ((MON_TOOL_FAILS == 1)); then
+    MON_TOOL_SINCE=$now MON_TOOL_LEFT_OUT=0
+    if idle_kind_known "$failed"; then
+      gg_log error "$SMI_TOOL_ERROR; its $word are not judged, the others are (logged once until $tool answers again)"
+    else
+      MON_TOOL_LEFT_OUT=1
+      gg_log warn "$SMI_TOOL_ERROR; $tool has found no device here: left out until it answers (no alert; GPUGUARD_DEVICE names the tool to use)"
+    fi
+  fi
+  if ((! MON_TOOL_LEFT_OUT && ! MON_TOOL_FIRING && MON_TOOL_FAILS >= SMI_FAIL_ALERT_CYCLES)); then
+    MON_TOOL_FIRING=1
+    idle_emit_tool_monitor "$now" firing
+  fi
+  return 0
+}
+
+# Queues the monitor_degraded event of a tool failing alone (idle_tool_track):
+# its own id and "tool", so that it is an incident apart from a failed
+# cycle's.
+idle_emit_tool_monitor() {
+  local now=$1 state=$2 err host_esc event tool=nvidia-smi
+  [[ $MON_TOOL_VENDOR == ascend ]] && tool=npu-smi
+  gg_json_escape_into "${SMI_TOOL_ERROR:-$tool answers again}" err
+  gg_json_escape_into "$GPUGUARD_HOST" host_esc
+  local id="$now-monitor-$tool-$state"
+  printf -v event '{"id":"%s","ts":%s,"host":"%s","event":"monitor_degraded","state":"%s","failures":%s,"since":%s,"error":"%s","vendor":"%s","tool":"%s"}' \
+    "$id" "$now" "$host_esc" "$state" "$MON_TOOL_FAILS" "$MON_TOOL_SINCE" "$err" "$MON_TOOL_VENDOR" "$tool"
+  gg_log warn "monitor_degraded $state: $tool after $MON_TOOL_FAILS failed cycles"
+  idle_queue_event "$id" "$event"
 }
 
 # Queues a monitor_degraded event.

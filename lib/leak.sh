@@ -24,6 +24,9 @@ leak_init() {
   # 1 in a --once run (cron): no lock is held between runs, so a targeted
   # watcher leaves a claim for the --all runs instead (leak_claim_write)
   declare -g LEAK_ONCE=0
+  # the kinds of device (nvidia, ascend) this watcher has read (leak_tool_check)
+  declare -gA LEAK_KINDS_SEEN=()
+  declare -g LEAK_TOOL_SAID=''
   declare -g LEAK_MATCH='' LEAK_ALL=0 LEAK_FAILS=0 LEAK_ACTION=notify LEAK_GRACE=30
   # option values for the Python helper, set by leak_apply_options
   declare -gA LEAK_OPT_ENV=()
@@ -286,6 +289,37 @@ leak_own_pids_into() {
   done
 }
 
+# Decides what a cycle does when one device tool failed while the other
+# answered (device_sample's SMI_TOOL_FAILED): a watcher that has read
+# devices of that kind skips the cycle, as when no tool answers (their
+# processes would read as holding nothing: a drop no job made); one that
+# never has (a leftover npu-smi on an NVIDIA box) samples what answered.
+# Either is logged once until the tool answers again.
+# Returns:
+#   1 when the cycle is skipped
+leak_tool_check() {
+  local uuid
+  for uuid in "${SMI_UUIDS[@]}"; do
+    LEAK_KINDS_SEEN[${SMI_VENDOR[$uuid]:-nvidia}]=1
+  done
+  if [[ -z ${SMI_TOOL_FAILED:-} ]]; then
+    [[ -n ${LEAK_TOOL_SAID:-} ]] && gg_log info "${LEAK_TOOL_SAID%%:*} answers again"
+    LEAK_TOOL_SAID=''
+    return 0
+  fi
+  local skip=0
+  [[ -n ${LEAK_KINDS_SEEN[$SMI_TOOL_FAILED]:-} ]] && skip=1
+  if [[ ${LEAK_TOOL_SAID:-} != "${SMI_TOOL_ERROR%% *}:$skip" ]]; then
+    LEAK_TOOL_SAID="${SMI_TOOL_ERROR%% *}:$skip"
+    if ((skip)); then
+      gg_log error "$SMI_TOOL_ERROR (no leak samples until it answers again)"
+    else
+      gg_log warn "$SMI_TOOL_ERROR; it has found no device here: left out until it answers"
+    fi
+  fi
+  ((! skip))
+}
+
 # One cycle: sample, build the sample lines, run the detector, emit events,
 # act, write metrics. Sample lines are tab-separated (python/gpuguard_leak.py
 # PROTOCOL): a "T" line per watched tree (GPU memory summed over the tree,
@@ -304,6 +338,7 @@ leak_cycle() {
   fi
   ((LEAK_FAILS > 0)) && gg_log info "the device tool answers again after $LEAK_FAILS failed cycles"
   LEAK_FAILS=0
+  leak_tool_check || return 0
   # a --match pattern is looked for in every command line, which an exec
   # changes: every process is read then; otherwise only new ones and the
   # watched trees (below)

@@ -73,6 +73,7 @@ npu_sample() {
   NPU_APPS_OK=0
   npu_run_into output info || rc=$?
   if ((rc != 0)); then
+    npu_why_into output "$output"
     SMI_ERROR=$(smi_describe_failure "$rc" "$output" npu-smi)
     return 1
   fi
@@ -86,6 +87,29 @@ npu_sample() {
   fi
   npu_fill_unknown_util
   return 0
+}
+
+# Puts the line of a failed npu-smi's answer $2 that says why into the
+# variable named $1: its first line is often the driver's log noise
+# ("DrvMngGetConsoleLogLevel failed. (g_conLogLevel=3)") printed before
+# the reason ("dcmi model initialized failed, because the device is used.
+# ret is -8020"). The first line with "failed, because" or "ret is", else
+# the last non-empty line.
+npu_why_into() {
+  local -n _npu_why=$1
+  local line last=''
+  local -a lines
+  smi_lines_into lines "$2"
+  for line in "${lines[@]}"; do
+    line=${line%$'\r'}
+    [[ -n ${line//[[:space:]]/} ]] || continue
+    if [[ $line == *'failed, because'* || $line == *'ret is'* ]]; then
+      _npu_why=$line
+      return 0
+    fi
+    last=$line
+  done
+  _npu_why=$last
 }
 
 # Asks `npu-smi info -t usages -i CARD` for the AICore % of the chips whose
@@ -363,17 +387,23 @@ device_kinds_into() {
 # Samples every device of this box in one cycle, into the SMI_* arrays:
 # the GPUs through smi_sample, the NPUs through npu_sample, both on a mixed
 # box. The call sites of smi_sample call this instead.
+# On a box where both tools are in use (auto), a tool that fails while the
+# other answers does not blind the devices that answered: they are the
+# sample, and SMI_TOOL_FAILED names the kind whose tool failed. Its devices
+# are missing from the sample; the callers treat them as not judged (never
+# released: ARCHITECTURE.md, rule 1), not as gone.
 # Globals (set):
 #   SMI_FAILED_VENDOR: the kind whose tool failed or printed no process
 #   table (nvidia or ascend), so that messages name it; '' when all is well
+#   SMI_TOOL_FAILED, SMI_TOOL_ERROR: the kind whose tool failed while the
+#   other answered, and why; '' when none did
 # Returns:
-#   0 when every tool in use answered (a device missing from a sample must
-#   not read as released); SMI_APPS_OK is 1 only when every process list
-#   was read
+#   0 when every tool in use answered, or one of two did (see above);
+#   SMI_APPS_OK is 1 only when every process list read was read
 device_sample() {
   local kinds
   declare -gA SMI_VENDOR=() SMI_MEM_BASE=()
-  SMI_FAILED_VENDOR=''
+  SMI_FAILED_VENDOR='' SMI_TOOL_FAILED='' SMI_TOOL_ERROR=''
   device_kinds_into kinds
   case $kinds in
     nvidia)
@@ -390,20 +420,72 @@ device_sample() {
       SMI_APPS_OK=$NPU_APPS_OK
       ((SMI_APPS_OK)) && SMI_FAILED_VENDOR=''
       ;;
-    *)
-      SMI_FAILED_VENDOR=nvidia
-      smi_sample || return 1
-      local gpu_apps=$SMI_APPS_OK gpu_error=$SMI_ERROR
-      SMI_FAILED_VENDOR=ascend
-      npu_sample || return 1
-      SMI_APPS_OK=$((gpu_apps && NPU_APPS_OK))
-      SMI_ERROR=${gpu_error:-$SMI_ERROR}
-      if ((! gpu_apps)); then
-        SMI_FAILED_VENDOR=nvidia
-      elif ((SMI_APPS_OK)); then
-        SMI_FAILED_VENDOR=''
-      fi
-      ;;
+    *) device_sample_both || return 1 ;;
   esac
   return 0
+}
+
+# device_sample on a box with both tools: each is asked, whatever the
+# other answered.
+# Returns:
+#   1 when both failed (SMI_ERROR names both, SMI_FAILED_VENDOR nvidia)
+device_sample_both() {
+  local gpu_ok=1 gpu_apps gpu_error
+  smi_sample || gpu_ok=0
+  gpu_apps=$SMI_APPS_OK gpu_error=$SMI_ERROR
+  # a failed sample may hold some GPUs (a truncated answer): none are kept
+  ((gpu_ok)) || smi_reset
+  if ! npu_sample; then
+    # chips read before a cut or unknown row are not kept either
+    device_drop_ascend
+    if ((! gpu_ok)); then
+      SMI_FAILED_VENDOR=nvidia
+      SMI_ERROR="$gpu_error; $SMI_ERROR"
+      return 1
+    fi
+    SMI_TOOL_FAILED=ascend SMI_TOOL_ERROR=$SMI_ERROR
+    SMI_APPS_OK=$gpu_apps SMI_ERROR=$gpu_error
+    ((SMI_APPS_OK)) || SMI_FAILED_VENDOR=nvidia
+    return 0
+  fi
+  if ((! gpu_ok)); then
+    SMI_TOOL_FAILED=nvidia SMI_TOOL_ERROR=$gpu_error
+    SMI_APPS_OK=$NPU_APPS_OK
+    ((SMI_APPS_OK)) || SMI_FAILED_VENDOR=ascend
+    return 0
+  fi
+  SMI_APPS_OK=$((gpu_apps && NPU_APPS_OK))
+  SMI_ERROR=${gpu_error:-$SMI_ERROR}
+  if ((! gpu_apps)); then
+    SMI_FAILED_VENDOR=nvidia
+  elif ((! NPU_APPS_OK)); then
+    SMI_FAILED_VENDOR=ascend
+  fi
+  return 0
+}
+
+# Takes the chips of a failed npu_sample out of the SMI_* arrays (and
+# their processes out of the per-PID sums), so that a failed npu-smi adds
+# nothing to the GPUs nvidia-smi read. Only on that failure: not a hot path.
+device_drop_ascend() {
+  local id pid name mem
+  local -a keep=()
+  for id in "${SMI_UUIDS[@]}"; do
+    if [[ ${SMI_VENDOR[$id]:-} != ascend ]]; then
+      keep+=("$id")
+      continue
+    fi
+    while IFS=$'\t' read -r pid name mem; do
+      [[ -n $pid && -n ${SMI_PIDS_MEM[$pid]+set} ]] || continue
+      SMI_PIDS_MEM[$pid]=$((SMI_PIDS_MEM[$pid] - ${mem:-0}))
+      SMI_PID_UUIDS[$pid]=${SMI_PID_UUIDS[$pid]//$id/}
+      if [[ -z ${SMI_PID_UUIDS[$pid]// /} ]]; then
+        unset "SMI_PIDS_MEM[$pid]" "SMI_PID_UUIDS[$pid]"
+      fi
+    done <<<"${SMI_PROCS[$id]:-}"
+    unset "SMI_INDEX[$id]" "SMI_UTIL[$id]" "SMI_MEM_USED[$id]" "SMI_MEM_TOTAL[$id]" "SMI_MEM_BASE[$id]" \
+      "SMI_POWER[$id]" "SMI_POWER_LIMIT[$id]" "SMI_NAME[$id]" "SMI_GPU_FAULT[$id]" "SMI_BAD_VALUE[$id]" \
+      "SMI_NPROCS[$id]" "SMI_PROCS[$id]" "SMI_VENDOR[$id]"
+  done
+  SMI_UUIDS=("${keep[@]}")
 }

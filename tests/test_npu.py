@@ -427,6 +427,84 @@ def test_mixed_box_one_gpu_one_npu_watched_in_one_cycle(box):
     assert "idle firing: NPU 0" in html and "idle firing: GPU 0" in html
 
 
+def auto_box(box):
+    """A box in auto mode with both doubles installed (one GPU, one NPU)."""
+    npu = Devices(box, "ascend")
+    box.env["GPUGUARD_DEVICE"] = "auto"
+    box.env["PATH"] = "%s:%s" % (NPU_SMI.parent, box.env["PATH"])
+    del box.env["NPU_SMI"]
+    return npu
+
+
+def test_auto_npu_smi_without_a_driver_on_an_nvidia_box_leaves_the_gpu_watched(box):
+    """npu-smi installed (a CANN image) but failing, on a box whose NPUs were
+    never seen: the H200 held idle still fires; npu-smi is left out in one
+    log line, with no alert; status lists the GPU and names npu-smi."""
+    npu = auto_box(box)
+    npu.write([{"fault": "no_driver"}] * 8)
+    box.write_scenario([{"gpus": [idle_gpu(mem=20000)], "apps": [app(2410, mem=20000)]}] * 8)
+    logs = ""
+    for t in range(6):
+        logs += box.once(now=60 * t).stderr
+    events = box.events()
+    assert [(e["event"], e["state"], e["vendor"]) for e in events] == [("gpu_idle", "firing", "nvidia")]
+    said = [line for line in logs.splitlines() if "npu-smi" in line]
+    assert len(said) == 1 and "ret is -8005" in said[0] and "left out" in said[0], logs
+    r = box.run("status", cmd="bin/gpuguard")
+    assert r.returncode == 0, r.stderr
+    assert [line.split()[0] for line in r.stdout.splitlines()][:2] == ["GPU", "0"]
+    assert "npu-smi exited 1: dcmi module initialize failed. ret is -8005" in r.stderr
+    assert "left out" in r.stderr
+    r = box.run("status", "--json", cmd="bin/gpuguard")
+    doc = json.loads(r.stdout)
+    assert r.returncode == 0 and doc["error"] is None and [g["vendor"] for g in doc["gpus"]] == ["nvidia"]
+    assert doc["tool_error"]["tool"] == "npu-smi" and doc["tool_error"]["left_out"] is True
+
+
+def test_auto_npu_smi_failing_on_a_mixed_box_alerts_on_its_own_and_keeps_the_gpu_judged(box):
+    """A mixed box whose npu-smi fails after it found the NPU: the GPU is
+    judged as usual, the NPU is not judged (its idle alert neither resolves
+    nor fires again), npu-smi gets its own monitor_degraded quoting the line
+    that says why, resolved when it answers; status shows the GPU, exit 1."""
+    npu = auto_box(box)
+    # (each status call asks npu-smi too: a step each)
+    npu.write(["idle"] * 3 + [{"fault": "error"}] * 7 + ["idle"])
+    box.write_scenario([{"gpus": [idle_gpu()], "apps": [app(2410)]}] * 10)
+    for t in range(3):
+        box.once(now=60 * t)
+    assert sorted(e["vendor"] for e in box.events() if e["event"] == "gpu_idle") == ["ascend", "nvidia"]
+    for t in range(3, 8):
+        box.once(now=60 * t)
+    r = box.run("status", cmd="bin/gpuguard", env={"GPUGUARD_NOW": "480"})
+    assert r.returncode == 1
+    assert [line.split()[0] for line in r.stdout.splitlines()][:2] == ["GPU", "0"], r.stdout
+    assert "npu-smi exited 255: dcmi model initialized failed, because the device is used. ret is -8020" in r.stderr
+    doc = json.loads(box.run("status", "--json", cmd="bin/gpuguard").stdout)
+    assert doc["tool_error"]["tool"] == "npu-smi" and doc["tool_error"]["left_out"] is False
+    assert [g["vendor"] for g in doc["gpus"]] == ["nvidia"]
+    box.once(now=600)
+    monitor = [e for e in box.events() if e["event"] == "monitor_degraded"]
+    assert [(e["state"], e["vendor"], e.get("tool")) for e in monitor] == \
+        [("firing", "ascend", "npu-smi"), ("resolved", "ascend", "npu-smi")]
+    assert "because the device is used" in monitor[0]["error"]
+    assert "DrvMngGetConsoleLogLevel" not in monitor[0]["error"]
+    # the NPU's open idle alert was never read as released while npu-smi failed
+    assert sorted((e["vendor"], e["state"]) for e in box.events() if e["event"] == "gpu_idle") == \
+        [("ascend", "firing"), ("nvidia", "firing")]
+
+
+def test_auto_nvidia_smi_without_a_driver_on_an_ascend_box_leaves_the_npu_watched(box):
+    npu = auto_box(box)
+    npu.write(["idle"] * 4)
+    box.write_scenario([{"fault": "driver"}] * 4)
+    for t in range(4):
+        box.once(now=60 * t)
+    assert [(e["event"], e["vendor"]) for e in box.events()] == [("gpu_idle", "ascend")]
+    r = box.run("status", cmd="bin/gpuguard")
+    assert r.returncode == 0 and r.stdout.splitlines()[1].split()[0] == "npu0", r.stdout
+    assert "nvidia-smi exited 9" in r.stderr
+
+
 def test_status_lists_each_device_and_its_holder(box, devices):
     devices.write([devices.holding(1410, 37709, util=0)] * 3)
     r = box.run("status", cmd="bin/gpuguard")
