@@ -178,7 +178,12 @@ def _write_failed(env, state_dir, what, e):
         return
     except OSError:
         pass
-    _log(env, "error", f"cannot write {what} ({e.strerror or e}; disk full?): previous files are kept, new events "
+    # a permission error is named as one: "disk full?" there sent the
+    # reader after the wrong cause
+    cause = f"{e.strerror or e}; disk full?"
+    if getattr(e, "errno", None) in (errno.EACCES, errno.EPERM):
+        cause = f"{e.strerror or e} for uid {os.geteuid()}"
+    _log(env, "error", f"cannot write {what} ({cause}): previous files are kept, new events "
         "wait, retried every cycle; one line for the whole outage")
 
 

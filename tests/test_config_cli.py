@@ -444,4 +444,5 @@ def test_a_textfile_folder_that_is_relative_or_cannot_be_made_says_so_in_one_lin
     assert r.stderr == "yichuidingyin: GPUGUARD_TEXTFILE_DIR must be an absolute path (got 'prom')\n"
     r = box.once(now=60, env={"GPUGUARD_TEXTFILE_DIR": "/etc/passwd/prom"})
     assert r.returncode == 0
-    assert "mkdir" not in r.stderr and "could not write textfile metrics in /etc/passwd/prom" in r.stderr
+    assert "mkdir" not in r.stderr and "textfile folder /etc/passwd/prom cannot be made (Not a directory" in r.stderr
+    assert "disk full" not in r.stderr
