@@ -1,10 +1,12 @@
 """Configuration and command-line behaviour a user meets first."""
 import json
 import os
+import signal
 import subprocess
+import time
 
 import pytest
-from conftest import ROOT, app, idle_gpu, require, wait_for
+from conftest import ROOT, app, default_signals, idle_gpu, require, wait_for
 
 BINS = sorted(p.name for p in (ROOT / "bin").iterdir())
 
@@ -484,3 +486,67 @@ def test_an_upper_case_scheme_is_a_url_and_ipv6_labels_keep_brackets_and_port(bo
     r = box.run("notify", "--check", cmd="bin/gpuguard",
                 env={"NOTIFY_URL": "http://[::1]:9/hook", "NOTIFY_TYPE": "generic", "NOTIFY_TIMEOUT": "1"})
     assert "generic http://[::1]:9/***" in r.stdout, r.stdout
+
+
+def _week_of_gpu_history(state):
+    """A week of 8 GPUs at one row a minute: a report that takes a while."""
+    state.mkdir(mode=0o700, exist_ok=True)
+    with open(state / "gpu-history.tsv", "w") as f:
+        f.writelines("%d\t%d\tGPU-%08d-3a23-ca8c-52da-f8eedc850d97\t%d\t20000\t143771\t300.00\t0\t%d:20000\n"
+                     % (1796000000 + 60 * i, g, g, i % 100, 1000 + g) for i in range(7 * 1440) for g in range(8))
+
+
+@pytest.mark.slow  # a hanging webhook and a week of history: seconds each
+@pytest.mark.parametrize("args", [["notify", "--test"], ["test-alert"], ["report", "--out", "r.html"]])
+def test_ctrl_c_during_a_python_helper_is_one_line_and_exit_130(box, tmp_path, args):
+    """Ctrl-C during `gpuguard notify --test` (a webhook that hangs),
+    `test-alert` or `report` printed a 30-line KeyboardInterrupt traceback
+    and died of the signal. Now: "gpuguard: interrupted", exit 130."""
+    import socket
+    import threading
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    accepted = threading.Event()
+    held = []
+
+    def hang():
+        try:
+            held.append(listener.accept())
+            accepted.set()
+        except OSError:
+            pass
+    threading.Thread(target=hang, daemon=True).start()
+    env = dict(box.env, NOTIFY_URL="http://127.0.0.1:%d/hook" % listener.getsockname()[1], NOTIFY_TIMEOUT="30",
+               NOTIFY_RETRIES="0")
+    if args[0] == "report":
+        _week_of_gpu_history(box.state)
+        env.pop("NOTIFY_URL")
+    try:
+        # a new session: the signal goes to its group, as a terminal's ^C
+        proc = subprocess.Popen([str(ROOT / "bin/gpuguard"), *args], env=env, cwd=tmp_path, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                                preexec_fn=default_signals)
+
+        def helper_running():
+            for pid in os.listdir("/proc"):
+                try:
+                    if pid.isdigit() and os.getpgid(int(pid)) == proc.pid and \
+                            b"python/gpuguard_" in open("/proc/%s/cmdline" % pid, "rb").read():
+                        return True
+                except OSError:
+                    pass
+            return False
+        if args[0] == "report":
+            assert wait_for(helper_running, timeout=30)
+            time.sleep(0.3)                  # its imports done: in the middle of the report
+        else:
+            assert accepted.wait(30)         # posted, waiting for an answer that never comes
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+        assert (proc.returncode, err) == (130, "gpuguard: interrupted\n"), err
+        assert "Traceback" not in out + err
+    finally:
+        listener.close()
+        for conn, _ in held:
+            conn.close()
