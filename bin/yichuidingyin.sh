@@ -90,6 +90,8 @@ main() {
   idle_state_load
   ledger_init
   if ((once)); then
+    # a textfile folder this user cannot write: said once across cron's runs
+    TEXTFILE_ONCE_RUN=1
     idle_cycle "$(gg_now)" || gg_log error "cycle failed (exit $?)"
     gg_retention_maybe || true
     return 0

@@ -522,7 +522,17 @@ gg_write_failed() {
     GG_WRITE_FAILING=0
   fi
   if ((! ${GG_WRITE_FAILING:-0})); then
-    gg_log error "cannot write $1 (disk full?): previous files are kept, new events wait in memory, retried every cycle; one line for the whole outage"
+    # a permission error is named as one: "disk full?" sent the reader
+    # after the wrong cause (a folder of root's, a file of another user's
+    # in a sticky folder such as /tmp)
+    local dir=. cause='disk full?'
+    [[ $1 == */* ]] && dir=${1%/*}
+    if [[ -d $dir ]] && [[ ! -w $dir || ! -x $dir ]]; then
+      cause="its folder is not writable by uid $EUID"
+    elif [[ -k $dir && -e $1 && ! -O $1 ]]; then
+      cause="owned by another user in a sticky folder"
+    fi
+    gg_log error "cannot write $1 ($cause): previous files are kept, new events wait in memory, retried every cycle; one line for the whole outage"
   fi
   GG_WRITE_FAILING=1
 }

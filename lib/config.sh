@@ -343,7 +343,8 @@ config_url_problem() {
     printf 'longer than 2048 characters\n'
   elif [[ $url =~ [^!-~] ]]; then
     printf 'has a space, control or non-ASCII character (a domain goes in its xn-- form)\n'
-  elif [[ ! $url =~ ^https?://([^/?#]*) ]]; then
+  elif [[ ! $url =~ ^[Hh][Tt][Tt][Pp][Ss]?://([^/?#]*) ]]; then
+    # (a scheme is case-insensitive: HTTPS:// as a chat client copies it)
     printf 'not an http:// or https:// URL\n'
   elif [[ ! ${BASH_REMATCH[1]##*@} =~ ^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)(:([0-9]{1,5}))?$ ]]; then
     printf 'bad host or port (an IPv6 address goes in [brackets])\n'
@@ -392,7 +393,7 @@ config_check_targets() {
         continue
       fi
       shown="$key #$i"
-      if [[ $url =~ ^([a-z]{1,10})://([^/?#]*) ]]; then
+      if [[ $url =~ ^([A-Za-z]{1,10})://([^/?#]*) ]]; then
         part=${BASH_REMATCH[2]##*@}
         part=${part//[^!-~]/?}
         shown+=" (${BASH_REMATCH[1]}://${part:0:60}/***)"

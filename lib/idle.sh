@@ -264,7 +264,7 @@ idle_cycle() {
   if declare -F ledger_cycle >/dev/null; then ledger_cycle "$now" || gg_log warn "ledger: cycle not accounted"; fi
   events_flush
   if [[ -n ${GPUGUARD_TEXTFILE_DIR:-} ]]; then
-    textfile_write_idle "$now" || gg_log warn "could not write textfile metrics in $GPUGUARD_TEXTFILE_DIR"
+    textfile_write_idle "$now" || gg_write_outage || gg_log warn "could not write textfile metrics in $GPUGUARD_TEXTFILE_DIR"
   fi
   gpuhistory_append "$now" || gg_write_outage || gg_log warn "could not append to $GPUGUARD_STATE_DIR/gpu-history.tsv"
 }

@@ -369,7 +369,7 @@ leak_cycle_send() {
   events_flush
   leak_forget_gone
   if [[ -n ${GPUGUARD_TEXTFILE_DIR:-} ]]; then
-    textfile_write_leak || gg_log warn "could not write textfile metrics in $GPUGUARD_TEXTFILE_DIR"
+    textfile_write_leak || gg_write_outage || gg_log warn "could not write textfile metrics in $GPUGUARD_TEXTFILE_DIR"
   fi
 }
 

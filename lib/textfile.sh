@@ -35,11 +35,51 @@ textfile_family() {
   done <<<"$5"
 }
 
+# Whether this process may write its metrics in GPUGUARD_TEXTFILE_DIR
+# (made when missing). A fleet config names node_exporter's folder, owned
+# by root, for every user: a user's wrapped job cannot write there. That is
+# not a full disk and will not pass by itself, so it is said once, with its
+# cause, and the metrics are then skipped quietly: once per process, and
+# for cron's --once runs (TEXTFILE_ONCE_RUN=1, set by bin/) once per state
+# folder, whose textfile-unwritable.said holds the folder last said, until
+# the folder is writable again. A wrapped job's watcher says it at its
+# start, since each job's log is read on its own.
+# Arguments:
+#   $1 what writes, for the line (watchdog, watcher)
+# Returns:
+#   0 writable; 1 not (said once)
+textfile_dir_usable() {
+  local dir=$GPUGUARD_TEXTFILE_DIR why='' said='' file='' err
+  ((${TEXTFILE_ONCE_RUN:-0})) && [[ -n ${GPUGUARD_STATE_DIR:-} ]] && file=$GPUGUARD_STATE_DIR/textfile-unwritable.said
+  if [[ ! -d $dir ]] && ! err=$(mkdir -p -- "$dir" 2>&1); then
+    # mkdir's reason alone ("Permission denied", "Not a directory")
+    why="cannot be made (${err##*: }, uid $EUID)"
+  elif [[ ! -w $dir || ! -x $dir ]]; then
+    why="is not writable by this user (uid $EUID)"
+  fi
+  if [[ -z $why ]]; then
+    TEXTFILE_UNWRITABLE_SAID=''
+    [[ -n $file && -f $file && ! -L $file ]] && rm -f -- "$file"
+    return 0
+  fi
+  [[ ${TEXTFILE_UNWRITABLE_SAID:-} == "$dir" ]] && return 1
+  TEXTFILE_UNWRITABLE_SAID=$dir
+  [[ -n $file && -f $file && ! -L $file ]] && said=$(<"$file")
+  [[ $said == "$dir" ]] && return 1
+  gg_log warn "textfile folder $dir $why: no metrics from this $1 (give uid $EUID write access there, or set GPUGUARD_TEXTFILE_DIR= empty for this user's runs)"
+  if [[ -n $file && -d $GPUGUARD_STATE_DIR ]]; then gg_write_atomic "$file" "$dir" || true; fi
+  return 1
+}
+
 # Writes gpuguard_idle.prom from the last sample and the watchdog's state.
 # Globals:
 #   SMI_* (last sample), IDLE_* and MON_* (state), THRESHOLD
+# Returns:
+#   0 written, or skipped: a folder this user cannot write (said once);
+#   1 not written (the writer said why, once for an outage)
 textfile_write_idle() {
   local now=$1 dir=$GPUGUARD_TEXTFILE_DIR
+  textfile_dir_usable watchdog || return 0
   local util='' used='' total='' procs='' cycles='' idle='' power='' pmem='' uuid lbl
   local limit='' spin='' stuck='' fault='' degraded=''
   if ((MON_FAILS == 0)); then
@@ -107,8 +147,6 @@ textfile_write_idle() {
   textfile_family out gpuguard_monitor_last_success_timestamp_seconds gauge 'Time of the last good sample.' \
     "{} ${MON_LAST_OK:-0}"
   textfile_family out gpuguard_monitor_last_cycle_timestamp_seconds gauge 'Time of the last cycle.' "{} $now"
-  # (a failure is the caller's one warning line, not mkdir's own too)
-  [[ -d $dir ]] || mkdir -p -- "$dir" 2>/dev/null || return
   gg_write_atomic "$dir/gpuguard_idle.prom" "$out"
 }
 
@@ -149,10 +187,14 @@ textfile_remove_leak() {
 #   malformed or empty field is left out, as nvidia-smi garbage is: it
 #   never stops the watcher nor puts a line node_exporter rejects (which
 #   would drop the whole file).
+# Returns:
+#   0 written, or skipped: a folder this user cannot write (said once);
+#   1 not written (the writer said why, once for an outage)
 textfile_write_leak() {
-  local dir=$GPUGUARD_TEXTFILE_DIR mem='' slope='' firing='' sevs='' ooms='' pid s f used sev oom name esc lbl
+  local mem='' slope='' firing='' sevs='' ooms='' pid s f used sev oom name esc lbl
   local watcher path now
   [[ -n $LEAK_INSTANCE ]] || return 1
+  textfile_dir_usable watcher || return 0
   textfile_label_escape_into "$LEAK_INSTANCE" watcher
   # shellcheck disable=SC2034 # slope_abs is only checked: the slope may be negative
   local slope_abs used_mib
@@ -191,8 +233,6 @@ textfile_write_leak() {
   textfile_family out gpuguard_leak_watcher_last_cycle_timestamp_seconds gauge \
     "Time of the leak watcher's last cycle (a file not written for several --interval is a stopped watcher's)." \
     "{watcher=\"$watcher\"} $now"
-  # (a failure is the caller's one warning line, not mkdir's own too)
-  [[ -d $dir ]] || mkdir -p -- "$dir" 2>/dev/null || return
   textfile_leak_path_into path
   gg_write_atomic "$path" "$out"
 }

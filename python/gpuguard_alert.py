@@ -124,9 +124,11 @@ def _log(env, level, msg):
 
 
 def _mask_url(url):
-    """A URL fit for a log line: scheme, host and a masked path."""
+    """A URL fit for a log line: scheme, host and port (two receivers on one
+    host told apart; an IPv6 address keeps its brackets) and a masked path;
+    never the user or password."""
     parts = urllib.parse.urlsplit(url)
-    return "{}://{}/***".format(parts.scheme, parts.hostname or "?")
+    return "{}://{}/***".format(parts.scheme, parts.netloc.rsplit("@", 1)[-1] or "?")
 
 
 def _one_line(exc, env):
@@ -178,7 +180,12 @@ def _write_failed(env, state_dir, what, e):
         return
     except OSError:
         pass
-    _log(env, "error", f"cannot write {what} ({e.strerror or e}; disk full?): previous files are kept, new events "
+    # a permission error is named as one: "disk full?" there sent the
+    # reader after the wrong cause
+    cause = f"{e.strerror or e}; disk full?"
+    if getattr(e, "errno", None) in (errno.EACCES, errno.EPERM):
+        cause = f"{e.strerror or e} for uid {os.geteuid()}"
+    _log(env, "error", f"cannot write {what} ({cause}): previous files are kept, new events "
         "wait, retried every cycle; one line for the whole outage")
 
 
@@ -254,7 +261,9 @@ def _url_problem(url):
         return f"longer than {_URL_MAX} characters"
     if re.search(r"[^!-~]", url):
         return "has a space, control or non-ASCII character (a domain goes in its xn-- form)"
-    m = re.match(r"https?://([^/?#]*)", url)
+    # a scheme is case-insensitive (RFC 3986): HTTPS:// as a chat client
+    # copies it is a URL too
+    m = re.match(r"https?://([^/?#]*)", url, re.IGNORECASE)
     if not m:
         return "not an http:// or https:// URL"
     host = _AUTHORITY.fullmatch(m.group(1).rsplit("@", 1)[-1])
@@ -268,7 +277,7 @@ def _url_problem(url):
 def _target_name(key, index, url):
     """A malformed target as a log line may show it: the key, its place in
     the list and scheme://host without user, path or query (tokens)."""
-    m = re.match(r"([a-z]{1,10})://([^/?#]*)", url)
+    m = re.match(r"([A-Za-z]{1,10})://([^/?#]*)", url)
     if not m:
         return f"{key} #{index}"
     host = re.sub(r"[^!-~]", "?", m.group(2).rsplit("@", 1)[-1])[:60]
@@ -312,7 +321,9 @@ def _targets_from_env(env, bad=None):
         problem = _url_problem(url)
         if problem:
             raise ValueError(problem)
-        return url, provider, lang
+        # one spelling of the scheme: HTTPS:// and https:// are one target
+        scheme, rest = url.split("://", 1)
+        return scheme.lower() + "://" + rest, provider, lang
 
     for i, raw in enumerate(urls):
         try:
@@ -330,8 +341,23 @@ def _targets_from_env(env, bad=None):
         except ValueError as e:
             bad.append((_target_name("ALERTMANAGER_URL", i + 1, strip_prefix(raw)[1]), _one_line(e, env)))
             continue
-        out.append(_Target(url.rstrip("/"), "alertmanager", "", lang))
+        out.append(_Target(_alertmanager_base(url), "alertmanager", "", lang))
     return out
+
+
+# The API path of Alertmanager's alerts, as its docs give the URL to paste:
+# gpuguard adds /api/v2/alerts itself, so a URL that ends in it is taken as
+# its base (it posted to /api/v2/alerts/api/v2/alerts, a 404). /api/v1 is
+# gone from Alertmanager 0.27 and v2 is there since 0.16: a v1 URL posts to
+# v2 too. A route prefix before it (--web.route-prefix) is kept.
+_AM_API_PATH = re.compile(r"/api/v[12](?:/alerts)?/*$", re.IGNORECASE)
+
+
+def _alertmanager_base(url):
+    """An ALERTMANAGER_URL as the base that /api/v2/alerts is added to."""
+    parts = urllib.parse.urlsplit(url)
+    path = _AM_API_PATH.sub("", parts.path).rstrip("/")
+    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, path, parts.query, parts.fragment))
 
 
 # ---------------------------------------------------------------- signing --
@@ -1066,4 +1092,10 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    try:
+        sys.exit(main(sys.argv))
+    except KeyboardInterrupt:
+        # Ctrl-C: one line and 130 (128 + SIGINT, as a shell reports it),
+        # never a 30-line traceback
+        print("%s: interrupted" % "gpuguard", file=sys.stderr)
+        sys.exit(130)

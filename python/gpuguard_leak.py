@@ -893,4 +893,10 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    try:
+        sys.exit(main(sys.argv))
+    except KeyboardInterrupt:
+        # Ctrl-C: one line and 130 (128 + SIGINT, as a shell reports it),
+        # never a 30-line traceback
+        print("%s: interrupted" % "gpu-leak-watch", file=sys.stderr)
+        sys.exit(130)

@@ -9,4 +9,9 @@ import sys
 
 import gpuguard_leak
 
-sys.exit(gpuguard_leak.main(["gpuguard_leak.py"] + sys.argv[1:]))
+try:
+    sys.exit(gpuguard_leak.main(["gpuguard_leak.py"] + sys.argv[1:]))
+except KeyboardInterrupt:
+    # Ctrl-C: one line and 130, as gpuguard_leak.py run directly
+    print("gpu-leak-watch: interrupted", file=sys.stderr)
+    sys.exit(130)

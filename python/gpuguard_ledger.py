@@ -430,4 +430,10 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except KeyboardInterrupt:
+        # Ctrl-C: one line and 130 (128 + SIGINT, as a shell reports it),
+        # never a 30-line traceback
+        print("%s: interrupted" % "gpuguard", file=sys.stderr)
+        sys.exit(130)

@@ -502,7 +502,9 @@ def _build(state_dir, opts, params, now):
     for key, rows in history.items():
         if since is not None:
             rows = [r for r in rows if r[0] >= since]
-        if len(rows) < 2:
+        # a job that died in its first seconds has one row: it is the one a
+        # user most wants to see, so it is listed (not judged), not dropped
+        if not rows:
             continue
         rows.sort(key=lambda r: r[0])
         m = re.match(r"(\d+)(?:-(\d+))?", key)
@@ -572,7 +574,8 @@ def _series_fit(rows, st, free, params):
     span = max(t1 - t0, 1.0)
     bucket = max(1.0, min(params["bucket_s"], span / 30.0))
     fl = _floors(rows, bucket)
-    judged = st is not None and isinstance(last.get("slope"), (int, float)) and math.isfinite(last["slope"])
+    judged = (len(rows) >= 2 and st is not None and isinstance(last.get("slope"), (int, float))
+              and math.isfinite(last["slope"]))
     window = last.get("window_s") or 24 * 3600
     fit_pts = [p for p in fl if p[0] >= fl[-1][0] - window] or fl
     fit = _fit_line(fit_pts, last["slope"] / 3600.0 if judged else None)
@@ -955,6 +958,10 @@ def _proc_section(n, p):
     Y = c.panel(200, lo - pad, hi + pad, "MiB", label="GPU memory MiB")
     c.series(rows, Y, "raw", "memory")
     c.series(fl, Y, "floor", "floor")
+    if len(rows) < 2:
+        # a single sample draws no line: a dot marks it
+        c.parts.append('<circle class="one" cx="%.1f" cy="%.1f" r="4"><title>%s MiB</title></circle>'
+                       % (c.X(t0), Y(rows[0][1]), _mib(rows[0][1])))
     if fit:
         a, b = p["fit_from"], t1
         c.parts.append('<line class="trend" x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f"/>'
@@ -979,14 +986,17 @@ def _proc_section(n, p):
     if cap is not None and not cap_in and slope_h > 0:
         cap_note = " · capacity %s MiB is above the chart" % _mib(cap)
     trend = "trend %+.0f MiB/h%s" % (slope_h, "" if p["judged"] else " (not judged by the detector: a fit for the eye)")
+    if len(rows) < 2:
+        trend = "no trend (not judged: 1 sample)"
     head = ('<section class="proc" id="%s"><h2 title="%s"><span class="verdict v-%s">%s</span> %s <small>%s %s</small></h2>'
             '%s<p class="legend"><span class="sw raw"></span>memory <span class="sw floor"></span>%s floors '
             '<span class="sw trend"></span>%s <span class="sw proj"></span>projection%s · projected OOM: %s · '
-            '%d samples over %s, %s → %s MiB</p>'
+            '%d sample%s over %s, %s → %s MiB</p>'
             % (p["anchor"], html.escape(_proc_title(p)), _vclass(p["verdict"]), html.escape(p["verdict"]),
                html.escape(_proc_label(p)), p.get("device", "GPU"), "?" if p["gpu"] is None else p["index"], _cmd_line(p),
                _span_text(p["bucket"]),
-               html.escape(trend), cap_note, html.escape(oom), len(rows), _span_text(t1 - t0),
+               html.escape(trend), cap_note, html.escape(oom), len(rows), "s" if len(rows) != 1 else "",
+               _span_text(t1 - t0),
                _mib(rows[0][1]), _mib(rows[-1][1])))
     return head + c.svg("memory of " + _proc_label(p)) + "</section>"
 
@@ -1004,7 +1014,17 @@ def _vclass(verdict):
     return re.sub(r"[^A-Za-z0-9_-]", "-", verdict)
 
 
+def _growth_cell(p):
+    """The table's growth figure: the slope, starred when the detector did
+    not judge it; none for a single sample, which has no trend."""
+    if len(p["rows"]) < 2:
+        return "none (1 sample)"
+    return "%+.0f%s" % (p["slope_h"], "" if p["judged"] else "*")
+
+
 def _oom_text(p):
+    if len(p["rows"]) < 2:
+        return "unknown (1 sample)"
     if p["oom_h"] is None:
         return "none (not growing)" if p["slope_h"] <= 0 or p["capacity"] is not None else "unknown (no capacity)"
     return "%s (in %.1f h)" % (_tlabel(p["t1"] + p["oom_h"] * 3600), p["oom_h"])
@@ -1026,7 +1046,7 @@ svg.chart{display:block;font-size:11px;max-width:100%;height:auto}.plot{fill:non
 .s{fill:none;stroke-width:1.2;stroke-linejoin:round}.util{stroke:#1f77b4}.mem{stroke:#9467bd;stroke-width:1.5}
 .raw{stroke:#9ecae1}.floor{stroke:#08519c;stroke-width:2}
 .trend{stroke:#d62728;stroke-width:2}.proj{stroke:#d62728;stroke-width:2;stroke-dasharray:6 4}
-.cap{stroke:#000;stroke-dasharray:2 3}.caplab{fill:#000;text-anchor:end;font-weight:bold}.oom{fill:#d62728}.now{stroke:#888;stroke-dasharray:1 3}
+.one{fill:#08519c}.cap{stroke:#000;stroke-dasharray:2 3}.caplab{fill:#000;text-anchor:end;font-weight:bold}.oom{fill:#d62728}.now{stroke:#888;stroke-dasharray:1 3}
 .idle1{fill:#ffe0b2}.idle2{fill:#ffab91}
 .marker line{stroke-width:1.5}.marker.firing line,.marker.firing path{stroke:#c62828;fill:#c62828}
 .marker.resolved line,.marker.resolved path{stroke:#2e7d32;fill:#2e7d32}.marker:target line{stroke-width:4}
@@ -1121,13 +1141,13 @@ def _render(gpus, procs, events, host, now, opts, ledger_html=""):
                    "<th>since</th><th>projected OOM</th></tr>" % (kinds.pop() if len(kinds) == 1 else "device"))
         for p in procs:
             out.append("<tr class='row-%s'><td><span class='verdict v-%s'>%s</span></td><td><a href='#%s' title='%s'>%s</a></td>"
-                       "<td class='n'>%s</td><td class='n'>%+.0f%s</td><td>%s</td><td>%s</td></tr>"
+                       "<td class='n'>%s</td><td class='n'>%s</td><td>%s</td><td>%s</td></tr>"
                        % (_vclass(p["verdict"]), _vclass(p["verdict"]), html.escape(p["verdict"]),
                           p["anchor"], html.escape(_proc_title(p)), html.escape(_proc_label(p)),
                           "?" if p["gpu"] is None else p["index"],
-                          p["slope_h"], "" if p["judged"] else "*", _tlabel(p["t0"]), html.escape(_oom_text(p))))
+                          _growth_cell(p), _tlabel(p["t0"]), html.escape(_oom_text(p))))
         out.append("</table>")
-        if not all(p["judged"] for p in procs):
+        if not all(p["judged"] or len(p["rows"]) < 2 for p in procs):
             out.append("<p class='legend'>* not judged by the leak detector (no saved verdict): a Theil-Sen fit for the eye.</p>")
     else:
         out.append("<p>No process history%s: run <code>gpu-leak-watch</code> (e.g. <code>--all</code>) to record it.</p>"
@@ -1327,4 +1347,10 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    try:
+        sys.exit(main(sys.argv))
+    except KeyboardInterrupt:
+        # Ctrl-C: one line and 130 (128 + SIGINT, as a shell reports it),
+        # never a 30-line traceback
+        print("%s: interrupted" % (os.environ.get("GG_PROG") or "gpuguard"), file=sys.stderr)
+        sys.exit(130)

@@ -374,7 +374,7 @@ def test_test_alert_reports_each_target(tmp_path):
                        timeout=60)
     assert r.returncode == 1
     lines = r.stdout.strip().splitlines()
-    assert lines[0].startswith("sent") and "generic http://127.0.0.1/***" in lines[0]
+    assert lines[0].startswith("sent") and "generic %s/***" % ok.url in lines[0]
     assert lines[1].startswith("permanent") and "error 93000: invalid webhook url" in lines[1]
     assert "KEYSECRET" not in r.stdout + r.stderr
     assert ok.requests[0]["body"]["events"][0]["event"] == "test"
@@ -445,3 +445,13 @@ def test_a_write_into_a_removed_state_folder_is_not_called_a_full_disk(tmp_path)
     alert._write_failed(env, str(here), str(here / "outbox"), OSError(28, "No space left on device"))
     alert._write_failed(env, str(here), str(here / "outbox"), OSError(28, "No space left on device"))
     assert log.read_text().count("disk full?") == 1
+
+
+def test_a_write_refused_for_permission_is_not_called_a_full_disk(tmp_path):
+    """EACCES (a folder of root's, as a user) was logged as "(Permission
+    denied; disk full?)": the reader went looking for a full disk."""
+    log = tmp_path / "log"
+    env = {"GPUGUARD_LOG": str(log)}
+    alert._write_failed(env, str(tmp_path), str(tmp_path / "outbox"), OSError(13, "Permission denied"))
+    text = log.read_text()
+    assert "disk full" not in text and "(Permission denied for uid %d)" % os.geteuid() in text

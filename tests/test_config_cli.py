@@ -1,10 +1,12 @@
 """Configuration and command-line behaviour a user meets first."""
 import json
 import os
+import signal
 import subprocess
+import time
 
 import pytest
-from conftest import ROOT, app, idle_gpu, require, wait_for
+from conftest import ROOT, app, default_signals, idle_gpu, require, wait_for
 
 BINS = sorted(p.name for p in (ROOT / "bin").iterdir())
 
@@ -339,7 +341,7 @@ URL_CASES = [
     "https://user:pw@host.example/x", "http://host_name.internal", "http://[::1", "http://[::1]:99999/",
     "http://host:0/", "http://host:/", "ftp://host/", "//host/x", "http:///x", "http://exa mple/",
     "http://a\x01b/", "http://例子.中国/", "https://h/" + "a" * 2039, "https://h/" + "a" * 2038,
-    "HTTP://host/", "http://[zz]/", "http://h\u3000/",
+    "HTTP://host/", "http://[zz]/", "http://h\u3000/", "HtTpS://h/", "HTTPX://h/",
 ]
 
 
@@ -355,7 +357,9 @@ def test_bash_and_python_agree_on_which_targets_are_malformed():
     in_bash = r.stdout.split()
     in_python = ["bad" if alert._url_problem(u) else "ok" for u in URL_CASES]
     assert in_bash == in_python
-    assert in_python[:5] == ["ok"] * 5 and in_python.count("ok") == 6
+    assert in_python[:5] == ["ok"] * 5 and in_python.count("ok") == 8
+    # a scheme is case-insensitive (RFC 3986): HTTP:// as a chat client copies it
+    assert in_python[URL_CASES.index("HTTP://host/")] == "ok" and in_python[-1] == "bad"
 
 
 @pytest.mark.slow  # three commands, doctor among them: over 1.5 s here
@@ -370,7 +374,7 @@ def test_notify_check_and_doctor_name_the_malformed_target_in_one_line(box, sink
     assert r.returncode == 2 and r.stderr == ""
     assert lines[0] == ("FAIL\tNOTIFY_URL #1 (http://[::1/***)\tmalformed: bad host or port (an IPv6 address "
                         "goes in [brackets]); the other targets still get alerts")
-    assert lines[1].startswith("OK\tgeneric http://127.0.0.1/***") and len(lines) == 2
+    assert lines[1].startswith("OK\tgeneric %s/***" % sink.url) and len(lines) == 2
     r = box.run("doctor", cmd="bin/gpuguard", env=env)
     named = [line for line in r.stdout.splitlines() if "NOTIFY_URL #1" in line]
     assert len(named) == 1 and named[0].startswith("FAIL") and "T0KEN5ecret" not in r.stdout + r.stderr
@@ -396,7 +400,7 @@ def test_a_comment_after_a_value_is_not_part_of_it(box, sink, tmp_path):
     box.write_scenario([{"gpus": [idle_gpu()], "apps": [app(4242)]}])
     env = {"GPUGUARD_CONFIG": str(conf)}
     r = box.run("notify", "--check", cmd="bin/gpuguard", env=env)
-    assert r.returncode == 0 and r.stdout.startswith("OK\tgeneric http://127.0.0.1/***"), r.stdout + r.stderr
+    assert r.returncode == 0 and r.stdout.startswith("OK\tgeneric %s/***" % sink.url), r.stdout + r.stderr
     assert len(r.stdout.splitlines()) == 1
     r = box.once(now=60, env=env)
     assert r.returncode == 0 and "malformed" not in r.stderr, r.stderr
@@ -444,4 +448,105 @@ def test_a_textfile_folder_that_is_relative_or_cannot_be_made_says_so_in_one_lin
     assert r.stderr == "yichuidingyin: GPUGUARD_TEXTFILE_DIR must be an absolute path (got 'prom')\n"
     r = box.once(now=60, env={"GPUGUARD_TEXTFILE_DIR": "/etc/passwd/prom"})
     assert r.returncode == 0
-    assert "mkdir" not in r.stderr and "could not write textfile metrics in /etc/passwd/prom" in r.stderr
+    assert "mkdir" not in r.stderr and "textfile folder /etc/passwd/prom cannot be made (Not a directory" in r.stderr
+    assert "disk full" not in r.stderr
+
+
+def test_alertmanager_url_pasted_with_its_api_path_posts_once_to_it_and_labels_keep_the_port(box, sink):
+    """ALERTMANAGER_URL pasted as Alertmanager's docs give it
+    (http://host:9093/api/v2/alerts) was posted to /api/v2/alerts/api/v2/alerts
+    (a real Alertmanager answers 404) while --check said OK; the masked label
+    dropped the port (http://127.0.0.1/***). A v1 URL (v1 is gone from
+    Alertmanager 0.27) posts to v2; a route prefix is kept."""
+    port = sink.url.rsplit(":", 1)[1]
+    for given, path in (("/api/v2/alerts", "/api/v2/alerts"), ("/api/v2/alerts/", "/api/v2/alerts"),
+                        ("/api/v1/alerts", "/api/v2/alerts"), ("/am/api/v2/alerts", "/am/api/v2/alerts"),
+                        ("", "/api/v2/alerts")):
+        before = len(sink.requests)
+        env = {"ALERTMANAGER_URL": sink.url + given}
+        r = box.run("notify", "--check", cmd="bin/gpuguard", env=env)
+        assert r.returncode == 0 and r.stdout.startswith("OK\talertmanager http://127.0.0.1:%s/***\t" % port), r.stdout
+        r = box.run("notify", "--test", cmd="bin/gpuguard", env=env)
+        assert (r.returncode, r.stdout) == (0, "sent     alertmanager http://127.0.0.1:%s/***: HTTP 200\n" % port)
+        assert [q["path"] for q in sink.requests[before:]] == [path], given
+
+
+def test_an_upper_case_scheme_is_a_url_and_ipv6_labels_keep_brackets_and_port(box, sink):
+    """NOTIFY_URL=HTTPS://... (as some chat clients copy it) was "malformed:
+    not an http:// or https:// URL", although a scheme is case-insensitive;
+    an IPv6 target was shown as http://::1/***."""
+    port = sink.url.rsplit(":", 1)[1]
+    env = {"NOTIFY_URL": "HTTP://127.0.0.1:%s/hook" % port, "NOTIFY_TYPE": "generic"}
+    r = box.run("notify", "--test", cmd="bin/gpuguard", env=env)
+    assert (r.returncode, r.stdout) == (0, "sent     generic http://127.0.0.1:%s/***: HTTP 200\n" % port), r.stdout
+    assert sink.requests[-1]["path"] == "/hook"
+    box.write_scenario([{"gpus": [idle_gpu()], "apps": []}])
+    r = box.once(now=60, env=env)
+    assert "malformed" not in r.stderr, r.stderr
+    r = box.run("notify", "--check", cmd="bin/gpuguard",
+                env={"NOTIFY_URL": "http://[::1]:9/hook", "NOTIFY_TYPE": "generic", "NOTIFY_TIMEOUT": "1"})
+    assert "generic http://[::1]:9/***" in r.stdout, r.stdout
+
+
+def _week_of_gpu_history(state):
+    """A week of 8 GPUs at one row a minute: a report that takes a while."""
+    state.mkdir(mode=0o700, exist_ok=True)
+    with open(state / "gpu-history.tsv", "w") as f:
+        f.writelines("%d\t%d\tGPU-%08d-3a23-ca8c-52da-f8eedc850d97\t%d\t20000\t143771\t300.00\t0\t%d:20000\n"
+                     % (1796000000 + 60 * i, g, g, i % 100, 1000 + g) for i in range(7 * 1440) for g in range(8))
+
+
+@pytest.mark.slow  # a hanging webhook and a week of history: seconds each
+@pytest.mark.parametrize("args", [["notify", "--test"], ["test-alert"], ["report", "--out", "r.html"]])
+def test_ctrl_c_during_a_python_helper_is_one_line_and_exit_130(box, tmp_path, args):
+    """Ctrl-C during `gpuguard notify --test` (a webhook that hangs),
+    `test-alert` or `report` printed a 30-line KeyboardInterrupt traceback
+    and died of the signal. Now: "gpuguard: interrupted", exit 130."""
+    import socket
+    import threading
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    accepted = threading.Event()
+    held = []
+
+    def hang():
+        try:
+            held.append(listener.accept())
+            accepted.set()
+        except OSError:
+            pass
+    threading.Thread(target=hang, daemon=True).start()
+    env = dict(box.env, NOTIFY_URL="http://127.0.0.1:%d/hook" % listener.getsockname()[1], NOTIFY_TIMEOUT="30",
+               NOTIFY_RETRIES="0")
+    if args[0] == "report":
+        _week_of_gpu_history(box.state)
+        env.pop("NOTIFY_URL")
+    try:
+        # a new session: the signal goes to its group, as a terminal's ^C
+        proc = subprocess.Popen([str(ROOT / "bin/gpuguard"), *args], env=env, cwd=tmp_path, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                                preexec_fn=default_signals)
+
+        def helper_running():
+            for pid in os.listdir("/proc"):
+                try:
+                    if pid.isdigit() and os.getpgid(int(pid)) == proc.pid and \
+                            b"python/gpuguard_" in open("/proc/%s/cmdline" % pid, "rb").read():
+                        return True
+                except OSError:
+                    pass
+            return False
+        if args[0] == "report":
+            assert wait_for(helper_running, timeout=30)
+            time.sleep(0.3)                  # its imports done: in the middle of the report
+        else:
+            assert accepted.wait(30)         # posted, waiting for an answer that never comes
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+        assert (proc.returncode, err) == (130, "gpuguard: interrupted\n"), err
+        assert "Traceback" not in out + err
+    finally:
+        listener.close()
+        for conn, _ in held:
+            conn.close()

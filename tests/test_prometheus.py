@@ -246,3 +246,46 @@ def test_alertmanager_silence_from_the_rules_labels_holds_for_gpuguards_own_aler
     finally:
         stop_processes(procs.values())
         server.shutdown()
+
+
+def test_a_textfile_folder_the_user_cannot_write_is_said_once_with_its_cause(box, tmp_path):
+    """A fleet config names node_exporter's folder (root's) for every user:
+    a user's wrapped job said "cannot write ... (disk full?)" at ERROR, then
+    "could not write textfile metrics" every cycle for the whole job. Now
+    one line at its start names the cause (not writable by this uid) and
+    the rest is quiet; the watchdog's cron runs say it once across runs."""
+    from conftest import require
+    require(os.geteuid() == 0, "needs root to drop to another user")
+    import tempfile
+    base = tempfile.mkdtemp(prefix="gpuguard-textfile-")
+    try:
+        os.chmod(base, 0o777)
+        textdir = os.path.join(base, "textfile")
+        os.mkdir(textdir, 0o755)                      # node_exporter's folder: root's
+        scenario = os.path.join(base, "scenario.json")
+        with open(scenario, "w") as f:
+            json.dump({"gpus": [{"index": 0, "uuid": "GPU-0", "name": "NVIDIA H200", "memory.total": 143771}],
+                       "steps": [{"gpus": [idle_gpu()], "apps": []}]}, f)
+        os.chmod(scenario, 0o644)
+        env = dict(box.env, GPUGUARD_STATE_DIR=os.path.join(base, "state"), HOME=base, FAKE_SMI_SCENARIO=scenario,
+                   FAKE_SMI_STATE=os.path.join(base, "step"), FAKE_SMI_LOG="", GPUGUARD_TEXTFILE_DIR=textdir)
+
+        def as_nobody(cmd, *args):
+            return subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups",
+                                   str(ROOT / "bin" / cmd), *args], env=env, capture_output=True, text=True,
+                                  timeout=60, cwd=base)
+        said = "textfile folder %s is not writable by this user (uid 65534): no metrics from this" % textdir
+        r = as_nobody("gpu-leak-watch", "--interval", "1", "--", "sleep", "3.5")
+        assert r.returncode == 0, r.stderr
+        assert r.stderr.count(said + " watcher") == 1, r.stderr
+        assert "disk full" not in r.stderr and "could not write textfile" not in r.stderr, r.stderr
+        log = ""
+        for _ in range(3):
+            r = as_nobody("yichuidingyin.sh", "--once")
+            assert r.returncode == 0, r.stderr
+            log += r.stderr
+        assert log.count(said + " watchdog") == 1, log
+        assert "disk full" not in log and "could not write textfile" not in log, log
+        assert os.listdir(textdir) == []
+    finally:
+        shutil.rmtree(base)

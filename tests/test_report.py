@@ -461,3 +461,29 @@ def test_garbage_lines_in_a_history_file_are_skipped_and_the_report_written(tmp_
     assert (r.returncode, r.stderr) == (0, ""), r.stderr
     assert r.stdout.startswith("wrote %s (0 GPUs, 1 processes, " % out)
     assert "60 samples over 59 min, 5,000 → 5,059 MiB" in out.read_text()
+
+
+@pytest.mark.parametrize("cmd", BOTH)
+def test_a_job_that_died_in_its_first_seconds_is_in_the_report_and_found_by_pid(tmp_path, cmd):
+    """A job that crashed at start leaves one history row and its .job.json
+    (as gpu-leak-watch -- ./crash.sh wrote them): the report left it out
+    ("0 processes") and --pid said it "matches no process in the history".
+    Now it is a row named from its .job.json, not judged (1 sample)."""
+    state = tmp_path / "state"
+    (state / "history").mkdir(parents=True)
+    (state / "history" / "25979-2602848.csv").write_text(
+        "timestamp,pid,used_memory_mib,gpu_used_mib,gpu_total_mib\n1796646336,25979,4000,4000,143771\n")
+    (state / "history" / "25979-2602848.job.json").write_text(json.dumps(
+        {"user": "alice", "uid": 1000, "pid": 25979, "pids": [25979], "cmdline": "/bin/bash ./crash.sh",
+         "cwd": "/home/alice", "start_ts": 1796646336, "slurm_job": None, "container": None, "rank": None,
+         "local_rank": None, "visible": True}))
+    for args in ([], ["--pid", "25979"]):
+        out = tmp_path / "r.html"
+        r = gg_report(state, "--out", str(out), *args, cmd=cmd)
+        assert (r.returncode, r.stderr) == (0, ""), r.stderr
+        assert r.stdout.startswith("wrote %s (0 GPUs, 1 processes, " % out), r.stdout
+        text = out.read_text()
+        [(cls, row)] = rows_of(text, "summary-table")
+        assert cls == "row-not-judged" and "bash crash.sh" in row and "user alice" in row, row
+        assert "none (1 sample)" in row and "unknown (1 sample)" in row, row
+        assert "no trend (not judged: 1 sample)" in text and "1 sample over 0 min, 4,000 → 4,000 MiB" in text
