@@ -134,6 +134,16 @@ setup() {
   [[ ${GG_PROC_RSS[$pid]} =~ ^[0-9]+$ && ${GG_PROC_TICKS[$pid]} =~ ^[0-9]+$ ]]
 }
 
+# Waits (up to 10 s) until process $1 has exec'd sleep.
+exec_done() {
+  local i
+  for ((i = 0; i < 200; i++)); do
+    [[ $(cat "/proc/$1/comm" 2>/dev/null) == sleep ]] && return 0
+    sleep 0.05
+  done
+  return 1
+}
+
 @test "gg_proc_update: new processes appear, gone ones go, a watched one is read again; a full scan every GG_PROC_FULL_EVERY" {
   gg_proc_update
   sleep 30 &
@@ -150,22 +160,28 @@ setup() {
   [[ -z ${GG_PROC_PPID[$p_first]:-} ]]
   [[ " ${GG_PROC_KIDS[$$]} " != *" $p_first "* ]]
   assert_equal "${GG_PROC_PPID[$p_second]}" "$$"
-  # a process that exec'd reads as before until it is read again
-  bash -c 'sleep 0.3; exec sleep 30' &
+  # a process that exec'd reads as before until it is read again (it
+  # execs when told to, not after a fixed time: under load a timer let it
+  # exec before the first read, and the test read "sleep" there)
+  local go=$BATS_TEST_TMPDIR/go
+  bash -c 'while [[ ! -e $1 ]]; do sleep 0.05; done; exec sleep 30' _ "$go" &
   local p_exec=$!
   gg_proc_update
   assert_equal "${GG_PROC_COMM[$p_exec]}" bash
-  sleep 0.6
+  touch "$go"
+  exec_done "$p_exec"
   gg_proc_update
   assert_equal "${GG_PROC_COMM[$p_exec]}" bash
   gg_proc_read "$p_exec"
   assert_equal "${GG_PROC_COMM[$p_exec]}" sleep
   # ... or by the next full scan
-  bash -c 'sleep 0.3; exec sleep 30' &
+  rm -f "$go"
+  bash -c 'while [[ ! -e $1 ]]; do sleep 0.05; done; exec sleep 30' _ "$go" &
   local p_exec2=$!
   GG_PROC_FULL_EVERY=3
   gg_proc_scan
-  sleep 0.6
+  touch "$go"
+  exec_done "$p_exec2"
   gg_proc_update
   gg_proc_update
   gg_proc_update
