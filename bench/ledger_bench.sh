@@ -39,14 +39,14 @@ main() {
   idle_init
   ledger_init
   jobinfo_reset
-  declare -gA SMI_PROCS=() SMI_INDEX=() SMI_MEM_USED=()
+  declare -gA SMI_PROCS=() SMI_NPROCS=() SMI_INDEX=() SMI_MEM_USED=() SMI_VENDOR=() SMI_MEM_BASE=()
   declare -ga SMI_UUIDS=()
   MON_FAILS=0
   for i in 0 1 2 3 4 5 6 7; do
     uuid=GPU-0000000$i-3a23-ca8c-52da-f8eedc850d97
     SMI_UUIDS+=("$uuid")
     SMI_INDEX[$uuid]=$i SMI_MEM_USED[$uuid]=30000
-    SMI_PROCS[$uuid]="${pids[i]}${SMI_FS}python3${SMI_FS}29800"
+    SMI_PROCS[$uuid]="${pids[i]}${SMI_FS}python3${SMI_FS}29800" SMI_NPROCS[$uuid]=1
     ((i % 2)) && IDLE_CYCLES["$uuid"]=1
   done
   # the first cycle looks the jobs up (once per PID); then the steady state

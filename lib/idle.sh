@@ -511,6 +511,23 @@ idle_rules_load() {
   done <"$file"
 }
 
+# Whether the device $1 is held this cycle: compute processes listed on
+# it, or, when none are (a container hides them), memory in use over
+# IDLE_MEM_MIB plus what the device shows with nothing on it (SMI_MEM_BASE:
+# an Ascend NPU's firmware reserve, 3.4 GB of a 910B's 64 GB, lib/npu.sh;
+# none on NVIDIA GPUs). The one test of "held": the idle and stuck rules,
+# the ledger (lib/ledger.sh) and the gpuguard_gpu_held metric
+# (lib/textfile.sh) all ask it, so a free chip is never booked or alerted.
+# Returns:
+#   0 held, 1 free, 2 cannot be told (no process listed, memory unknown)
+idle_held() {
+  local used=${SMI_MEM_USED[$1]:-}
+  ((${SMI_NPROCS[$1]:-0} == 0)) || return 0
+  [[ -n $used ]] || return 2
+  ((${used%.*} > IDLE_MEM_MIB + ${SMI_MEM_BASE[$1]:-0})) || return 1
+  return 0
+}
+
 # Decides, for one GPU, whether it is idle or spinning, into the variable
 # named $2: utilization, spinning, busy, released (no longer held) or
 # exempt (a per-job rule). Returns 2 when it cannot be told this cycle
@@ -521,20 +538,17 @@ idle_classify() {
   local uuid=$1
   local -n verdict_ref=$2
   verdict_ref=''
-  local util=${SMI_UTIL[$uuid]:-} used=${SMI_MEM_USED[$uuid]:-}
+  local util=${SMI_UTIL[$uuid]:-}
   local power=${SMI_POWER[$uuid]:-} limit=${SMI_POWER_LIMIT[$uuid]:-}
   [[ -n $util ]] || return 2
   idle_settings_for "$uuid"
-  if ((${SMI_NPROCS[$uuid]:-0} == 0)); then
-    # The process list is hidden (container PID namespace) or empty: held
-    # when memory is; unknown memory is not "released".
-    [[ -n $used ]] || return 2
-    # SMI_MEM_BASE: what the device shows in use with nothing on it (an
-    # Ascend NPU's firmware reserve, lib/npu.sh); none on NVIDIA GPUs
-    if ((${used%.*} <= IDLE_MEM_MIB + ${SMI_MEM_BASE[$uuid]:-0})); then
-      verdict_ref=released
-      return 0
-    fi
+  # unknown memory of a GPU without listed processes is not "released"
+  local held=0
+  idle_held "$uuid" || held=$?
+  ((held != 2)) || return 2
+  if ((held == 1)); then
+    verdict_ref=released
+    return 0
   fi
   if ((IDLE_T_EXEMPT)); then
     verdict_ref=exempt
@@ -638,7 +652,9 @@ idle_judge_gpu() {
   idle_classify "$uuid" verdict || rc=$?
   if ((rc == 2)); then
     if [[ -z ${SMI_UTIL[$uuid]} && -z ${IDLE_NA_LOGGED[$uuid]:-} ]]; then
-      gg_log warn "GPU ${SMI_INDEX[$uuid]} ($uuid): utilization not available ([N/A], MIG?); not judged"
+      local word
+      device_word_into word "$uuid"
+      gg_log warn "$word ${SMI_INDEX[$uuid]} ($uuid): utilization not available ([N/A], MIG?); not judged"
       IDLE_NA_LOGGED[$uuid]=1
     fi
     return 0
@@ -795,7 +811,9 @@ idle_emit() {
     "${IDLE_T_PCT:-$IDLE_POWER_PCT}" "$((${IDLE_CYCLES[$uuid]:-0} + ${IDLE_SPIN[$uuid]:-0}))" \
     "${IDLE_SPIN[$uuid]:-0}" "$idle_seconds" "$since" "$rule" "$procs" "$job" "$jobs" "$job_pid" \
     "$cost_json$incident,\"vendor\":\"${SMI_VENDOR[$uuid]:-nvidia}\""
-  gg_log warn "$kind $state: GPU ${SMI_INDEX[$uuid]:-?} util ${SMI_UTIL[$uuid]:-?}% for $((${IDLE_CYCLES[$uuid]:-0} + ${IDLE_SPIN[$uuid]:-0})) cycles, ${SMI_NPROCS[$uuid]:-0} processes ($reason), power ${SMI_POWER[$uuid]:-?} W"
+  local word
+  device_word_into word "$uuid"
+  gg_log warn "$kind $state: $word ${SMI_INDEX[$uuid]:-?} util ${SMI_UTIL[$uuid]:-?}% for $((${IDLE_CYCLES[$uuid]:-0} + ${IDLE_SPIN[$uuid]:-0})) cycles, ${SMI_NPROCS[$uuid]:-0} processes ($reason), power ${SMI_POWER[$uuid]:-?} W"
   idle_queue_event "$id" "$event"
 }
 
@@ -812,7 +830,9 @@ idle_emit_fault() {
   printf -v event '{"id":"%s","ts":%s,"host":"%s","event":"gpu_degraded","state":"%s","reason":"%s","severity":"critical","gpu":%s,"uuid":"%s","gpu_name":%s,"fault":%s,"faulted_cycles":%s,"vendor":"%s"}' \
     "$id" "$now" "$host_esc" "$state" "$reason" "${SMI_INDEX[$uuid]:-null}" "$uuid" "$gpu_name" "$fault" \
     "${IDLE_FAULT[$uuid]:-0}" "${SMI_VENDOR[$uuid]:-nvidia}"
-  gg_log error "gpu_degraded $state: GPU ${SMI_INDEX[$uuid]:-?} ($uuid): ${SMI_GPU_FAULT[$uuid]:-$reason}"
+  local word
+  device_word_into word "$uuid"
+  gg_log error "gpu_degraded $state: $word ${SMI_INDEX[$uuid]:-?} ($uuid): ${SMI_GPU_FAULT[$uuid]:-$reason}"
   idle_queue_event "$id" "$event"
 }
 

@@ -279,7 +279,7 @@ ledger_day_text_into() {
 # every LEDGER_SAVE_EVERY cycles, and queues the daily digest when due.
 # Globals:
 #   SMI_* (this cycle's sample), IDLE_CYCLES, IDLE_SPIN (this cycle's
-#   verdicts), MON_FAILS, CHECK_INTERVAL, IDLE_MEM_MIB
+#   verdicts), MON_FAILS, CHECK_INTERVAL, IDLE_MEM_MIB (through idle_held)
 # Arguments:
 #   $1 now, unix seconds
 ledger_cycle() {
@@ -315,12 +315,14 @@ ledger_cycle_account() {
 }
 
 # Puts one entry per held GPU of this cycle's sample into the array named
-# $1 (see ledger_account). A GPU is held when processes are listed on it,
-# or, when none are (a container hides them), its memory is over
-# IDLE_MEM_MIB; it is idle or stuck while the watchdog counts it so.
+# $1 (see ledger_account). Held is the idle rule's own test (idle_held,
+# lib/idle.sh: a free Ascend chip's firmware reserve is no job); a GPU is
+# idle or stuck while the watchdog counts it so. An NPU's index is written
+# npuN (as gpuguard status shows it), so that a mixed box's GPU 0 and NPU
+# 0 stay two devices in the day file.
 ledger_entries_into() {
   local -n entries_ref=$1
-  local uuid pid mem best best_mem held idle key rest line
+  local uuid pid mem best best_mem idle key rest line idx
   local -A pids_now=()
   for uuid in "${SMI_UUIDS[@]}"; do
     best='' best_mem=-1
@@ -339,13 +341,7 @@ ledger_entries_into() {
         best=$pid best_mem=$mem
       fi
     done
-    held=0
-    if [[ -n $best ]]; then
-      held=1
-    elif [[ -n ${SMI_MEM_USED[$uuid]:-} ]] && ((${SMI_MEM_USED[$uuid]%.*} > IDLE_MEM_MIB)); then
-      held=1
-    fi
-    ((held)) || continue
+    idle_held "$uuid" || continue
     idle=0
     ((${IDLE_CYCLES[$uuid]:-0} > 0 || ${IDLE_SPIN[$uuid]:-0} > 0)) && idle=1
     if [[ -n $best ]]; then
@@ -354,7 +350,9 @@ ledger_entries_into() {
     else
       key='?|-'
     fi
-    entries_ref+=("$uuid|${SMI_INDEX[$uuid]:-?}|$idle|$key")
+    idx=${SMI_INDEX[$uuid]:-?}
+    [[ ${SMI_VENDOR[$uuid]:-} != ascend ]] || idx=npu$idx
+    entries_ref+=("$uuid|$idx|$idle|$key")
   done
   # PIDs are reused: forget those no longer listed
   for pid in "${!LG_PIDKEY[@]}"; do
@@ -476,7 +474,9 @@ ledger_digest_maybe() {
   ((LG_SEQ == LG_SAVED_SEQ)) || ledger_save || return 0
   local id="ledger-$yesterday" event=''
   if ! ledger_digest_queued "$id"; then
-    event=$(gg_python gpuguard_ledger.py "LEDGER_NAMES GPU_HOUR_PRICE GPU_PRICE_CURRENCY" \
+    local GPUGUARD_DEVICE_KINDS
+    ledger_kinds_into GPUGUARD_DEVICE_KINDS
+    event=$(gg_python gpuguard_ledger.py "LEDGER_NAMES GPU_HOUR_PRICE GPU_PRICE_CURRENCY GPUGUARD_DEVICE_KINDS" \
       digest-event "$yesterday" --now "$now") || {
       # said once a day, tried again every cycle
       [[ ${LG_DIGEST_FAILED:-} == "$yesterday" ]] ||
@@ -484,11 +484,6 @@ ledger_digest_maybe() {
       LG_DIGEST_FAILED=$yesterday
       return 0
     }
-    # an Ascend box's digest counts NPU-hours (lib/npu.sh; a mixed box's
-    # keeps the GPU words)
-    local kinds=''
-    declare -F device_kinds_into >/dev/null && device_kinds_into kinds
-    [[ $kinds == ascend && $event == *'}' ]] && event="${event%'}'},\"vendor\":\"ascend\"}"
     [[ -z $event ]] || events_emit "$event"
   fi
   gg_write_atomic "$LG_DIR/digest-sent" "$yesterday"$'\n' || return 0
@@ -501,12 +496,26 @@ ledger_digest_queued() {
   grep -qsF -- "\"id\":\"$1\"" "$dir"/outbox/*.json "$dir/events.jsonl" "$dir/events.jsonl.1" 2>/dev/null
 }
 
+# Puts the kinds of device of this box (device_kinds_into, lib/npu.sh:
+# "nvidia", "ascend" or "nvidia ascend") into the variable named $1, for
+# python/gpuguard_ledger.py as GPUGUARD_DEVICE_KINDS: an Ascend box's
+# ledger and digest say NPU and NPU-hours; a mixed box's keep the GPU words.
+# shellcheck disable=SC2034 # _lg_kinds: nameref, assigns the caller's variable
+ledger_kinds_into() {
+  local -n _lg_kinds=$1
+  _lg_kinds=nvidia
+  if declare -F device_kinds_into >/dev/null; then device_kinds_into _lg_kinds; fi
+}
+
 # Runs a command (gpuguard ledger, gpuguard report) with today's ledger on
 # its stdin: the day file's text as the watchdog holds it (the journal
-# replayed), read only; nothing is written.
+# replayed), read only; nothing is written. GPUGUARD_DEVICE_KINDS is set
+# for it (ledger_kinds_into): a gg_python that lists it passes it on.
 ledger_with_today() {
   ledger_init readonly
-  local text=''
+  # shellcheck disable=SC2034 # read by gg_python through its list of names
+  local text='' GPUGUARD_DEVICE_KINDS
+  ledger_kinds_into GPUGUARD_DEVICE_KINDS
   ((LG_OK)) && [[ -n $LG_DAY ]] && ledger_day_text_into text
   "$@" <<<"$text"
 }
@@ -518,7 +527,7 @@ ledger_with_today() {
 ledger_show() {
   local GG_ASCII=1
   gg_utf8_locale && GG_ASCII=0
-  ledger_with_today gg_python gpuguard_ledger.py "LEDGER_NAMES GPU_HOUR_PRICE GPU_PRICE_CURRENCY NOTIFY_LANG GG_ASCII" \
+  ledger_with_today gg_python gpuguard_ledger.py "LEDGER_NAMES GPU_HOUR_PRICE GPU_PRICE_CURRENCY NOTIFY_LANG GPUGUARD_DEVICE_KINDS GG_ASCII" \
     show "$@"
 }
 

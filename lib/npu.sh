@@ -363,6 +363,20 @@ npu_add_chip() {
   SMI_PROCS[$id]=''
 }
 
+# The word a person reads for device $2 (a UUID), into the variable named
+# $1: NPU for an Ascend chip (SMI_VENDOR, or its NPU-<card>-<chip> key once
+# it left the sample), else GPU. The log lines' twin of the message
+# tables' NPU wording ("en-npu", "zh-npu") that alerts and the digest use.
+# shellcheck disable=SC2034 # _dev_word: nameref, assigns the caller's variable
+device_word_into() {
+  local -n _dev_word=$1
+  if [[ ${SMI_VENDOR[$2]:-} == ascend || $2 == NPU-* ]]; then
+    _dev_word=NPU
+  else
+    _dev_word=GPU
+  fi
+}
+
 # Which device tools this box is sampled with, from GPUGUARD_DEVICE:
 # nvidia, ascend, or auto (each tool that is installed; nvidia-smi alone
 # when neither is, so its "not found" is what the user reads).

@@ -73,7 +73,8 @@ textfile_dir_usable() {
 
 # Writes gpuguard_idle.prom from the last sample and the watchdog's state.
 # Globals:
-#   SMI_* (last sample), IDLE_* and MON_* (state), THRESHOLD
+#   SMI_* (last sample), IDLE_* and MON_* (state), THRESHOLD; idle_held
+#   (lib/idle.sh) decides gpuguard_gpu_held
 # Returns:
 #   0 written, or skipped: a folder this user cannot write (said once);
 #   1 not written (the writer said why, once for an outage)
@@ -81,7 +82,7 @@ textfile_write_idle() {
   local now=$1 dir=$GPUGUARD_TEXTFILE_DIR
   textfile_dir_usable watchdog || return 0
   local util='' used='' total='' procs='' cycles='' idle='' power='' pmem='' uuid lbl
-  local limit='' spin='' stuck='' fault='' degraded=''
+  local limit='' spin='' stuck='' fault='' degraded='' held='' rc
   if ((MON_FAILS == 0)); then
     for uuid in "${SMI_UUIDS[@]}"; do
       # vendor: nvidia, or ascend for an NPU chip (lib/npu.sh)
@@ -106,6 +107,12 @@ textfile_write_idle() {
       [[ -n ${SMI_MEM_TOTAL[$uuid]} ]] && total+="$lbl $((${SMI_MEM_TOTAL[$uuid]%.*} * 1048576))"$'\n'
       [[ -n ${SMI_POWER[$uuid]} ]] && power+="$lbl ${SMI_POWER[$uuid]}"$'\n'
       procs+="$lbl ${SMI_NPROCS[$uuid]:-0}"$'\n'
+      # the watchdog's own "held" (idle_held, lib/idle.sh), so that the
+      # Prometheus rules need not guess it from memory: a free Ascend chip
+      # shows 3.4 GB in use; no sample when it cannot be told
+      rc=0
+      idle_held "$uuid" || rc=$?
+      ((rc == 2)) || held+="$lbl $((rc == 0 ? 1 : 0))"$'\n'
       cycles+="$lbl ${IDLE_CYCLES[$uuid]:-0}"$'\n'
       idle+="$lbl $firing_idle"$'\n'
       local pid name mem esc
@@ -126,6 +133,8 @@ textfile_write_idle() {
   textfile_family out gpuguard_gpu_memory_total_bytes gauge 'GPU memory (an Ascend NPU: its HBM or DDR) in all.' "$total"
   textfile_family out gpuguard_gpu_power_watts gauge 'GPU or NPU power draw.' "$power"
   textfile_family out gpuguard_gpu_processes gauge 'Compute processes on the GPU or NPU.' "$procs"
+  textfile_family out gpuguard_gpu_held gauge \
+    '1 while a job holds the GPU or NPU as the watchdog judges it: processes listed, or memory beyond IDLE_MEM_MIB (an NPU: plus its firmware reserve).' "$held"
   textfile_family out gpuguard_gpu_idle_cycles gauge 'Consecutive idle-but-occupied cycles.' "$cycles"
   textfile_family out gpuguard_gpu_idle gauge '1 while the idle-but-occupied alert fires.' "$idle"
   textfile_family out gpuguard_gpu_power_limit_watts gauge 'GPU power limit in force (none for an NPU: npu-smi info gives none).' "$limit"

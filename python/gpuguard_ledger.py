@@ -23,9 +23,17 @@ written atomically by lib/ledger.sh; tab-separated, an empty field is "-";
                        GPU and when it ended, the GPU indexes, the masked
                        command line (cut); JOB is slurm:ID, pid:PID@START
                        or "other" (jobs past the day's row cap); USER is
-                       the name, uid:N or "?"
+                       the name, uid:N or "?"; GPUS: "0,1" for NVIDIA GPUs,
+                       "npu0" for an Ascend NPU (a mixed box's GPU 0 and
+                       NPU 0 stay apart; day files before that wrote an
+                       NPU's plain index)
   run    UUID USER JOB SECONDS   an idle stretch still open
   total  USER HELD_S IDLE_S      all-time counters (the textfile metrics)
+
+Words: GPUGUARD_DEVICE_KINDS (set by lib/ledger.sh from the box's device
+tools: "nvidia", "ascend" or "nvidia ascend") makes an Ascend box's ledger,
+digest and report section say NPU and NPU-hours (the message tables' NPU
+wording, as its alerts); a mixed box keeps the GPU words, its NPUs npuN.
 
 Names (LEDGER_NAMES): user (as is), hash ("u" and 8 hex digits of
 sha256(salt:user); the salt is ledger/salt, shared with lib/ledger.sh), none
@@ -240,15 +248,37 @@ def period(env, first, last, today_text=""):
 
 def digest_event(day, now, env):
     """The daily digest of `day` (None when no GPU was held that day):
-    the day, the 7 days ending with it, and the 7 before for the change."""
+    the day, the 7 days ending with it, and the 7 before for the change.
+    An Ascend box's carries "vendor": "ascend" (the alert helper words it
+    in NPU-hours)."""
     week = days_back(day, 14)
     by_day = read_days(ledger_dir(env), week)
     s = summarize(by_day, [day], week[7:], week[:7], env)
     if s["held_s"] == 0:
         return None
     host = env.get("GPUGUARD_HOST") or os.uname().nodename
-    return dict({"id": "ledger-" + day, "ts": int(now), "host": host, "event": "ledger_digest",
-                 "state": "firing", "severity": "info"}, **s)
+    e = dict({"id": "ledger-" + day, "ts": int(now), "host": host, "event": "ledger_digest",
+              "state": "firing", "severity": "info"}, **s)
+    if npu_box(env):
+        e["vendor"] = "ascend"
+    return e
+
+
+# ----------------------------------------------------------------- words --
+
+def npu_box(env):
+    """True on a box of Ascend NPUs only (GPUGUARD_DEVICE_KINDS): its
+    ledger reads NPU and NPU-hours."""
+    return (env.get("GPUGUARD_DEVICE_KINDS") or "").split() == ["ascend"]
+
+
+def device_list(gpus, npu_words):
+    """A row's devices as a person reads them: "0,1" for GPUs, "npu0" for
+    an NPU beside GPUs (a mixed box); "0,1" again in NPU words, where every
+    device is one."""
+    if npu_words:
+        return ",".join(g.removeprefix("npu") for g in gpus)
+    return ",".join(gpus)
 
 
 # ---------------------------------------------------------------- render --
@@ -325,7 +355,7 @@ def _incident_line(n, w, lang):
         who.append(_msg(lang, "ledger_slurm", id=_defuse(job[6:])))
     if w.get("cmd"):
         who.append(_defuse(w["cmd"])[:100])
-    return _msg(lang, "ledger_incident", n=n, gpus=",".join(w.get("gpus") or []) or "?",
+    return _msg(lang, "ledger_incident", n=n, gpus=device_list(w.get("gpus") or [], lang.endswith("-npu")) or "?",
                 longest=_duration(w["longest_s"], lang), end=end, who=" · ".join(who) or "?")
 
 
@@ -351,7 +381,7 @@ _ASCII_GLYPHS = str.maketrans({"\u2013": "-", "\u00b7": "|", "\u2026": "..."})
 
 def _render_text(e, lang, host):
     what, lines = render_lines(e, lang)
-    title = TABLES[lang]["title_one"].format(tag=_msg(lang, "tag_ledger"), host=_defuse(host), what=what)
+    title = _msg(lang, "title_one", tag=_msg(lang, "tag_ledger"), host=_defuse(host), what=what)
     return "\n".join([title, lines[0]] + ["  " + x for x in lines[1:]])
 
 
@@ -403,6 +433,8 @@ def _show(args, env, stdin_text, now=None):
                                         "longest_end")} for j in jobs[:JSON_JOBS]]
         return json.dumps(s, ensure_ascii=False, indent=1)
     lang = env.get("NOTIFY_LANG") if env.get("NOTIFY_LANG") in TABLES else "en"
+    if npu_box(env):
+        lang += "-npu"
     text = _render_text(s, lang, env.get("GPUGUARD_HOST") or os.uname().nodename)
     return text.translate(_ASCII_GLYPHS) if env.get("GG_ASCII") == "1" else text
 

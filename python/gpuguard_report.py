@@ -1190,21 +1190,27 @@ def _ledger_section(env, opts, now, today_text=""):
     first = gpuguard_ledger.day_of(opts["since"]) if opts["since"] else gpuguard_ledger.days_back(last, 7)[0]
     first = min(first, last)            # --since in the future: today, empty
     s, jobs = gpuguard_ledger.period(env, first, last, today_text)
-    out = ["<h2 id='ledger'>Ledger: who held GPUs, and how long idle <small>%s – %s</small></h2>" % (first, last)]
+    # an Ascend box's ledger says NPU (as its digest); a mixed box's GPU,
+    # its NPUs npuN (python/gpuguard_ledger.py)
+    npu = gpuguard_ledger.npu_box(env)
+    word = "NPU" if npu else "GPU"
+    out = ["<h2 id='ledger'>Ledger: who held %ss, and how long idle <small>%s – %s</small></h2>" % (word, first, last)]
     if not jobs:
-        return "\n".join(out + ["<p>No GPU was held in this period (the watchdog, <code>yichuidingyin.sh</code>, "
-                                "keeps the ledger).</p>"])
+        return "\n".join(out + ["<p>No %s was held in this period (the watchdog, <code>yichuidingyin.sh</code>, "
+                                "keeps the ledger).</p>" % word])
     cost = (" · wasted %.2f %s" % (s["cost"], html.escape(s["currency"] or ""))) if s["cost"] is not None else ""
-    out.append("<p>%.1f GPU-hours held, %.1f of them idle or stuck%s.</p>" % (s["held_s"] / 3600, s["idle_s"] / 3600, cost))
-    out.append(_ledger_bars(s["users"]))
-    out.append("<table id='ledger-table'><tr><th>day</th><th>user</th><th>job</th><th>GPU</th><th>held h</th>"
-               "<th>idle h</th><th>longest idle</th><th>cost</th></tr>")
+    out.append("<p>%.1f %s-hours held, %.1f of them idle or stuck%s.</p>" % (
+        s["held_s"] / 3600, word, s["idle_s"] / 3600, cost))
+    out.append(_ledger_bars(s["users"], word))
+    out.append("<table id='ledger-table'><tr><th>day</th><th>user</th><th>job</th><th>%s</th><th>held h</th>"
+               "<th>idle h</th><th>longest idle</th><th>cost</th></tr>" % word)
     price = s["gpu_hour_price"]
     for j in jobs[:50]:
         job = (j["job"] or "-") + (" · " + j["cmd"] if j["cmd"] else "")
         out.append("<tr><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td class='n'>%.1f</td><td class='n'>%.1f</td>"
                    "<td>%s</td><td class='n'>%s</td></tr>" % (
-                       j["day"], html.escape(j["user"] or "-"), html.escape(_short(job, 90)), ",".join(j["gpus"]),
+                       j["day"], html.escape(j["user"] or "-"), html.escape(_short(job, 90)),
+                       html.escape(gpuguard_ledger.device_list(j["gpus"], npu)),
                        j["held_s"] / 3600, j["idle_s"] / 3600, _span_text(j["longest_s"]),
                        "%.2f" % (j["idle_s"] / 3600 * price) if price else "-"))
     out.append("</table>")
@@ -1213,8 +1219,9 @@ def _ledger_section(env, opts, now, today_text=""):
     return "\n".join(out)
 
 
-def _ledger_bars(users):
-    """A horizontal bar per user: GPU-hours held (grey) and held idle (red)."""
+def _ledger_bars(users, word="GPU"):
+    """A horizontal bar per user: GPU-hours (word: NPU on an Ascend box)
+    held (grey) and held idle (red)."""
     if not users:
         return ""
     top = max(u["held_s"] for u in users) or 1
@@ -1222,7 +1229,7 @@ def _ledger_bars(users):
     # not class 'chart': the hover script and the chart list are the time charts'
     parts = ["<svg id='ledger-bars' style='display:block;font-size:11px;max-width:100%%;height:auto' "
              "width='%d' height='%d' role='img' "
-             "aria-label='GPU-hours held and held idle per user'>" % (left + width + 120, row * len(users) + 8)]
+             "aria-label='%s-hours held and held idle per user'>" % (left + width + 120, row * len(users) + 8, word)]
     for n, u in enumerate(users):
         y = 4 + n * row
         held_w, idle_w = width * u["held_s"] / top, width * u["idle_s"] / top

@@ -625,3 +625,79 @@ def test_report_covers_the_device_history_and_its_idle_alert(box, tmp_path, devi
     assert "idle firing: %s 0" % word in html
     if devices.kind == "ascend":
         assert "<h2>NPU 0 <small>NPU-0-0" in html and "GPU 0" not in html
+
+
+# ------------------------------------------------- ledger, held, NPU words --
+
+def two_chip_box(box, tmp_path, free, held):
+    """A 910B box of two chips: NPU 0 as `free`, NPU 1 as `held` (chip
+    states of Devices.step); the watchdog run from cron every 10 minutes for
+    an hour (2026-12-02 08:00-09:00 UTC), its textfile in tmp_path/prom.
+    Returns the runs' stderr."""
+    devices = Devices(box, "ascend")
+    chips = [{"card": i, "chip": 0, "name": "910B3", "bus": "0000:%02X:00.0" % (0xC1 + i), "total": 65536}
+             for i in range(2)]
+    step = {"chips": [devices.step(free)["chips"][0], devices.step(held)["chips"][0]], "procs": []}
+    devices.npu_scenario.write_text(json.dumps({"layout": "910b", "version": "25.2.0", "chips": chips,
+                                                "steps": [step]}))
+    box.env.update({"TZ": "UTC", "CHECK_INTERVAL": "600", "GPUGUARD_TEXTFILE_DIR": str(tmp_path / "prom")})
+    day0 = 1796169600                     # 2026-12-02 00:00 UTC
+    return "".join(box.once(now=day0 + 8 * 3600 + 600 * n).stderr for n in range(7))
+
+
+def test_a_free_npu_adds_nothing_to_the_ledger_or_its_counters(box, tmp_path):
+    """Bug report 3 #1: a free 910B chip shows its firmware's 3.4 GB in use;
+    the idle rule calls it free, and so do the ledger, the held-seconds
+    counters and gpuguard_gpu_held (one test of "held"). Only the chip a
+    hidden job holds (30 GB) is booked: one NPU-hour, not two."""
+    two_chip_box(box, tmp_path, "empty", "hidden")
+    now = {"GPUGUARD_NOW": str(1796169600 + 9 * 3600)}
+    r = box.run("ledger", "--json", cmd="bin/gpuguard", env=now)
+    assert r.returncode == 0, r.stderr
+    s = json.loads(r.stdout)
+    assert s["held_s"] == 3600 and s["idle_s"] == 3600
+    assert [j["gpus"] for j in s["jobs"]] == [["npu1"]]
+    prom = (tmp_path / "prom" / "gpuguard_idle.prom").read_text()
+    assert 'gpuguard_gpu_held_seconds_total{user="?"} 3600' in prom
+    assert 'gpuguard_gpu_held{gpu="0",uuid="NPU-0-0",vendor="ascend"} 0' in prom
+    assert 'gpuguard_gpu_held{gpu="1",uuid="NPU-1-0",vendor="ascend"} 1' in prom
+
+
+def test_an_npu_box_ledger_report_and_watchdog_log_say_npu(box, tmp_path):
+    """Bug report 3 #14: `gpuguard ledger`, the report's ledger section and
+    the watchdog's log lines of an Ascend box say NPU, as its digest does."""
+    log = two_chip_box(box, tmp_path, "empty", "hidden")
+    assert "gpu_idle firing: NPU 1 util 0%" in log and "GPU" not in log, log
+    now = {"GPUGUARD_NOW": str(1796169600 + 9 * 3600)}
+    r = box.run("ledger", cmd="bin/gpuguard", env=now)
+    assert r.returncode == 0, r.stderr
+    assert "NPU ledger 2026-12-02" in r.stdout and "1.0 NPU-hours held idle" in r.stdout
+    assert "1. NPU 1 idle for 1 h 0 min" in r.stdout and "GPU" not in r.stdout, r.stdout
+    out = tmp_path / "r.html"
+    r = box.run("report", "--out", str(out), cmd="bin/gpuguard", env=now)
+    assert r.returncode == 0, r.stderr
+    section = out.read_text().split("<h2 id='ledger'>", 1)[1].split("<h2", 1)[0]
+    assert section.startswith("Ledger: who held NPUs") and "1.0 NPU-hours held" in section
+    assert "<th>NPU</th>" in section and "<td>1</td>" in section and "GPU" not in section, section
+
+
+def test_a_mixed_box_ledger_keeps_gpu_0_and_npu_0_apart(box):
+    """Bug report 3 #14: one job holding GPU 0 and NPU 0 of a mixed box is
+    booked on two devices, "0" and "npu0", never one "0"; the ledger keeps
+    the GPU words there."""
+    npu = Devices(box, "ascend")
+    box.env.update({"GPUGUARD_DEVICE": "auto", "PATH": "%s:%s" % (NPU_SMI.parent, box.env["PATH"]),
+                    "TZ": "UTC", "CHECK_INTERVAL": "600"})
+    del box.env["NPU_SMI"]
+    npu.write(["idle"] * 7)
+    box.write_scenario([{"gpus": [idle_gpu()], "apps": [app(1410)]}] * 7)
+    day0 = 1796169600
+    for n in range(7):
+        box.once(now=day0 + 8 * 3600 + 600 * n)
+    now = {"GPUGUARD_NOW": str(day0 + 9 * 3600)}
+    r = box.run("ledger", "--json", cmd="bin/gpuguard", env=now)
+    s = json.loads(r.stdout)
+    assert s["held_s"] == 2 * 3600
+    assert [sorted(j["gpus"]) for j in s["jobs"]] == [["0", "npu0"]]
+    r = box.run("ledger", cmd="bin/gpuguard", env=now)
+    assert "GPU ledger 2026-12-02" in r.stdout and "1. GPU 0,npu0 idle" in r.stdout, r.stdout

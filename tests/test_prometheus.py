@@ -55,6 +55,37 @@ def test_idle_textfile_is_valid_and_atomic(box, tmp_path, fault):
 
 
 @need_promtool
+def test_shipped_rule_agrees_with_the_watchdog_on_a_free_ascend_npu(box, tmp_path):
+    """Bug report 3 #2: the series the watchdog exports for a 910B box, one
+    chip free and idle (its firmware's 3.4 GB in use, no process), one held
+    by a hidden job (30 GB), fed to the shipped rules for 10 minutes:
+    GpuIdleHeld fires for the held chip only, as the watchdog does."""
+    from test_npu import two_chip_box
+    two_chip_box(box, tmp_path, "empty", "hidden")
+    fired = {e["uuid"] for e in box.events() if e["event"] == "gpu_idle"}
+    assert fired == {"NPU-1-0"}
+    series = []
+    for line in (tmp_path / "prom" / "gpuguard_idle.prom").read_text().splitlines():
+        if line.startswith("gpuguard_gpu_") and 'uuid="NPU-' in line:
+            name, value = line.rsplit(" ", 1)
+            series.append({"series": name.replace("{", '{instance="npu-node",', 1), "values": "%sx10" % value})
+    assert any(x["series"].startswith("gpuguard_gpu_memory_used_bytes") and x["values"] == "3573547008x10"
+               for x in series)
+    alert = {"exp_labels": {"severity": "warning", "job": "gpuguard", "instance": "npu-node", "gpu": "1",
+                            "uuid": "NPU-1-0", "vendor": "ascend"},
+             "exp_annotations": {"summary": "GPU 1 on npu-node is held but idle",
+                                 "description": "Utilization 0% while a job holds the GPU. Check the job "
+                                                "(stuck data loader? dead NCCL rank?)."}}
+    test = tmp_path / "npu.rules.test.yml"
+    test.write_text(json.dumps({
+        "rule_files": [str(ROOT / "etc/prometheus/gpuguard.rules.yml")], "evaluation_interval": "1m",
+        "tests": [{"interval": "1m", "input_series": series, "alert_rule_test": [
+            {"eval_time": "5m", "alertname": "GpuIdleHeld", "exp_alerts": [alert]}]}]}))
+    r = subprocess.run([PROMTOOL, "test", "rules", str(test)], capture_output=True, text=True)
+    assert r.returncode == 0 and "SUCCESS" in r.stdout, r.stdout + r.stderr
+
+
+@need_promtool
 def test_leak_textfile_is_valid_and_drops_gone_processes(box, tmp_path):
     from test_leak import Job, leak_scenario, watch_cycles
     textdir = tmp_path / "textfile"
