@@ -489,7 +489,7 @@ device_drop_ascend() {
       keep+=("$id")
       continue
     fi
-    while IFS=$'\t' read -r pid name mem; do
+    while IFS=$SMI_FS read -r pid name mem; do
       [[ -n $pid && -n ${SMI_PIDS_MEM[$pid]+set} ]] || continue
       SMI_PIDS_MEM[$pid]=$((SMI_PIDS_MEM[$pid] - ${mem:-0}))
       SMI_PID_UUIDS[$pid]=${SMI_PID_UUIDS[$pid]//$id/}
