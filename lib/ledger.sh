@@ -461,9 +461,13 @@ ledger_digest_maybe() {
   [[ $LEDGER_DIGEST_AT == [0-2][0-9]:[0-5][0-9] ]] || return 0
   printf -v hm '%(%H:%M)T' "$now"
   [[ ! $hm < $LEDGER_DIGEST_AT ]] || return 0
+  # yesterday as a calendar date: today's local noon less a day. The wall
+  # clock's time since midnight is not the time elapsed on the days the
+  # clocks change (25 or 23 hours), so "midnight less a second" landed on
+  # today itself on a fall-back morning; noon is hours away from either end.
   printf -v h '%(%H %M %S)T' "$now"
   read -r h m s <<<"$h"
-  printf -v yesterday '%(%Y-%m-%d)T' "$((now - 10#$h * 3600 - 10#$m * 60 - 10#$s - 1))"
+  printf -v yesterday '%(%Y-%m-%d)T' "$((now - 10#$h * 3600 - 10#$m * 60 - 10#$s + 12 * 3600 - 86400))"
   [[ $LG_DIGEST_DONE != "$yesterday" ]] || return 0
   ((LG_SEQ == LG_SAVED_SEQ)) || ledger_save || return 0
   local id="ledger-$yesterday" event=''

@@ -618,3 +618,33 @@ def test_a_damaged_day_file_is_said_not_shown_as_an_empty_day(box):
     r = box.run("ledger", "--since", "2026-12-01", cmd="bin/gpuguard",
                 env=dict(env_for(box), GPUGUARD_NOW=str(at(18))))
     assert r.returncode == 0 and r.stderr.count(said) == 1 and len(r.stderr.splitlines()) == 1, r.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tz,day", [("Europe/Berlin", "2026-10-25"), ("America/New_York", "2026-11-01"),
+                                    ("Europe/Berlin", "2026-03-29"), ("America/New_York", "2026-03-08")])
+def test_each_morning_around_a_clock_change_sends_the_day_before_whole(box, tz, day):
+    """On the morning clocks went back, "yesterday" (the time since midnight
+    on the wall clock, less a second) was today: the digest of the day in
+    progress went out at 09:00 and was marked sent, so the day before's never
+    went, nor the whole 25-hour day's the morning after. Each morning now
+    sends the day before, whole, fall-back and spring-forward alike."""
+    import datetime
+    from zoneinfo import ZoneInfo
+    zone = ZoneInfo(tz)
+    the_day = datetime.date.fromisoformat(day)
+    before, after = the_day - datetime.timedelta(days=1), the_day + datetime.timedelta(days=1)
+    start = int(datetime.datetime.combine(before, datetime.time(20), zone).timestamp())
+    end = int(datetime.datetime.combine(after, datetime.time(12), zone).timestamp())
+    step = 3 * H
+    box.write_scenario([{"gpus": [idle_gpu(mem=30000)], "apps": []}])
+    env = {"TZ": tz, "CHECK_INTERVAL": str(step), "LEDGER_DIGEST_AT": "09:00", "JOBINFO_DEVICE_GLOB": "/nonexistent*"}
+    held = {}
+    for t in range(start, end + 1, step):
+        box.once(now=t, env=env)
+        if t > start:                                   # the first cycle accounts nothing
+            d = datetime.datetime.fromtimestamp(t, zone).date()
+            held[d] = held.get(d, 0) + step
+    sent = [(e["from"], datetime.datetime.fromtimestamp(e["ts"], zone).date(), e["held_s"])
+            for e in box.events() if e["event"] == "ledger_digest"]
+    assert sent == [(str(before), the_day, held[before]), (day, after, held[the_day])]
