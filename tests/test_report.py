@@ -461,3 +461,21 @@ def test_garbage_lines_in_a_history_file_are_skipped_and_the_report_written(tmp_
     assert (r.returncode, r.stderr) == (0, ""), r.stderr
     assert r.stdout.startswith("wrote %s (0 GPUs, 1 processes, " % out)
     assert "60 samples over 59 min, 5,000 → 5,059 MiB" in out.read_text()
+
+
+def test_day_ticks_stay_on_midnight_past_a_clock_change(monkeypatch):
+    """A week's chart across the autumn clock change put its day ticks at
+    23:00 after it ("10-25 23:00, 10-26 23:00"): each was t0's midnight plus
+    whole days of 86400 s, and one of those days had 25 hours."""
+    import time
+    import gpuguard_report
+    monkeypatch.setenv("TZ", "Europe/Berlin")
+    time.tzset()
+    try:
+        t0 = time.mktime((2026, 10, 22, 12, 0, 0, 0, 0, -1))
+        ticks = gpuguard_report._time_ticks(t0, t0 + 7 * 86400)
+        labels = [gpuguard_report._tlabel(t) for t in ticks]
+        assert labels and all(label.endswith(" 00:00") for label in labels), labels
+    finally:
+        monkeypatch.undo()
+        time.tzset()
