@@ -139,10 +139,13 @@ ledger_read_day() {
 
 # Accounts one interval. Journaled by ledger_cycle, replayed by ledger_load.
 # Arguments:
-#   $1 sequence number, $2 time it ends, $3 seconds, $4... one per held
-#   GPU: "UUID|INDEX|IDLE(0/1)|USER|JOB"
+#   $1 sequence number, $2 time it ends, $3 seconds, $4... one per holder
+#   of a held GPU: "RUN|INDEX|IDLE(0/1)|USER|JOB|SECONDS", RUN naming the
+#   holder's idle stretch on that GPU ("UUID/JOB"), SECONDS its share of the
+#   interval (ledger_entries_into; older journal lines have "UUID" and no
+#   share: the whole interval)
 ledger_account() {
-  local seq=$1 ts=$2 dt=$3 entry uuid idx idle user job key day run
+  local seq=$1 ts=$2 dt=$3 entry uuid idx idle user job key day run secs
   shift 3
   printf -v day '%(%Y-%m-%d)T' "$ts"
   if [[ $day != "$LG_DAY" ]]; then
@@ -159,9 +162,12 @@ ledger_account() {
     uuid=${entry%%|*} entry=${entry#*|}
     idx=${entry%%|*} entry=${entry#*|}
     idle=${entry%%|*} entry=${entry#*|}
-    user=${entry%%|*} job=${entry#*|}
-    # a damaged journal line is left out, never a bad subscript
-    [[ -n $uuid && -n $user && -n $job && $job != *'|'* ]] || continue
+    user=${entry%%|*} job=${entry#*|} secs=$dt
+    [[ $job != *'|'* ]] || secs=${job##*|} job=${job%|*}
+    # a damaged journal line is left out, never a bad subscript (nor a
+    # share in another base, or more than the interval)
+    [[ -n $uuid && -n $user && -n $job && $job != *'|'* && $secs =~ ^(0|[1-9][0-9]{0,9})$ ]] || continue
+    ((secs <= dt)) || secs=$dt
     key=$user$'\t'$job
     if [[ -z ${LG_HELD[$key]+set} ]]; then
       if ((LG_NJOBS >= LEDGER_MAX_JOBS)); then
@@ -172,12 +178,12 @@ ledger_account() {
       : "${LG_HELD[$key]:=0}" "${LG_IDLE[$key]:=0}" "${LG_LONG[$key]:=0}" "${LG_LONG_END[$key]:=0}"
     fi
     seen[$uuid]=1
-    LG_HELD[$key]=$((LG_HELD[$key] + dt))
-    LG_TOT_HELD[$user]=$((${LG_TOT_HELD[$user]:-0} + dt))
+    LG_HELD[$key]=$((LG_HELD[$key] + secs))
+    LG_TOT_HELD[$user]=$((${LG_TOT_HELD[$user]:-0} + secs))
     [[ ,${LG_GPUS[$key]:-}, == *,"$idx",* ]] || LG_GPUS[$key]=${LG_GPUS[$key]:+${LG_GPUS[$key]},}$idx
     if [[ $idle == 1 ]]; then
-      LG_IDLE[$key]=$((LG_IDLE[$key] + dt))
-      LG_TOT_IDLE[$user]=$((${LG_TOT_IDLE[$user]:-0} + dt))
+      LG_IDLE[$key]=$((LG_IDLE[$key] + secs))
+      LG_TOT_IDLE[$user]=$((${LG_TOT_IDLE[$user]:-0} + secs))
       # one idle stretch per GPU and holder; it may run past midnight
       run=0
       [[ ${LG_RUN_KEY[$uuid]:-} == "$key" ]] && run=${LG_RUN[$uuid]:-0}
@@ -292,7 +298,7 @@ ledger_cycle_account() {
   ((LG_LAST == 0)) || dt=$((now - LG_LAST))
   ((dt <= cap)) || dt=$cap
   local -a entries=()
-  ledger_entries_into entries
+  ledger_entries_into entries "$dt"
   seq=$((LG_SEQ + 1))
   ledger_account "$seq" "$now" "$dt" "${entries[@]}"
   printf -v line 'c\t%s\t%s\t%s' "$seq" "$now" "$dt"
@@ -306,16 +312,22 @@ ledger_cycle_account() {
   ((LG_JOURNAL_N < LEDGER_SAVE_EVERY)) || ledger_save || true
 }
 
-# Puts one entry per held GPU of this cycle's sample into the array named
-# $1 (see ledger_account). A GPU is held when processes are listed on it,
-# or, when none are (a container hides them), its memory is over
-# IDLE_MEM_MIB; it is idle or stuck while the watchdog counts it so.
+# Puts one entry per holder of each held GPU of this cycle's sample into
+# the array named $1 (see ledger_account), with its share of the $2 seconds
+# of the interval. A GPU is held when processes are listed on it, or, when
+# none are (a container hides them), its memory is over IDLE_MEM_MIB; it is
+# idle or stuck while the watchdog counts it so. Its holders (one per user
+# and job) split its time by the memory each holds (evenly when one's is not
+# known), so that each is booked, as the idle alert names each, and the
+# day's GPU-seconds still add up to the GPUs' time; the biggest holder takes
+# the seconds the split leaves over.
 ledger_entries_into() {
   local -n entries_ref=$1
-  local uuid pid mem best best_mem held idle key rest line
-  local -A pids_now=()
+  local dt=$2 uuid pid mem best best_mem held idle key rest line total even left
+  local -A pids_now=() mem_of=() share=()
+  local -a keys=()
   for uuid in "${SMI_UUIDS[@]}"; do
-    best='' best_mem=-1
+    best='' best_mem=-1 total=0 even=0 keys=() mem_of=() share=()
     # "PID<TAB>NAME<TAB>MIB" lines, read by expansion (a cycle forks nothing)
     rest=${SMI_PROCS[$uuid]:-}
     while [[ -n $rest ]]; do
@@ -330,6 +342,11 @@ ledger_entries_into() {
       if ((mem > best_mem)); then
         best=$pid best_mem=$mem
       fi
+      [[ -n ${LG_PIDKEY[$pid]:-} ]] || ledger_holder_key "$pid"
+      key=${LG_PIDKEY[$pid]}
+      [[ -n ${mem_of[$key]+set} ]] || keys+=("$key")
+      mem_of[$key]=$((${mem_of[$key]:-0} + mem))
+      total=$((total + mem))
     done
     held=0
     if [[ -n $best ]]; then
@@ -340,13 +357,27 @@ ledger_entries_into() {
     ((held)) || continue
     idle=0
     ((${IDLE_CYCLES[$uuid]:-0} > 0 || ${IDLE_SPIN[$uuid]:-0} > 0)) && idle=1
-    if [[ -n $best ]]; then
-      [[ -n ${LG_PIDKEY[$best]:-} ]] || ledger_holder_key "$best"
-      key=${LG_PIDKEY[$best]}
-    else
-      key='?|-'
+    if [[ -z $best ]]; then
+      entries_ref+=("$uuid/-|${SMI_INDEX[$uuid]:-?}|$idle|?|-|$dt")
+      continue
     fi
-    entries_ref+=("$uuid|${SMI_INDEX[$uuid]:-?}|$idle|$key")
+    for key in "${keys[@]}"; do
+      ((${mem_of[$key]} > 0)) || even=1
+    done
+    left=$dt
+    for key in "${keys[@]}"; do
+      if ((even)); then
+        share[$key]=$((dt / ${#keys[@]}))
+      else
+        share[$key]=$((dt * ${mem_of[$key]} / total))
+      fi
+      left=$((left - ${share[$key]}))
+    done
+    key=${LG_PIDKEY[$best]}
+    share[$key]=$((${share[$key]} + left))
+    for key in "${keys[@]}"; do
+      entries_ref+=("$uuid/${key#*|}|${SMI_INDEX[$uuid]:-?}|$idle|$key|${share[$key]}")
+    done
   done
   # PIDs are reused: forget those no longer listed
   for pid in "${!LG_PIDKEY[@]}"; do

@@ -18,13 +18,16 @@ written atomically by lib/ledger.sh; tab-separated, an empty field is "-";
   day    YYYY-MM-DD    the day (local time) the file holds
   last   TS SEQ        the last accounted cycle (unix time, sequence number)
   job    USER UID JOB HELD_S IDLE_S LONGEST_S LONGEST_END GPUS CMD
-                       one row per user and job: GPU-seconds held, held
+                       one row per user and job: GPU-seconds held (a GPU
+                       that several jobs hold split by the memory of each,
+                       so the rows add up to the GPUs' time), held
                        while idle or stuck, the longest idle stretch of one
                        GPU and when it ended, the GPU indexes, the masked
                        command line (cut); JOB is slurm:ID, pid:PID@START
                        or "other" (jobs past the day's row cap); USER is
                        the name, uid:N or "?"
-  run    UUID USER JOB SECONDS   an idle stretch still open
+  run    RUN USER JOB SECONDS    an idle stretch still open (RUN: the
+                                 GPU's UUID/JOB, one per GPU and holder)
   total  USER HELD_S IDLE_S      all-time counters (the textfile metrics)
 
 Names (LEDGER_NAMES): user (as is), hash ("u" and 8 hex digits of

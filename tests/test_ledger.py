@@ -648,3 +648,41 @@ def test_each_morning_around_a_clock_change_sends_the_day_before_whole(box, tz, 
     sent = [(e["from"], datetime.datetime.fromtimestamp(e["ts"], zone).date(), e["held_s"])
             for e in box.events() if e["event"] == "ledger_digest"]
     assert sent == [(str(before), the_day, held[before]), (day, after, held[the_day])]
+
+
+def test_two_jobs_on_one_gpu_are_both_booked_by_memory_share(box):
+    """Root's idle 20 GB job beside nobody's 30 GB job on one H200: the
+    ledger booked the GPU to the bigger holder only, so root's idle hour was
+    in no ledger row, digest or per-user counter while the idle alert named
+    both. Now the GPU's time is split by memory (2:3): each user is booked,
+    and the GPU-hours still add up to the GPU's time."""
+    require(os.geteuid() == 0, "two users' jobs need root (a job of the user nobody)")
+    require(os.access(PYTHON, os.X_OK), PYTHON + " missing")
+    devdir = tempfile.mkdtemp(prefix="gg-ledger-dev-")
+    os.chmod(devdir, 0o755)
+    dev = os.path.join(devdir, "nvidia0")
+    open(dev, "w").close()
+    os.chmod(dev, 0o644)
+    box.env["JOBINFO_DEVICE_GLOB"] = os.path.join(devdir, "nvidia*")
+    jobs = [Holder(dev, "root", "small.py"), Holder(dev, "nobody", "big.py")]
+    try:
+        box.write_scenario([{"gpus": [idle_gpu(mem=50000)],
+                             "apps": [app(jobs[0].pid, mem=20000), app(jobs[1].pid, mem=30000)]}])
+        textdir = box.tmp / "textfile"
+        env = {"CHECK_INTERVAL": "60", "TZ": "UTC", "GPUGUARD_TEXTFILE_DIR": str(textdir)}
+        for n in range(11):
+            box.once(now=at(8, n), env=env)
+        s = json.loads(ledger(box, "--json", now=at(8, 10), env=env))
+        users = {u["user"]: (u["held_s"], u["idle_s"], u["longest_s"]) for u in s["users"]}
+        assert users == {"root": (240, 240, 600), "nobody": (360, 360, 600)}
+        assert s["held_s"] == s["idle_s"] == 600                # one GPU for 10 minutes
+        assert sorted(w["user"] for w in s["worst"]) == ["nobody", "root"]
+        prom = (textdir / "gpuguard_idle.prom").read_text()
+        assert 'gpuguard_gpu_held_seconds_total{user="root"} 240' in prom
+        assert 'gpuguard_gpu_idle_held_seconds_total{user="nobody"} 360' in prom
+        text = ledger(box, now=at(8, 10), env=env)
+        assert "root: idle 0.1 / held 0.1" in text and "nobody: idle 0.1 / held 0.1" in text
+    finally:
+        for j in jobs:
+            j.stop()
+        shutil.rmtree(devdir, ignore_errors=True)

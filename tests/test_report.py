@@ -468,6 +468,7 @@ def test_day_ticks_stay_on_midnight_past_a_clock_change(monkeypatch):
     23:00 after it ("10-25 23:00, 10-26 23:00"): each was t0's midnight plus
     whole days of 86400 s, and one of those days had 25 hours."""
     import time
+
     import gpuguard_report
     monkeypatch.setenv("TZ", "Europe/Berlin")
     time.tzset()
