@@ -338,14 +338,7 @@ status_collect() {
 # GPUs then show no holder, which is not the same as none).
 status_caveats() {
   declare -g STATUS_NO_STATE='' STATUS_APPS_ERROR=''
-  if [[ ! -f $GPUGUARD_STATE_DIR/idle.state ]]; then
-    STATUS_NO_STATE="no watchdog counters in $GPUGUARD_STATE_DIR: idle and stuck read 0"
-    if [[ $GPUGUARD_STATE_DIR != /var/lib/gpuguard && -e /var/lib/gpuguard ]]; then
-      STATUS_NO_STATE+=" (the watchdog may run as root with /var/lib/gpuguard: sudo gpuguard status, or set GPUGUARD_STATE_DIR)"
-    else
-      STATUS_NO_STATE+=" (is yichuidingyin.sh running with this state folder? GPUGUARD_STATE_DIR names it)"
-    fi
-  fi
+  gg_state_unwatched_into STATUS_NO_STATE idle.state counters "idle and stuck read 0" "gpuguard status"
   if ((${SMI_APPS_OK:-1} != 1)); then
     STATUS_APPS_ERROR="the process list could not be read (${SMI_ERROR:-no answer}): the holders below are unknown"
   fi

@@ -538,6 +538,21 @@ ledger_with_today() {
   "$@" <<<"$text"
 }
 
+# gpuguard ledger: today's ledger as the watchdog holds it and the days
+# before, shown by python/gpuguard_ledger.py, which also says (stderr, and
+# "no_ledger" in --json) when no watchdog keeps a ledger in this state
+# folder: an empty day there is no fact (a user's own folder while the
+# watchdog runs as root), as gpuguard status says of its counters.
+# Arguments:
+#   the command's options (--since WHEN, --json)
+ledger_show() {
+  # shellcheck disable=SC2034 # passed to the reader by name (gg_python)
+  local LEDGER_NO_LEDGER=''
+  gg_state_unwatched_into LEDGER_NO_LEDGER ledger ledger "no GPU time is booked there" "gpuguard ledger"
+  ledger_with_today gg_python gpuguard_ledger.py \
+    "LEDGER_NAMES GPU_HOUR_PRICE GPU_PRICE_CURRENCY NOTIFY_LANG LEDGER_NO_LEDGER" show "$@"
+}
+
 # Checks the ledger's keys that the configuration's kinds cannot.
 # Returns:
 #   2 with a one-line error for a LEDGER_DIGEST_AT that is not HH:MM

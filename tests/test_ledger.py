@@ -16,7 +16,19 @@ import tempfile
 
 import pytest
 import webhook_sink
-from conftest import ROOT, Box, app, busy_gpu, idle_gpu, require, run_killed_after, start_daemon, stop_daemon, wait_for
+from conftest import (
+    ROOT,
+    Box,
+    app,
+    busy_gpu,
+    idle_gpu,
+    require,
+    run_killed_after,
+    start_daemon,
+    stop_daemon,
+    user_environ,
+    wait_for,
+)
 
 DAY0 = 1796169600                       # 2026-12-02 00:00 UTC
 H, M = 3600, 60
@@ -686,3 +698,69 @@ def test_two_jobs_on_one_gpu_are_both_booked_by_memory_share(box):
         for j in jobs:
             j.stop()
         shutil.rmtree(devdir, ignore_errors=True)
+
+
+def test_a_folder_without_a_watchdog_ledger_says_so_as_status_does(box):
+    """A user's `gpuguard ledger` after a root install reads the user's own
+    state folder, where no watchdog runs: it printed "0.0 GPU-hours held",
+    exit 0, without a word, while `gpuguard status` warned. Now the same
+    caveat, on stderr and as "no_ledger" in --json; none once a watchdog
+    keeps a ledger there."""
+    box.write_scenario([{"gpus": [idle_gpu(mem=30000)], "apps": []}])
+    said = "gpuguard ledger: no watchdog ledger in %s: no GPU time is booked there (" % box.state
+    r = box.run("ledger", cmd="bin/gpuguard", env=env_for(box))
+    assert r.returncode == 0 and "0.0 GPU-hours held" in r.stdout
+    assert r.stderr.startswith(said) and len(r.stderr.splitlines()) == 1, r.stderr
+    assert "GPUGUARD_STATE_DIR" in r.stderr
+    status = box.run("status", cmd="bin/gpuguard", env=env_for(box)).stderr
+    hint = r.stderr.split(" (", 1)[1]
+    assert hint.replace("gpuguard ledger", "gpuguard status") in status        # one wording for both
+    r = box.run("ledger", "--json", cmd="bin/gpuguard", env=env_for(box))
+    assert r.returncode == 0 and json.loads(r.stdout)["no_ledger"] == r.stderr.split(": ", 1)[1].rstrip("\n")
+    box.once(now=at(10), env=env_for(box))
+    r = box.run("ledger", "--json", cmd="bin/gpuguard", env=dict(env_for(box), GPUGUARD_NOW=str(at(10))))
+    assert r.returncode == 0 and r.stderr == "" and json.loads(r.stdout)["no_ledger"] is None
+
+
+def test_hashed_names_without_the_salt_are_said_not_made_up(tmp_path):
+    """LEDGER_NAMES=hash, the ledger made readable to users, the salt kept
+    0600: a user's every `gpuguard ledger` made a new salt and showed new
+    pseudonyms that looked real and matched nothing. Now one line says the
+    salt cannot be read, no per-user names are shown, and the salt stays
+    the watchdog's."""
+    require(os.geteuid() == 0, "a second user (nobody) reading root's ledger")
+    box = Box(tmp_path)
+    shared = tempfile.mkdtemp(prefix="gg-ledger-salt-")
+    try:
+        os.chmod(shared, 0o755)
+        state = os.path.join(shared, "state")
+        env = dict(env_for(box), GPUGUARD_STATE_DIR=state, LEDGER_NAMES="hash", CHECK_INTERVAL="60",
+                   JOBINFO_DEVICE_GLOB="/nonexistent*", GPUGUARD_TEXTFILE_DIR=os.path.join(shared, "textfile"))
+        box.write_scenario([{"gpus": [idle_gpu(mem=30000)], "apps": [app(os.getpid(), mem=29800)]}])
+        for t in (0, 60, 120):
+            box.once(now=at(10) + t, env=env)
+        salt = os.path.join(state, "ledger", "salt")
+        before = open(salt).read()
+        root_view = json.loads(ledger(box, "--json", now=at(11), env=env))
+        assert re.fullmatch(r"u[0-9a-f]{8}", root_view["users"][0]["user"]) and root_view.get("names_problem") is None
+        for folder in (state, os.path.join(state, "ledger")):
+            os.chmod(folder, 0o755)
+        os.chmod(box.scenario.parent, 0o755)
+        user = user_environ(PATH=box.env["PATH"], HOME="/", LANG="C.UTF-8", GPUGUARD_CONFIG="/dev/null", TZ="UTC",
+                            GPUGUARD_STATE_DIR=state, LEDGER_NAMES="hash", GPUGUARD_NOW=str(at(11)))
+        nobody = pwd.getpwnam("nobody")
+        for _ in range(2):
+            r = subprocess.run([str(ROOT / "bin/gpuguard"), "ledger", "--json"], env=user, user=nobody.pw_uid,
+                               group=nobody.pw_gid, capture_output=True, text=True, cwd="/", check=False)
+            assert r.returncode == 0, r.stderr
+            s = json.loads(r.stdout)
+            assert s["users"] == [] and s["names"] == "none" and s["held_s"] == 120
+            assert all(w["user"] is None for w in s["worst"]) and all(j["user"] is None for j in s["jobs"])
+            assert r.stderr == "gpuguard: ledger: %s\n" % s["names_problem"]
+            assert "cannot read the salt %s (Permission denied)" % salt in r.stderr
+        r = subprocess.run([str(ROOT / "bin/gpuguard"), "ledger"], env=user, user=nobody.pw_uid,
+                           group=nobody.pw_gid, capture_output=True, text=True, cwd="/", check=False)
+        assert r.returncode == 0 and not re.search(r"\bu[0-9a-f]{8}\b", r.stdout) and "0.0 / held 0.0" not in r.stdout
+        assert open(salt).read() == before and os.stat(salt).st_uid == 0
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
