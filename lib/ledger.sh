@@ -166,7 +166,8 @@ ledger_account() {
     [[ $job != *'|'* ]] || secs=${job##*|} job=${job%|*}
     # a damaged journal line is left out, never a bad subscript (nor a
     # share in another base, or more than the interval)
-    [[ -n $uuid && -n $user && -n $job && $job != *'|'* && $secs =~ ^(0|[1-9][0-9]{0,9})$ ]] || continue
+    [[ -n $uuid && -n $user && -n $job && $job != *'|'* && $secs != *[!0-9]* && ${#secs} -le 10 &&
+      ($secs == 0 || $secs == [1-9]*) ]] || continue
     ((secs <= dt)) || secs=$dt
     key=$user$'\t'$job
     if [[ -z ${LG_HELD[$key]+set} ]]; then
@@ -327,7 +328,7 @@ ledger_entries_into() {
   local -A pids_now=() mem_of=() share=()
   local -a keys=()
   for uuid in "${SMI_UUIDS[@]}"; do
-    best='' best_mem=-1 total=0 even=0 keys=() mem_of=() share=()
+    best='' best_mem=-1 total=0 keys=() mem_of=()
     # "PID<TAB>NAME<TAB>MIB" lines, read by expansion (a cycle forks nothing)
     rest=${SMI_PROCS[$uuid]:-}
     while [[ -n $rest ]]; do
@@ -361,10 +362,15 @@ ledger_entries_into() {
       entries_ref+=("$uuid/-|${SMI_INDEX[$uuid]:-?}|$idle|?|-|$dt")
       continue
     fi
+    if ((${#keys[@]} == 1)); then
+      # one holder (the common case): the whole interval, no split
+      entries_ref+=("$uuid/${key#*|}|${SMI_INDEX[$uuid]:-?}|$idle|$key|$dt")
+      continue
+    fi
+    even=0 left=$dt share=()
     for key in "${keys[@]}"; do
       ((${mem_of[$key]} > 0)) || even=1
     done
-    left=$dt
     for key in "${keys[@]}"; do
       if ((even)); then
         share[$key]=$((dt / ${#keys[@]}))
