@@ -391,6 +391,26 @@ gg_state_dir_readable() {
   gg_usage_error "cannot read the state folder $dir (it belongs to $owner): run as its owner or root"
 }
 
+# Puts into the variable named $1 why this state folder cannot vouch for
+# what a reading command shows ('' when it can): no watchdog has kept $2 (a
+# file or folder in it) there, so $3 (what the watchdog keeps there) is
+# missing and what the command shows reads empty ($4 says how). The usual
+# case is a user's own folder while the watchdog runs as root with
+# /var/lib/gpuguard; $5 is the command to run there with sudo. One wording
+# for status and ledger.
+# shellcheck disable=SC2034 # why_ref: nameref, assigns the caller's variable
+gg_state_unwatched_into() {
+  local -n why_ref=$1
+  why_ref=''
+  [[ ! -e $GPUGUARD_STATE_DIR/$2 ]] || return 0
+  why_ref="no watchdog $3 in $GPUGUARD_STATE_DIR: $4"
+  if [[ $GPUGUARD_STATE_DIR != /var/lib/gpuguard && -e /var/lib/gpuguard ]]; then
+    why_ref+=" (the watchdog may run as root with /var/lib/gpuguard: sudo $5, or set GPUGUARD_STATE_DIR)"
+  else
+    why_ref+=" (is yichuidingyin.sh running with this state folder? GPUGUARD_STATE_DIR names it)"
+  fi
+}
+
 # Creates the state folder (mode 700) and its outbox and history folders, or
 # checks them when they exist: each must be a real folder (not a symlink)
 # owned by us, since everything in it is trusted (state, outbox, locks).

@@ -353,14 +353,7 @@ status_caveats() {
       STATUS_TOOL_ERROR="$SMI_TOOL_ERROR: it has found no device here, so it is left out (GPUGUARD_DEVICE names the tool to use)"
     fi
   fi
-  if [[ ! -f $GPUGUARD_STATE_DIR/idle.state ]]; then
-    STATUS_NO_STATE="no watchdog counters in $GPUGUARD_STATE_DIR: idle and stuck read 0"
-    if [[ $GPUGUARD_STATE_DIR != /var/lib/gpuguard && -e /var/lib/gpuguard ]]; then
-      STATUS_NO_STATE+=" (the watchdog may run as root with /var/lib/gpuguard: sudo gpuguard status, or set GPUGUARD_STATE_DIR)"
-    else
-      STATUS_NO_STATE+=" (is yichuidingyin.sh running with this state folder? GPUGUARD_STATE_DIR names it)"
-    fi
-  fi
+  gg_state_unwatched_into STATUS_NO_STATE idle.state counters "idle and stuck read 0" "gpuguard status"
   if ((${SMI_APPS_OK:-1} != 1)); then
     STATUS_APPS_ERROR="the process list could not be read (${SMI_ERROR:-no answer}): the holders below are unknown"
   fi

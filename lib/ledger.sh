@@ -139,10 +139,13 @@ ledger_read_day() {
 
 # Accounts one interval. Journaled by ledger_cycle, replayed by ledger_load.
 # Arguments:
-#   $1 sequence number, $2 time it ends, $3 seconds, $4... one per held
-#   GPU: "UUID|INDEX|IDLE(0/1)|USER|JOB"
+#   $1 sequence number, $2 time it ends, $3 seconds, $4... one per holder
+#   of a held GPU: "RUN|INDEX|IDLE(0/1)|USER|JOB|SECONDS", RUN naming the
+#   holder's idle stretch on that GPU ("UUID/JOB"), SECONDS its share of the
+#   interval (ledger_entries_into; older journal lines have "UUID" and no
+#   share: the whole interval)
 ledger_account() {
-  local seq=$1 ts=$2 dt=$3 entry uuid idx idle user job key day run pause=0 limit
+  local seq=$1 ts=$2 dt=$3 entry uuid idx idle user job key day run secs pause=0 limit
   shift 3
   # a pause in sampling past the watchdog's own limit ends every idle
   # stretch: before, the longest stretch ran across a stopped watchdog or
@@ -165,9 +168,13 @@ ledger_account() {
     uuid=${entry%%|*} entry=${entry#*|}
     idx=${entry%%|*} entry=${entry#*|}
     idle=${entry%%|*} entry=${entry#*|}
-    user=${entry%%|*} job=${entry#*|}
-    # a damaged journal line is left out, never a bad subscript
-    [[ -n $uuid && -n $user && -n $job && $job != *'|'* ]] || continue
+    user=${entry%%|*} job=${entry#*|} secs=$dt
+    [[ $job != *'|'* ]] || secs=${job##*|} job=${job%|*}
+    # a damaged journal line is left out, never a bad subscript (nor a
+    # share in another base, or more than the interval)
+    [[ -n $uuid && -n $user && -n $job && $job != *'|'* && $secs != *[!0-9]* && ${#secs} -le 10 &&
+      ($secs == 0 || $secs == [1-9]*) ]] || continue
+    ((secs <= dt)) || secs=$dt
     key=$user$'\t'$job
     if [[ -z ${LG_HELD[$key]+set} ]]; then
       if ((LG_NJOBS >= LEDGER_MAX_JOBS)); then
@@ -178,12 +185,12 @@ ledger_account() {
       : "${LG_HELD[$key]:=0}" "${LG_IDLE[$key]:=0}" "${LG_LONG[$key]:=0}" "${LG_LONG_END[$key]:=0}"
     fi
     seen[$uuid]=1
-    LG_HELD[$key]=$((LG_HELD[$key] + dt))
-    LG_TOT_HELD[$user]=$((${LG_TOT_HELD[$user]:-0} + dt))
+    LG_HELD[$key]=$((LG_HELD[$key] + secs))
+    LG_TOT_HELD[$user]=$((${LG_TOT_HELD[$user]:-0} + secs))
     [[ ,${LG_GPUS[$key]:-}, == *,"$idx",* ]] || LG_GPUS[$key]=${LG_GPUS[$key]:+${LG_GPUS[$key]},}$idx
     if [[ $idle == 1 ]]; then
-      LG_IDLE[$key]=$((LG_IDLE[$key] + dt))
-      LG_TOT_IDLE[$user]=$((${LG_TOT_IDLE[$user]:-0} + dt))
+      LG_IDLE[$key]=$((LG_IDLE[$key] + secs))
+      LG_TOT_IDLE[$user]=$((${LG_TOT_IDLE[$user]:-0} + secs))
       # one idle stretch per GPU and holder; it may run past midnight
       run=0
       if ((! pause)); then
@@ -300,7 +307,7 @@ ledger_cycle_account() {
   ((LG_LAST == 0)) || dt=$((now - LG_LAST))
   ((dt <= cap)) || dt=$cap
   local -a entries=()
-  ledger_entries_into entries
+  ledger_entries_into entries "$dt"
   seq=$((LG_SEQ + 1))
   ledger_account "$seq" "$now" "$dt" "${entries[@]}"
   printf -v line 'c\t%s\t%s\t%s' "$seq" "$now" "$dt"
@@ -314,18 +321,24 @@ ledger_cycle_account() {
   ((LG_JOURNAL_N < LEDGER_SAVE_EVERY)) || ledger_save || true
 }
 
-# Puts one entry per held GPU of this cycle's sample into the array named
-# $1 (see ledger_account). Held is the idle rule's own test (idle_held,
+# Puts one entry per holder of each held GPU of this cycle's sample into
+# the array named $1 (see ledger_account), with its share of the $2 seconds
+# of the interval. Held is the idle rule's own test (idle_held,
 # lib/idle.sh: a free Ascend chip's firmware reserve is no job); a GPU is
 # idle or stuck while the watchdog counts it so. An NPU's index is written
 # npuN (as gpuguard status shows it), so that a mixed box's GPU 0 and NPU
-# 0 stay two devices in the day file.
+# 0 stay two devices in the day file. Its holders (one per user
+# and job) split its time by the memory each holds (evenly when one's is not
+# known), so that each is booked, as the idle alert names each, and the
+# day's GPU-seconds still add up to the GPUs' time; the biggest holder takes
+# the seconds the split leaves over.
 ledger_entries_into() {
   local -n entries_ref=$1
-  local uuid pid mem best best_mem idle key rest line idx
-  local -A pids_now=()
+  local dt=$2 uuid pid mem best best_mem idle key rest line total even left idx
+  local -A pids_now=() mem_of=() share=()
+  local -a keys=()
   for uuid in "${SMI_UUIDS[@]}"; do
-    best='' best_mem=-1
+    best='' best_mem=-1 total=0 keys=() mem_of=()
     # "PID NAME MIB" lines (SMI_FS between), read by expansion (a cycle forks nothing)
     rest=${SMI_PROCS[$uuid]:-}
     while [[ -n $rest ]]; do
@@ -340,19 +353,43 @@ ledger_entries_into() {
       if ((mem > best_mem)); then
         best=$pid best_mem=$mem
       fi
+      [[ -n ${LG_PIDKEY[$pid]:-} ]] || ledger_holder_key "$pid"
+      key=${LG_PIDKEY[$pid]}
+      [[ -n ${mem_of[$key]+set} ]] || keys+=("$key")
+      mem_of[$key]=$((${mem_of[$key]:-0} + mem))
+      total=$((total + mem))
     done
     idle_held "$uuid" || continue
     idle=0
     ((${IDLE_CYCLES[$uuid]:-0} > 0 || ${IDLE_SPIN[$uuid]:-0} > 0)) && idle=1
-    if [[ -n $best ]]; then
-      [[ -n ${LG_PIDKEY[$best]:-} ]] || ledger_holder_key "$best"
-      key=${LG_PIDKEY[$best]}
-    else
-      key='?|-'
-    fi
     idx=${SMI_INDEX[$uuid]:-?}
     [[ ${SMI_VENDOR[$uuid]:-} != ascend ]] || idx=npu$idx
-    entries_ref+=("$uuid|$idx|$idle|$key")
+    if [[ -z $best ]]; then
+      entries_ref+=("$uuid/-|$idx|$idle|?|-|$dt")
+      continue
+    fi
+    if ((${#keys[@]} == 1)); then
+      # one holder (the common case): the whole interval, no split
+      entries_ref+=("$uuid/${key#*|}|$idx|$idle|$key|$dt")
+      continue
+    fi
+    even=0 left=$dt share=()
+    for key in "${keys[@]}"; do
+      ((${mem_of[$key]} > 0)) || even=1
+    done
+    for key in "${keys[@]}"; do
+      if ((even)); then
+        share[$key]=$((dt / ${#keys[@]}))
+      else
+        share[$key]=$((dt * ${mem_of[$key]} / total))
+      fi
+      left=$((left - ${share[$key]}))
+    done
+    key=${LG_PIDKEY[$best]}
+    share[$key]=$((${share[$key]} + left))
+    for key in "${keys[@]}"; do
+      entries_ref+=("$uuid/${key#*|}|$idx|$idle|$key|${share[$key]}")
+    done
   done
   # PIDs are reused: forget those no longer listed
   for pid in "${!LG_PIDKEY[@]}"; do
@@ -467,9 +504,13 @@ ledger_digest_maybe() {
   [[ $LEDGER_DIGEST_AT == [0-2][0-9]:[0-5][0-9] ]] || return 0
   printf -v hm '%(%H:%M)T' "$now"
   [[ ! $hm < $LEDGER_DIGEST_AT ]] || return 0
+  # yesterday as a calendar date: today's local noon less a day. The wall
+  # clock's time since midnight is not the time elapsed on the days the
+  # clocks change (25 or 23 hours), so "midnight less a second" landed on
+  # today itself on a fall-back morning; noon is hours away from either end.
   printf -v h '%(%H %M %S)T' "$now"
   read -r h m s <<<"$h"
-  printf -v yesterday '%(%Y-%m-%d)T' "$((now - 10#$h * 3600 - 10#$m * 60 - 10#$s - 1))"
+  printf -v yesterday '%(%Y-%m-%d)T' "$((now - 10#$h * 3600 - 10#$m * 60 - 10#$s + 12 * 3600 - 86400))"
   [[ $LG_DIGEST_DONE != "$yesterday" ]] || return 0
   ((LG_SEQ == LG_SAVED_SEQ)) || ledger_save || return 0
   local id="ledger-$yesterday" event=''
@@ -520,15 +561,22 @@ ledger_with_today() {
   "$@" <<<"$text"
 }
 
-# `gpuguard ledger`: the ledger as text or JSON (gpuguard_ledger.py show),
-# today's as the watchdog holds it; the text in ASCII where the terminal's
-# locale is not UTF-8 (gg_utf8_locale decides, GG_ASCII tells the helper).
-# shellcheck disable=SC2034 # GG_ASCII: passed on by gg_python
+# gpuguard ledger: today's ledger as the watchdog holds it and the days
+# before, shown by python/gpuguard_ledger.py, which also says (stderr, and
+# "no_ledger" in --json) when no watchdog keeps a ledger in this state
+# folder: an empty day there is no fact (a user's own folder while the
+# watchdog runs as root), as gpuguard status says of its counters. The text
+# is in ASCII where the terminal's locale is not UTF-8 (gg_utf8_locale
+# decides, GG_ASCII tells the helper).
+# Arguments:
+#   the command's options (--since WHEN, --json)
 ledger_show() {
-  local GG_ASCII=1
+  # shellcheck disable=SC2034 # passed to the reader by name (gg_python)
+  local LEDGER_NO_LEDGER='' GG_ASCII=1
   gg_utf8_locale && GG_ASCII=0
-  ledger_with_today gg_python gpuguard_ledger.py "LEDGER_NAMES GPU_HOUR_PRICE GPU_PRICE_CURRENCY NOTIFY_LANG GPUGUARD_DEVICE_KINDS GG_ASCII" \
-    show "$@"
+  gg_state_unwatched_into LEDGER_NO_LEDGER ledger ledger "no GPU time is booked there" "gpuguard ledger"
+  ledger_with_today gg_python gpuguard_ledger.py \
+    "LEDGER_NAMES GPU_HOUR_PRICE GPU_PRICE_CURRENCY NOTIFY_LANG GPUGUARD_DEVICE_KINDS LEDGER_NO_LEDGER GG_ASCII" show "$@"
 }
 
 # Checks the ledger's keys that the configuration's kinds cannot.

@@ -18,7 +18,9 @@ written atomically by lib/ledger.sh; tab-separated, an empty field is "-";
   day    YYYY-MM-DD    the day (local time) the file holds
   last   TS SEQ        the last accounted cycle (unix time, sequence number)
   job    USER UID JOB HELD_S IDLE_S LONGEST_S LONGEST_END GPUS CMD
-                       one row per user and job: GPU-seconds held, held
+                       one row per user and job: GPU-seconds held (a GPU
+                       that several jobs hold split by the memory of each,
+                       so the rows add up to the GPUs' time), held
                        while idle or stuck, the longest idle stretch of one
                        GPU and when it ended, the GPU indexes, the masked
                        command line (cut); JOB is slurm:ID, pid:PID@START
@@ -27,7 +29,8 @@ written atomically by lib/ledger.sh; tab-separated, an empty field is "-";
                        "npu0" for an Ascend NPU (a mixed box's GPU 0 and
                        NPU 0 stay apart; day files before that wrote an
                        NPU's plain index)
-  run    UUID USER JOB SECONDS   an idle stretch still open
+  run    RUN USER JOB SECONDS    an idle stretch still open (RUN: the
+                                 GPU's UUID/JOB, one per GPU and holder)
   total  USER HELD_S IDLE_S      all-time counters (the textfile metrics)
 
 Words: GPUGUARD_DEVICE_KINDS (set by lib/ledger.sh from the box's device
@@ -139,30 +142,45 @@ def days_back(last_day, n):
 # ----------------------------------------------------------------- names --
 
 def _salt(folder):
+    """(salt, '') for LEDGER_NAMES=hash, or (None, why) when there is none
+    this run can use. The watchdog makes it, private to its user; a reader
+    who cannot read it (a user's `gpuguard ledger` of a ledger made readable)
+    gets no salt, never a new one: names hashed with a salt of one run look
+    real and match nothing, neither the metrics nor the next run."""
     path = os.path.join(folder, "salt")
     try:
-        with open(path, encoding="ascii") as f:
+        with open(path, encoding="ascii", errors="replace") as f:
             salt = f.read().strip()
         if re.fullmatch(r"[0-9a-f]{32}", salt):
-            return salt
-    except OSError:
+            return salt, ""
+    except FileNotFoundError:
         pass
+    except OSError as e:
+        return None, f"cannot read the salt {path} ({e.strerror})"
     salt = os.urandom(16).hex()
     try:
         write_atomic(path, salt + "\n")
-    except OSError:
-        pass
-    return salt
+    except OSError as e:
+        return None, f"cannot make the salt {path} ({e.strerror})"
+    return salt, ""
 
 
-def _namer(mode, folder):
-    """A function from a user name to the name shown (None: left out)."""
+def _names(env):
+    """(mode, name, problem): LEDGER_NAMES as shown, a function from a user
+    name to the name shown (None: left out), and why hashed names cannot be
+    shown ('' when they can). Without a salt no name is shown, as with
+    "none", and the problem is said once on stderr."""
+    mode = env.get("LEDGER_NAMES", "user") or "user"
     if mode == "none":
-        return lambda user: None
+        return mode, lambda user: None, ""
     if mode == "hash":
-        salt = _salt(folder)
-        return lambda user: "u" + hashlib.sha256(f"{salt}:{user}".encode()).hexdigest()[:8]
-    return lambda user: user
+        salt, problem = _salt(ledger_dir(env))
+        if salt is None:
+            problem = f"LEDGER_NAMES=hash: {problem}: no per-user names shown (the salt's owner, the watchdog's user, sees them)"
+            sys.stderr.write(f"gpuguard: ledger: {problem}\n")
+            return "none", lambda user: None, problem
+        return mode, lambda user: "u" + hashlib.sha256(f"{salt}:{user}".encode()).hexdigest()[:8], ""
+    return mode, lambda user: user, ""
 
 
 # --------------------------------------------------------------- summary --
@@ -179,12 +197,12 @@ def _cost(seconds, price):
     return round(seconds / 3600.0 * price, 2) if price else None
 
 
-def summarize(by_day, span, trend_days, prev_days, env):
+def summarize(by_day, span, trend_days, prev_days, env, names=None):
     """The ledger over the days of `span`: totals, per user, the worst
     incidents, the trend per day over `trend_days`, and the idle total of
-    `prev_days` (the week before) for the change."""
-    mode = env.get("LEDGER_NAMES", "user") or "user"
-    name = _namer(mode, ledger_dir(env))
+    `prev_days` (the week before) for the change; `names` is _names(env)
+    when the caller has it already."""
+    mode, name, problem = names or _names(env)
     price = _price_of(env)
     users, incidents = {}, []
     held = idle = 0
@@ -212,7 +230,8 @@ def summarize(by_day, span, trend_days, prev_days, env):
               "idle_s": sum(j["idle_s"] for j in by_day.get(d, []))} for d in trend_days]
     prev = [by_day.get(d) for d in prev_days]
     prev_idle = sum(j["idle_s"] for rows in prev if rows for j in rows) if any(prev) else None
-    return {"from": span[0], "to": span[-1], "names": mode, "held_s": held, "idle_s": idle,
+    return {"from": span[0], "to": span[-1], "names": mode, "names_problem": problem or None,
+            "held_s": held, "idle_s": idle,
             "gpu_hour_price": price, "currency": env.get("GPU_PRICE_CURRENCY", "") if price else None,
             "cost": _cost(idle, price), "users": user_rows[:TOP_USERS], "more_users": max(0, len(user_rows) - TOP_USERS),
             "worst": worst, "trend": trend, "prev_idle_s": prev_idle}
@@ -236,9 +255,9 @@ def period(env, first, last, today_text=""):
     span = span_days(first, last)
     prev = days_back(span[0], len(span) + 1)[:-1]
     by_day = read_days(ledger_dir(env), prev + span, today=(day_in(today_text), today_text))
-    summary = summarize(by_day, span, span, prev, env)
-    mode = summary["names"]
-    name = _namer(mode, ledger_dir(env))
+    names = _names(env)
+    summary = summarize(by_day, span, span, prev, env, names)
+    mode, name, _ = names
     jobs = [dict(j, day=d, user=name(j["user"]), cmd=j["cmd"] if mode == "user" else None,
                  job=j["job"] if mode == "user" or j["job"].startswith("slurm:") else None)
             for d in span for j in by_day.get(d, [])]
@@ -427,6 +446,11 @@ def _show(args, env, stdin_text, now=None):
     if first > today:
         raise UsageError(f"--since {since} is in the future")
     s, jobs = period(env, first, today, stdin_text)
+    # no watchdog keeps a ledger in this state folder (lib/ledger.sh,
+    # ledger_show): the zeros below are no fact
+    s["no_ledger"] = env.get("LEDGER_NO_LEDGER") or None
+    if s["no_ledger"]:
+        sys.stderr.write(f"gpuguard ledger: {s['no_ledger']}\n")
     if as_json:
         # the rows too, per day and job, for scripts (most idle first)
         s["jobs"] = [{k: j[k] for k in ("day", "user", "job", "cmd", "gpus", "held_s", "idle_s", "longest_s",

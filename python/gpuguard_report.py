@@ -737,7 +737,12 @@ def _time_ticks(t0, t1):
             break
     off = time.localtime(t0).tm_gmtoff
     first = ((t0 + off) // step + 1) * step - off
-    return list(_frange(first, t1, step))
+    ticks = list(_frange(first, t1, step))
+    if step > 3600:
+        # the offset of t0 holds only until the clocks change: past a change
+        # a tick moves with the wall clock, so a day's tick stays on midnight
+        ticks = [t + off - time.localtime(t).tm_gmtoff for t in ticks]
+    return ticks
 
 
 def _frange(a, b, step):

@@ -17,7 +17,19 @@ import time
 
 import pytest
 import webhook_sink
-from conftest import ROOT, Box, app, busy_gpu, idle_gpu, require, run_killed_after, start_daemon, stop_daemon, wait_for
+from conftest import (
+    ROOT,
+    Box,
+    app,
+    busy_gpu,
+    idle_gpu,
+    require,
+    run_killed_after,
+    start_daemon,
+    stop_daemon,
+    user_environ,
+    wait_for,
+)
 
 DAY0 = 1796169600                       # 2026-12-02 00:00 UTC
 H, M = 3600, 60
@@ -674,3 +686,137 @@ def test_a_damaged_day_file_is_said_not_shown_as_an_empty_day(box):
     r = box.run("ledger", "--since", "2026-12-01", cmd="bin/gpuguard",
                 env=dict(env_for(box), GPUGUARD_NOW=str(at(18))))
     assert r.returncode == 0 and r.stderr.count(said) == 1 and len(r.stderr.splitlines()) == 1, r.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tz,day", [("Europe/Berlin", "2026-10-25"), ("America/New_York", "2026-11-01"),
+                                    ("Europe/Berlin", "2026-03-29"), ("America/New_York", "2026-03-08")])
+def test_each_morning_around_a_clock_change_sends_the_day_before_whole(box, tz, day):
+    """On the morning clocks went back, "yesterday" (the time since midnight
+    on the wall clock, less a second) was today: the digest of the day in
+    progress went out at 09:00 and was marked sent, so the day before's never
+    went, nor the whole 25-hour day's the morning after. Each morning now
+    sends the day before, whole, fall-back and spring-forward alike."""
+    import datetime
+    from zoneinfo import ZoneInfo
+    zone = ZoneInfo(tz)
+    the_day = datetime.date.fromisoformat(day)
+    before, after = the_day - datetime.timedelta(days=1), the_day + datetime.timedelta(days=1)
+    start = int(datetime.datetime.combine(before, datetime.time(20), zone).timestamp())
+    end = int(datetime.datetime.combine(after, datetime.time(12), zone).timestamp())
+    step = 3 * H
+    box.write_scenario([{"gpus": [idle_gpu(mem=30000)], "apps": []}])
+    env = {"TZ": tz, "CHECK_INTERVAL": str(step), "LEDGER_DIGEST_AT": "09:00", "JOBINFO_DEVICE_GLOB": "/nonexistent*"}
+    held = {}
+    for t in range(start, end + 1, step):
+        box.once(now=t, env=env)
+        if t > start:                                   # the first cycle accounts nothing
+            d = datetime.datetime.fromtimestamp(t, zone).date()
+            held[d] = held.get(d, 0) + step
+    sent = [(e["from"], datetime.datetime.fromtimestamp(e["ts"], zone).date(), e["held_s"])
+            for e in box.events() if e["event"] == "ledger_digest"]
+    assert sent == [(str(before), the_day, held[before]), (day, after, held[the_day])]
+
+
+def test_two_jobs_on_one_gpu_are_both_booked_by_memory_share(box):
+    """Root's idle 20 GB job beside nobody's 30 GB job on one H200: the
+    ledger booked the GPU to the bigger holder only, so root's idle hour was
+    in no ledger row, digest or per-user counter while the idle alert named
+    both. Now the GPU's time is split by memory (2:3): each user is booked,
+    and the GPU-hours still add up to the GPU's time."""
+    require(os.geteuid() == 0, "two users' jobs need root (a job of the user nobody)")
+    require(os.access(PYTHON, os.X_OK), PYTHON + " missing")
+    devdir = tempfile.mkdtemp(prefix="gg-ledger-dev-")
+    os.chmod(devdir, 0o755)
+    dev = os.path.join(devdir, "nvidia0")
+    open(dev, "w").close()
+    os.chmod(dev, 0o644)
+    box.env["JOBINFO_DEVICE_GLOB"] = os.path.join(devdir, "nvidia*")
+    jobs = [Holder(dev, "root", "small.py"), Holder(dev, "nobody", "big.py")]
+    try:
+        box.write_scenario([{"gpus": [idle_gpu(mem=50000)],
+                             "apps": [app(jobs[0].pid, mem=20000), app(jobs[1].pid, mem=30000)]}])
+        textdir = box.tmp / "textfile"
+        env = {"CHECK_INTERVAL": "60", "TZ": "UTC", "GPUGUARD_TEXTFILE_DIR": str(textdir)}
+        for n in range(11):
+            box.once(now=at(8, n), env=env)
+        s = json.loads(ledger(box, "--json", now=at(8, 10), env=env))
+        users = {u["user"]: (u["held_s"], u["idle_s"], u["longest_s"]) for u in s["users"]}
+        assert users == {"root": (240, 240, 600), "nobody": (360, 360, 600)}
+        assert s["held_s"] == s["idle_s"] == 600                # one GPU for 10 minutes
+        assert sorted(w["user"] for w in s["worst"]) == ["nobody", "root"]
+        prom = (textdir / "gpuguard_idle.prom").read_text()
+        assert 'gpuguard_gpu_held_seconds_total{user="root"} 240' in prom
+        assert 'gpuguard_gpu_idle_held_seconds_total{user="nobody"} 360' in prom
+        text = ledger(box, now=at(8, 10), env=env)
+        assert "root: idle 0.1 / held 0.1" in text and "nobody: idle 0.1 / held 0.1" in text
+    finally:
+        for j in jobs:
+            j.stop()
+        shutil.rmtree(devdir, ignore_errors=True)
+
+
+def test_a_folder_without_a_watchdog_ledger_says_so_as_status_does(box):
+    """A user's `gpuguard ledger` after a root install reads the user's own
+    state folder, where no watchdog runs: it printed "0.0 GPU-hours held",
+    exit 0, without a word, while `gpuguard status` warned. Now the same
+    caveat, on stderr and as "no_ledger" in --json; none once a watchdog
+    keeps a ledger there."""
+    box.write_scenario([{"gpus": [idle_gpu(mem=30000)], "apps": []}])
+    said = "gpuguard ledger: no watchdog ledger in %s: no GPU time is booked there (" % box.state
+    r = box.run("ledger", cmd="bin/gpuguard", env=env_for(box))
+    assert r.returncode == 0 and "0.0 GPU-hours held" in r.stdout
+    assert r.stderr.startswith(said) and len(r.stderr.splitlines()) == 1, r.stderr
+    assert "GPUGUARD_STATE_DIR" in r.stderr
+    status = box.run("status", cmd="bin/gpuguard", env=env_for(box)).stderr
+    hint = r.stderr.split(" (", 1)[1]
+    assert hint.replace("gpuguard ledger", "gpuguard status") in status        # one wording for both
+    r = box.run("ledger", "--json", cmd="bin/gpuguard", env=env_for(box))
+    assert r.returncode == 0 and json.loads(r.stdout)["no_ledger"] == r.stderr.split(": ", 1)[1].rstrip("\n")
+    box.once(now=at(10), env=env_for(box))
+    r = box.run("ledger", "--json", cmd="bin/gpuguard", env=dict(env_for(box), GPUGUARD_NOW=str(at(10))))
+    assert r.returncode == 0 and r.stderr == "" and json.loads(r.stdout)["no_ledger"] is None
+
+
+def test_hashed_names_without_the_salt_are_said_not_made_up(tmp_path):
+    """LEDGER_NAMES=hash, the ledger made readable to users, the salt kept
+    0600: a user's every `gpuguard ledger` made a new salt and showed new
+    pseudonyms that looked real and matched nothing. Now one line says the
+    salt cannot be read, no per-user names are shown, and the salt stays
+    the watchdog's."""
+    require(os.geteuid() == 0, "a second user (nobody) reading root's ledger")
+    box = Box(tmp_path)
+    shared = tempfile.mkdtemp(prefix="gg-ledger-salt-")
+    try:
+        os.chmod(shared, 0o755)
+        state = os.path.join(shared, "state")
+        env = dict(env_for(box), GPUGUARD_STATE_DIR=state, LEDGER_NAMES="hash", CHECK_INTERVAL="60",
+                   JOBINFO_DEVICE_GLOB="/nonexistent*", GPUGUARD_TEXTFILE_DIR=os.path.join(shared, "textfile"))
+        box.write_scenario([{"gpus": [idle_gpu(mem=30000)], "apps": [app(os.getpid(), mem=29800)]}])
+        for t in (0, 60, 120):
+            box.once(now=at(10) + t, env=env)
+        salt = os.path.join(state, "ledger", "salt")
+        before = open(salt).read()
+        root_view = json.loads(ledger(box, "--json", now=at(11), env=env))
+        assert re.fullmatch(r"u[0-9a-f]{8}", root_view["users"][0]["user"]) and root_view.get("names_problem") is None
+        for folder in (state, os.path.join(state, "ledger")):
+            os.chmod(folder, 0o755)
+        os.chmod(box.scenario.parent, 0o755)
+        user = user_environ(PATH=box.env["PATH"], HOME="/", LANG="C.UTF-8", GPUGUARD_CONFIG="/dev/null", TZ="UTC",
+                            GPUGUARD_STATE_DIR=state, LEDGER_NAMES="hash", GPUGUARD_NOW=str(at(11)))
+        nobody = pwd.getpwnam("nobody")
+        for _ in range(2):
+            r = subprocess.run([str(ROOT / "bin/gpuguard"), "ledger", "--json"], env=user, user=nobody.pw_uid,
+                               group=nobody.pw_gid, capture_output=True, text=True, cwd="/", check=False)
+            assert r.returncode == 0, r.stderr
+            s = json.loads(r.stdout)
+            assert s["users"] == [] and s["names"] == "none" and s["held_s"] == 120
+            assert all(w["user"] is None for w in s["worst"]) and all(j["user"] is None for j in s["jobs"])
+            assert r.stderr == "gpuguard: ledger: %s\n" % s["names_problem"]
+            assert "cannot read the salt %s (Permission denied)" % salt in r.stderr
+        r = subprocess.run([str(ROOT / "bin/gpuguard"), "ledger"], env=user, user=nobody.pw_uid,
+                           group=nobody.pw_gid, capture_output=True, text=True, cwd="/", check=False)
+        assert r.returncode == 0 and not re.search(r"\bu[0-9a-f]{8}\b", r.stdout) and "0.0 / held 0.0" not in r.stdout
+        assert open(salt).read() == before and os.stat(salt).st_uid == 0
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)

@@ -487,3 +487,22 @@ def test_a_job_that_died_in_its_first_seconds_is_in_the_report_and_found_by_pid(
         assert cls == "row-not-judged" and "bash crash.sh" in row and "user alice" in row, row
         assert "none (1 sample)" in row and "unknown (1 sample)" in row, row
         assert "no trend (not judged: 1 sample)" in text and "1 sample over 0 min, 4,000 → 4,000 MiB" in text
+
+
+def test_day_ticks_stay_on_midnight_past_a_clock_change(monkeypatch):
+    """A week's chart across the autumn clock change put its day ticks at
+    23:00 after it ("10-25 23:00, 10-26 23:00"): each was t0's midnight plus
+    whole days of 86400 s, and one of those days had 25 hours."""
+    import time
+
+    import gpuguard_report
+    monkeypatch.setenv("TZ", "Europe/Berlin")
+    time.tzset()
+    try:
+        t0 = time.mktime((2026, 10, 22, 12, 0, 0, 0, 0, -1))
+        ticks = gpuguard_report._time_ticks(t0, t0 + 7 * 86400)
+        labels = [gpuguard_report._tlabel(t) for t in ticks]
+        assert labels and all(label.endswith(" 00:00") for label in labels), labels
+    finally:
+        monkeypatch.undo()
+        time.tzset()
