@@ -570,8 +570,8 @@ ledger_with_today() {
 # decides, GG_ASCII tells the helper).
 # Arguments:
 #   the command's options (--since WHEN, --json)
+# shellcheck disable=SC2034 # LEDGER_NO_LEDGER, GG_ASCII: passed to the reader by name (gg_python)
 ledger_show() {
-  # shellcheck disable=SC2034 # passed to the reader by name (gg_python)
   local LEDGER_NO_LEDGER='' GG_ASCII=1
   gg_utf8_locale && GG_ASCII=0
   gg_state_unwatched_into LEDGER_NO_LEDGER ledger ledger "no GPU time is booked there" "gpuguard ledger"
