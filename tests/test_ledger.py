@@ -147,18 +147,26 @@ def kill9(proc):
     proc.stderr.close()
 
 
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory):
-    """One simulated day, run once for the module's tests."""
+def two_users_device(box):
+    """A device file that root's and nobody's jobs can both hold open (in a
+    folder of its own, readable by all), named in the box's
+    JOBINFO_DEVICE_GLOB; skips where two users' jobs cannot be had."""
     require(os.geteuid() == 0, "two users' jobs need root (a job of the user nobody)")
     require(os.access(PYTHON, os.X_OK), PYTHON + " missing")
-    box = Box(tmp_path_factory.mktemp("lab"))
     devdir = tempfile.mkdtemp(prefix="gg-ledger-dev-")
     os.chmod(devdir, 0o755)
     dev = os.path.join(devdir, "nvidia0")
     open(dev, "w").close()
     os.chmod(dev, 0o644)
     box.env["JOBINFO_DEVICE_GLOB"] = os.path.join(devdir, "nvidia*")
+    return dev
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """One simulated day, run once for the module's tests."""
+    box = Box(tmp_path_factory.mktemp("lab"))
+    dev = two_users_device(box)
     holders = [Holder(dev, "root", "train_llama.py"), Holder(dev, "nobody", "sft.py"),
                Holder(dev, "nobody", "eval.py")]
     ids = [h.pid for h in holders]
@@ -179,7 +187,7 @@ def lab(tmp_path_factory):
     finally:
         for h in holders:
             h.stop()
-        shutil.rmtree(devdir, ignore_errors=True)
+        shutil.rmtree(os.path.dirname(dev), ignore_errors=True)
 
 
 def ledger(box, *args, now=None, env=None):
@@ -241,7 +249,7 @@ def test_a_job_that_ended_between_cron_runs_keeps_its_command_line(box):
         assert row["user"] == "root" and "exp7_sft.py" in row["cmd"], row
         assert "exp7_sft.py" in ledger(box, now=at(10))
     finally:
-        shutil.rmtree(devdir, ignore_errors=True)
+        shutil.rmtree(os.path.dirname(dev), ignore_errors=True)
 
 
 @pytest.mark.slow
@@ -724,14 +732,7 @@ def test_two_jobs_on_one_gpu_are_both_booked_by_memory_share(box):
     in no ledger row, digest or per-user counter while the idle alert named
     both. Now the GPU's time is split by memory (2:3): each user is booked,
     and the GPU-hours still add up to the GPU's time."""
-    require(os.geteuid() == 0, "two users' jobs need root (a job of the user nobody)")
-    require(os.access(PYTHON, os.X_OK), PYTHON + " missing")
-    devdir = tempfile.mkdtemp(prefix="gg-ledger-dev-")
-    os.chmod(devdir, 0o755)
-    dev = os.path.join(devdir, "nvidia0")
-    open(dev, "w").close()
-    os.chmod(dev, 0o644)
-    box.env["JOBINFO_DEVICE_GLOB"] = os.path.join(devdir, "nvidia*")
+    dev = two_users_device(box)
     jobs = [Holder(dev, "root", "small.py"), Holder(dev, "nobody", "big.py")]
     try:
         box.write_scenario([{"gpus": [idle_gpu(mem=50000)],
@@ -753,7 +754,7 @@ def test_two_jobs_on_one_gpu_are_both_booked_by_memory_share(box):
     finally:
         for j in jobs:
             j.stop()
-        shutil.rmtree(devdir, ignore_errors=True)
+        shutil.rmtree(os.path.dirname(dev), ignore_errors=True)
 
 
 def test_a_folder_without_a_watchdog_ledger_says_so_as_status_does(box):
