@@ -312,6 +312,7 @@ npu_process_row() {
   fi
   SMI_NPROCS[$id]=$((SMI_NPROCS[$id] + 1))
   # the recordings leave the name blank: kept empty (SMI_FS)
+  pname=${pname//$'\t'/ }
   SMI_PROCS[$id]+="${pid}$SMI_FS${pname//$SMI_FS/ }$SMI_FS${mem}"$'\n'
   SMI_PIDS_MEM[$pid]=$((${SMI_PIDS_MEM[$pid]:-0} + ${mem:-0}))
   SMI_PID_UUIDS[$pid]+="${SMI_PID_UUIDS[$pid]:+ }$id"

@@ -595,6 +595,9 @@ smi_parse_apps() {
       continue
     fi
     SMI_NPROCS[$uuid]=$((SMI_NPROCS[$uuid] + 1))
+    # (a tab in a name is a space, as in every text and file gpuguard
+    # writes of it; the separator character too)
+    name=${name//$'\t'/ }
     SMI_PROCS[$uuid]+="${pid}$SMI_FS${name//$SMI_FS/ }$SMI_FS${mem}"$'\n'
     SMI_PIDS_MEM[$pid]=$((${SMI_PIDS_MEM[$pid]:-0} + ${mem:-0}))
     SMI_PID_UUIDS[$pid]+="${SMI_PID_UUIDS[$pid]:+ }$uuid"
