@@ -600,11 +600,11 @@ status_json() {
     jobinfo_json_str_into "${SMI_GPU_FAULT[$uuid]:-}" fault
     gpus+="${gpus:+,}{\"index\":${SMI_INDEX[$uuid]},\"uuid\":\"$uuid\",\"vendor\":\"${SMI_VENDOR[$uuid]:-nvidia}\",\"name\":\"$name_esc\",\"utilization\":${SMI_UTIL[$uuid]:-null},\"memory_used_mib\":${SMI_MEM_USED[$uuid]:-null},\"memory_total_mib\":${SMI_MEM_TOTAL[$uuid]:-null},\"power_w\":${SMI_POWER[$uuid]:-null},\"idle_cycles\":${IDLE_CYCLES[$uuid]:-0},\"idle_limit\":$IDLE_T_MAX,\"stuck_cycles\":${IDLE_SPIN[$uuid]:-0},\"stuck_limit\":$IDLE_T_SPIN,\"idle_firing\":$(status_json_bool "${IDLE_FIRING[$uuid]:-0}"),\"state\":\"$state\",\"fault\":$fault,\"degraded_firing\":$(status_json_bool "${IDLE_FAULT_FIRING[$uuid]:-0}"),\"recent_utilization\":[$(status_json_numbers "${IDLE_HISTORY[$uuid]:-}")],\"processes\":[$procs]}"
   done
-  local no_state=null apps_error=null tool_error=null tool=nvidia-smi
+  local no_state=null apps_error=null tool_error=null tool
   jobinfo_json_str_into "$STATUS_NO_STATE" no_state
   jobinfo_json_str_into "$STATUS_APPS_ERROR" apps_error
   if [[ -n $STATUS_TOOL_ERROR ]]; then
-    [[ $SMI_TOOL_FAILED == ascend ]] && tool=npu-smi
+    device_tool_into tool "$SMI_TOOL_FAILED"
     jobinfo_json_str_into "$SMI_TOOL_ERROR" tool_error
     tool_error="{\"tool\":\"$tool\",\"vendor\":\"$SMI_TOOL_FAILED\",\"error\":$tool_error,\"left_out\":$(status_json_bool "$STATUS_TOOL_LEFT_OUT")}"
   fi

@@ -298,7 +298,7 @@ idle_queue_event() {
 # Arguments:
 #   $1 now, $2 "faults-only" to judge device faults only (no process list)
 idle_judge_all() {
-  local now=$1 mode=${2:-} uuid index
+  local now=$1 mode=${2:-} uuid index kind
   local -A seen=()
   idle_settings_default
   for uuid in "${SMI_UUIDS[@]}"; do
@@ -315,8 +315,8 @@ idle_judge_all() {
     # a device of a tool that failed this cycle (the other answered) is not
     # judged: it is not absent, it was not asked
     if [[ -n ${SMI_TOOL_FAILED:-} ]]; then
-      idle_kind_of "$uuid"
-      [[ $IDLE_KIND_OF == "$SMI_TOOL_FAILED" ]] && continue
+      device_kind_into kind "$uuid"
+      [[ $kind == "$SMI_TOOL_FAILED" ]] && continue
     fi
     # A GPU missing from one sample (a garbage line) keeps its state.
     IDLE_ABSENT[$uuid]=$((${IDLE_ABSENT[$uuid]:-0} + 1))
@@ -840,11 +840,11 @@ idle_emit_fault() {
 # monitor_degraded event after SMI_FAIL_ALERT_CYCLES failures in a row.
 # Idle counters are left untouched: a failure never counts as idle.
 idle_monitor_failed() {
-  local now=$1 tool=nvidia-smi
+  local now=$1 tool
   MON_FAILS=$((MON_FAILS + 1))
   # the tool that failed names the event (a firing one keeps its own)
   ((MON_FIRING)) || MON_VENDOR=${SMI_FAILED_VENDOR:-$MON_VENDOR}
-  [[ $MON_VENDOR == ascend ]] && tool=npu-smi
+  device_tool_into tool "$MON_VENDOR"
   if ((MON_FAILS == 1)); then
     MON_SINCE=$now
     gg_log error "$SMI_ERROR (logged once until $tool answers again)"
@@ -858,8 +858,8 @@ idle_monitor_failed() {
 
 # Records a successful sample; resolves a degraded monitor.
 idle_monitor_ok() {
-  local now=$1 tool=nvidia-smi
-  [[ $MON_VENDOR == ascend ]] && tool=npu-smi
+  local now=$1 tool
+  device_tool_into tool "$MON_VENDOR"
   if ((MON_FAILS > 0)); then
     gg_log info "$tool answers again after $MON_FAILS failed cycles"
   fi
@@ -872,22 +872,14 @@ idle_monitor_ok() {
   MON_FAILS=0 MON_FIRING=0 MON_SINCE=0 MON_LAST_OK=$now MON_VENDOR=nvidia
 }
 
-# The kind of a device key, into IDLE_KIND_OF: ascend for an NPU
-# (lib/npu.sh's NPU-<card>-<chip>), else nvidia.
-idle_kind_of() {
-  IDLE_KIND_OF=nvidia
-  [[ $1 == NPU-* ]] && IDLE_KIND_OF=ascend
-  return 0
-}
-
 # True when the watchdog's state holds a device of kind $1 (nvidia or
 # ascend): its tool found one here (and not for IDLE_FORGET_AFTER good
 # samples since).
 idle_kind_known() {
-  local uuid
+  local uuid kind
   for uuid in "${!IDLE_CYCLES[@]}"; do
-    idle_kind_of "$uuid"
-    [[ $IDLE_KIND_OF == "$1" ]] && return 0
+    device_kind_into kind "$uuid"
+    [[ $kind == "$1" ]] && return 0
   done
   return 1
 }
@@ -901,9 +893,9 @@ idle_kind_known() {
 # Ascend box with nvidia-smi but no NVIDIA driver) is left out of auto:
 # one log line a streak, no alert. Always returns 0 (idle_cycle's chain).
 idle_tool_track() {
-  local now=$1 failed=${SMI_TOOL_FAILED:-} tool=nvidia-smi word=GPUs
+  local now=$1 failed=${SMI_TOOL_FAILED:-} tool word=GPUs
   if [[ -n $MON_TOOL_VENDOR && $MON_TOOL_VENDOR != "$failed" ]]; then
-    [[ $MON_TOOL_VENDOR == ascend ]] && tool=npu-smi
+    device_tool_into tool "$MON_TOOL_VENDOR"
     if ((! MON_TOOL_LEFT_OUT)); then
       gg_log info "$tool answers again after $MON_TOOL_FAILS failed cycles"
     fi
@@ -911,8 +903,8 @@ idle_tool_track() {
     MON_TOOL_VENDOR='' MON_TOOL_FAILS=0 MON_TOOL_FIRING=0 MON_TOOL_SINCE=0 MON_TOOL_LEFT_OUT=0
   fi
   [[ -n $failed ]] || return 0
-  tool=nvidia-smi word=GPUs
-  [[ $failed == ascend ]] && tool=npu-smi word=NPUs
+  device_tool_into tool "$failed"
+  [[ $failed == ascend ]] && word=NPUs
   MON_TOOL_VENDOR=$failed
   MON_TOOL_FAILS=$((MON_TOOL_FAILS + 1))
   if ((MON_TOOL_FAILS == 1)); then
@@ -935,8 +927,8 @@ idle_tool_track() {
 # its own id and "tool", so that it is an incident apart from a failed
 # cycle's.
 idle_emit_tool_monitor() {
-  local now=$1 state=$2 err host_esc event tool=nvidia-smi
-  [[ $MON_TOOL_VENDOR == ascend ]] && tool=npu-smi
+  local now=$1 state=$2 err host_esc event tool
+  device_tool_into tool "$MON_TOOL_VENDOR"
   gg_json_escape_into "${SMI_TOOL_ERROR:-$tool answers again}" err
   gg_json_escape_into "$GPUGUARD_HOST" host_esc
   local id="$now-monitor-$tool-$state"

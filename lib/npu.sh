@@ -364,18 +364,39 @@ npu_add_chip() {
   SMI_PROCS[$id]=''
 }
 
+# The kind of the device keyed $2 into the variable named $1: ascend for an
+# NPU (its key is NPU-<card>-<chip>, npu_add_chip: known from the key
+# alone, also once the chip left the sample), else nvidia.
+# shellcheck disable=SC2034 # _dev_kind: nameref, assigns the caller's variable
+device_kind_into() {
+  local -n _dev_kind=$1
+  _dev_kind=nvidia
+  [[ $2 == NPU-* ]] && _dev_kind=ascend
+  return 0
+}
+
+# The tool that reads devices of kind $2 (nvidia, ascend) into the
+# variable named $1: nvidia-smi or npu-smi, for the lines that name it.
+# shellcheck disable=SC2034 # _dev_tool: nameref, assigns the caller's variable
+device_tool_into() {
+  local -n _dev_tool=$1
+  _dev_tool=nvidia-smi
+  [[ $2 == ascend ]] && _dev_tool=npu-smi
+  return 0
+}
+
 # The word a person reads for device $2 (a UUID), into the variable named
-# $1: NPU for an Ascend chip (SMI_VENDOR, or its NPU-<card>-<chip> key once
-# it left the sample), else GPU. The log lines' twin of the message
-# tables' NPU wording ("en-npu", "zh-npu") that alerts and the digest use.
+# $1: NPU for an Ascend chip (device_kind_into), else GPU. The log lines'
+# twin of the message tables' NPU wording ("en-npu", "zh-npu") that alerts
+# and the digest use.
 # shellcheck disable=SC2034 # _dev_word: nameref, assigns the caller's variable
 device_word_into() {
   local -n _dev_word=$1
-  if [[ ${SMI_VENDOR[$2]:-} == ascend || $2 == NPU-* ]]; then
-    _dev_word=NPU
-  else
-    _dev_word=GPU
-  fi
+  local kind
+  device_kind_into kind "$2"
+  _dev_word=GPU
+  [[ $kind == ascend ]] && _dev_word=NPU
+  return 0
 }
 
 # Which device tools this box is sampled with, from GPUGUARD_DEVICE:
