@@ -305,17 +305,9 @@ npu_process_row() {
   if [[ $mem != @(0|[1-9]*([0-9])) || ${#mem} -gt 8 ]] || ((mem > ${SMI_MEM_TOTAL[$id]:-SMI_MAX_MIB})); then
     npu_value_into mem "$mem" int 0 "${SMI_MEM_TOTAL[$id]:-$SMI_MAX_MIB}"
   fi
-  # a PID listed twice on one chip is one holder (smi_proc_merge)
-  if [[ -n ${SMI_PID_UUIDS[$pid]:-} && " ${SMI_PID_UUIDS[$pid]} " == *" $id "* ]]; then
-    smi_proc_merge "$id" "$pid" "$mem"
-    return 0
-  fi
-  SMI_NPROCS[$id]=$((SMI_NPROCS[$id] + 1))
-  # the recordings leave the name blank: kept empty (SMI_FS)
-  pname=${pname//$'\t'/ }
-  SMI_PROCS[$id]+="${pid}$SMI_FS${pname//$SMI_FS/ }$SMI_FS${mem}"$'\n'
-  SMI_PIDS_MEM[$pid]=$((${SMI_PIDS_MEM[$pid]:-0} + ${mem:-0}))
-  SMI_PID_UUIDS[$pid]+="${SMI_PID_UUIDS[$pid]:+ }$id"
+  # (the recordings leave the name blank: kept empty; a PID listed twice
+  # on one chip is one holder)
+  smi_proc_add "$id" "$pid" "$pname" "$mem"
 }
 
 # Adds the chip of a second row (npu_device_row's chip, device and usage

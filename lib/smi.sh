@@ -590,19 +590,29 @@ smi_parse_apps() {
       fault=''
       smi_value_into mem "$mem" int 0 "$total" fault
     fi
-    if [[ -n ${SMI_PID_UUIDS[$pid]:-} && " ${SMI_PID_UUIDS[$pid]} " == *" $uuid "* ]]; then
-      smi_proc_merge "$uuid" "$pid" "$mem"
-      continue
-    fi
-    SMI_NPROCS[$uuid]=$((SMI_NPROCS[$uuid] + 1))
-    # (a tab in a name is a space, as in every text and file gpuguard
-    # writes of it; the separator character too)
-    name=${name//$'\t'/ }
-    SMI_PROCS[$uuid]+="${pid}$SMI_FS${name//$SMI_FS/ }$SMI_FS${mem}"$'\n'
-    SMI_PIDS_MEM[$pid]=$((${SMI_PIDS_MEM[$pid]:-0} + ${mem:-0}))
-    SMI_PID_UUIDS[$pid]+="${SMI_PID_UUIDS[$pid]:+ }$uuid"
+    smi_proc_add "$uuid" "$pid" "$name" "$mem"
   done
   return 0
+}
+
+# Adds one line of a device's process list to the sample: the one writer
+# of SMI_PROCS's lines, for nvidia-smi (smi_parse_apps) and npu-smi
+# (npu_process_row). A PID already listed on the device is merged into its
+# line (smi_proc_merge); else a new line "PID<SMI_FS>NAME<SMI_FS>MiB", a
+# tab or the separator in the name a space (as in every text and file
+# gpuguard writes of it), and the per-PID sums.
+# Arguments:
+#   $1 device key, $2 PID, $3 name ('' none), $4 MiB ('' unknown)
+smi_proc_add() {
+  local name=${3//$'\t'/ }
+  if [[ -n ${SMI_PID_UUIDS[$2]:-} && " ${SMI_PID_UUIDS[$2]} " == *" $1 "* ]]; then
+    smi_proc_merge "$1" "$2" "$4"
+    return 0
+  fi
+  SMI_NPROCS[$1]=$((SMI_NPROCS[$1] + 1))
+  SMI_PROCS[$1]+="$2$SMI_FS${name//$SMI_FS/ }$SMI_FS$4"$'\n'
+  SMI_PIDS_MEM[$2]=$((${SMI_PIDS_MEM[$2]:-0} + ${4:-0}))
+  SMI_PID_UUIDS[$2]+="${SMI_PID_UUIDS[$2]:+ }$1"
 }
 
 # Adds the memory of a second line for a PID already listed on a device
