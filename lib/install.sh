@@ -375,16 +375,12 @@ install_config() {
 }
 
 # Adds this prefix to the list of installs sharing the config folder;
-# drops those whose manifest is gone (removed by hand).
+# drops those whose manifest is gone (removed by hand: install_others_into
+# lists only the others still there).
 install_register() {
-  local list=$INSTALL_DEST$INSTALL_REGISTRY prefix text=$INSTALL_REGISTRY_HEADER$'\n'
-  if [[ -f $list ]]; then
-    while IFS= read -r prefix; do
-      [[ $prefix == /* && $prefix != "$INSTALL_PREFIX" && -f $INSTALL_DEST$prefix/lib/gpuguard/.install-manifest ]] &&
-        text+=$prefix$'\n'
-    done <"$list"
-  fi
-  install_text "$INSTALL_REGISTRY" 644 "$text$INSTALL_PREFIX"$'\n'
+  local -A unused=()
+  install_others_into unused
+  install_text "$INSTALL_REGISTRY" 644 "$INSTALL_REGISTRY_HEADER"$'\n'"$INSTALL_OTHERS$INSTALL_PREFIX"$'\n'
 }
 
 # Puts the paths that the other registered installs' manifests list into
