@@ -1097,5 +1097,5 @@ if __name__ == "__main__":
     except KeyboardInterrupt:
         # Ctrl-C: one line and 130 (128 + SIGINT, as a shell reports it),
         # never a 30-line traceback
-        print("%s: interrupted" % "gpuguard", file=sys.stderr)
+        print("gpuguard: interrupted", file=sys.stderr)
         sys.exit(130)
