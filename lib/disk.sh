@@ -188,10 +188,11 @@ disk_measure_into() {
     return 1
   fi
   saved_traps=$(trap -p INT TERM HUP QUIT)
-  trap 'DISK_SIGNAL=${DISK_SIGNAL:-INT}' INT
-  trap 'DISK_SIGNAL=${DISK_SIGNAL:-TERM}' TERM
-  trap 'DISK_SIGNAL=${DISK_SIGNAL:-HUP}' HUP
-  trap 'DISK_SIGNAL=${DISK_SIGNAL:-QUIT}' QUIT
+  DISK_DD_PID=''
+  trap 'disk_signal_caught INT' INT
+  trap 'disk_signal_caught TERM' TERM
+  trap 'disk_signal_caught HUP' HUP
+  trap 'disk_signal_caught QUIT' QUIT
   if ! disk_measure_file_into tmp "$dir"; then
     DISK_ERROR="cannot create a temporary file in $dir"
   else
@@ -221,6 +222,18 @@ disk_measure_into() {
   [[ -z $DISK_ERROR ]] || return 1
   measured_ref="$w $r $(printf '%(%s)T' -1)"
   disk_cache_store "$majmin" "$measured_ref"
+}
+
+# The measurement's trap for signal $1: keeps the first signal in
+# DISK_SIGNAL and stops the dd running now, if any. Stopping it here, and
+# not only after `wait` returns, matters when the signal lands between
+# the dd's start and the `wait`: that wait would not be cut short by a
+# signal that came before it, and would sit out the whole write (up to
+# 60 s) before the job could start.
+disk_signal_caught() {
+  DISK_SIGNAL=${DISK_SIGNAL:-$1}
+  [[ -n ${DISK_DD_PID:-} ]] || return 0
+  kill -TERM -- "-$DISK_DD_PID" 2>/dev/null || kill -TERM "$DISK_DD_PID" 2>/dev/null || true
 }
 
 # Sets again the traps that `trap -p` printed ($1), without eval: each
@@ -274,9 +287,12 @@ disk_dd_into() {
   exec {pipe}<> <(:)
   timeout 60 dd "$@" status=none 2>&"$pipe" &
   pid=$!
+  DISK_DD_PID=$pid
   while :; do
     rc=0
-    wait "$pid" || rc=$?
+    # a signal caught before this point found no dd to stop (its trap ran
+    # before DISK_DD_PID was set); one caught after it stops the dd itself
+    [[ -n $DISK_SIGNAL ]] || wait "$pid" || rc=$?
     # a caught signal ends wait early, with the dd still running
     if [[ -n $DISK_SIGNAL ]]; then
       # timeout leads a process group of its own, so a ^C at the terminal
@@ -285,7 +301,9 @@ disk_dd_into() {
       # the dd writing. Then wait for the group to be gone.
       kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
       wait "$pid" 2>/dev/null || true
-      while kill -0 -- "-$pid" 2>/dev/null && ((tries < 100)); do
+      # (TERM again each time: a dd that timeout started after the first
+      # TERM, or before it moved into its own group, gets one too)
+      while kill -TERM -- "-$pid" 2>/dev/null && ((tries < 100)); do
         sleep 0.05
         tries=$((tries + 1))
       done
@@ -295,6 +313,7 @@ disk_dd_into() {
     ((rc > 128)) && kill -0 "$pid" 2>/dev/null && continue
     break
   done
+  DISK_DD_PID=''
   if ((rc != 0)) && read -r -t 0 -u "$pipe"; then
     read -r -u "$pipe" dd_err || true
   fi

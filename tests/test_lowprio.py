@@ -1377,6 +1377,42 @@ def test_a_signal_during_the_first_disk_measurement_stops_it_removes_its_file_an
     assert subprocess.run(["pgrep", "-f", "of=%s/state/.gpuguard-disk-measure" % tmp_path]).returncode == 1
 
 
+def test_a_signal_just_before_the_measurement_waits_for_its_dd_still_stops_the_dd_at_once(tmp_path):
+    """The ^C lands after the dd has started but before lowprio-run waits
+    for it (CI met this once: lowprio-run sat out the whole write, and
+    the job started a minute late). The measurement stops at once all the
+    same, the dd is gone, and the signal is raised again for the job."""
+    require(disk_of(tmp_path) is not None, "the test's folder on a block device")
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    marker = "gpuguard-test-slow-dd-%d" % os.getpid()
+    (fake / "dd").write_text("#!/bin/bash\nexec -a %s sleep 50\n" % marker)
+    (fake / "dd").chmod(0o755)
+    script = r"""
+source lib/common.sh; source lib/disk.sh
+PATH=$FAKE:$PATH
+# the signal comes once the dd runs and just before the first wait for it
+raised=0
+wait() { ((raised)) || { raised=1; kill -INT "$BASHPID"; }; builtin wait "$@"; }
+trap 'echo "the caller got INT"' INT
+mkdir -p "$GPUGUARD_STATE_DIR"
+disk_resolve_into "$GPUGUARD_STATE_DIR" majmin
+start=$SECONDS
+disk_measure_into "$majmin" measured
+echo "status=$? error=$DISK_ERROR seconds=$((SECONDS - start))"
+"""
+    env = lowprio_environ(FAKE=str(fake))
+    r = subprocess.run(["bash", "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=90)
+    left = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
+    for pid in left:
+        os.kill(int(pid), signal.SIGKILL)
+    assert "status=1 error=interrupted by SIGINT" in r.stdout, r.stdout + r.stderr
+    assert int(r.stdout.rsplit("seconds=", 1)[1]) <= 10, r.stdout
+    assert "the caller got INT" in r.stdout
+    assert left == [], "the measurement's dd still ran"
+    assert measuring(tmp_path) == []
+
+
 @pytest.mark.slow
 def test_measure_disk_interrupted_leaves_no_file_and_a_stale_one_is_swept(tmp_path):
     proc = start_measuring(tmp_path, ["--measure-disk"])
