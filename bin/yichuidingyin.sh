@@ -125,7 +125,14 @@ main() {
     ((WATCHDOG_RELOAD)) && continue
     sleep "$CHECK_INTERVAL" {GG_LOCK_FD}>&- &
     WATCHDOG_SLEEP_PID=$!
-    wait "$WATCHDOG_SLEEP_PID" || true
+    # a signal caught before the line above found no sleep to cut short
+    # (its trap ran first): waited for, that sleep would put off the stop
+    # or the reload by a whole interval
+    if [[ -z $WATCHDOG_STOP ]] && ((! WATCHDOG_RELOAD)); then
+      wait "$WATCHDOG_SLEEP_PID" || true
+    else
+      kill "$WATCHDOG_SLEEP_PID" 2>/dev/null || true
+    fi
     WATCHDOG_SLEEP_PID=''
   done
   smi_stream_end

@@ -1149,7 +1149,9 @@ leak_rules_problem_into() {
 # the job ended.
 leak_job_watch() {
   local stop=0 sleeper='' now
-  trap 'stop=1' TERM
+  # (the trap also ends a sleep already started: a TERM that came between
+  # the check of stop and the wait would not cut that wait short)
+  trap 'stop=1; [[ -z ${sleeper:-} ]] || kill "$sleeper" 2>/dev/null || true' TERM
   trap '' INT QUIT HUP
   trap 'leak_job_watch_ended $?' EXIT
   if ! leak_lock; then
@@ -1176,11 +1178,13 @@ leak_job_watch() {
     ((stop)) && break
     sleep "$LEAK_INTERVAL" {GG_LOCK_FD}>&- &
     sleeper=$!
-    wait "$sleeper" || true
+    if ((stop)); then
+      kill "$sleeper" 2>/dev/null || true
+    else
+      wait "$sleeper" || true
+    fi
+    sleeper=''
   done
-  if [[ -n $sleeper ]]; then
-    kill "$sleeper" 2>/dev/null || true
-  fi
   smi_stream_end
   leak_job_ended_cycle
   leak_detector_stop
@@ -1273,8 +1277,9 @@ leak_job_main() {
 
 # Samples until stopped (daemon mode: --pid, --match, --all, --slurm-job).
 leak_watch_loop() {
-  local stop=0 sleeper now
-  trap 'stop=1' TERM INT HUP
+  local stop=0 sleeper='' now
+  # (as in leak_job_watch, the trap ends a sleep already started)
+  trap 'stop=1; [[ -z ${sleeper:-} ]] || kill "$sleeper" 2>/dev/null || true' TERM INT HUP
   gg_log info "watching every ${LEAK_INTERVAL}s, threshold ${LEAK_THRESHOLD_MIB_H} MiB/h"
   if [[ -n $LEAK_MATCH ]]; then
     gg_log info "watching processes whose command line matches '$LEAK_MATCH'"
@@ -1299,9 +1304,13 @@ leak_watch_loop() {
     fi
     sleep "$LEAK_INTERVAL" {GG_LOCK_FD}>&- &
     sleeper=$!
-    wait "$sleeper" || true
+    if ((stop)); then
+      kill "$sleeper" 2>/dev/null || true
+    else
+      wait "$sleeper" || true
+    fi
+    sleeper=''
   done
-  kill "$sleeper" 2>/dev/null || true
   smi_stream_end
   leak_detector_stop
   gg_log info "stopped"
