@@ -59,6 +59,9 @@ source "$GPUGUARD_ROOT/lib/ledger.sh"
 main() {
   GG_PROG=yichuidingyin
   local once=0 now
+  local -a argv=()
+  gg_long_opts_split_into argv --config '' "$@"
+  set -- ${argv[@]+"${argv[@]}"}
   while (($#)); do
     case $1 in
       --once) once=1 ;;
@@ -67,7 +70,6 @@ main() {
         export GPUGUARD_CONFIG=$2
         shift
         ;;
-      --config=*) export GPUGUARD_CONFIG=${1#*=} ;;
       -h | --help)
         gg_help "${BASH_SOURCE[0]}"
         return 0

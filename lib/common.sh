@@ -166,6 +166,52 @@ gg_usage_error() {
   return 2
 }
 
+# Puts the arguments $4... into the array named $1 with each
+# "--name=value" written as "--name" "value" when --name takes a value, as
+# GNU tools read them (`--pid=1` is `--pid 1`); so every command takes both
+# forms and its own parser sees one. $2 lists the options that take one
+# value, $3 those followed by any number of words (lowprio-run's
+# --setup-disk DISK...). Nothing is split from "--" on, nor from the first
+# word that is not an option or an option's value: that is the job's
+# command, and `--lr=1e-4` belongs to it.
+gg_long_opts_split_into() {
+  local -n split_ref=$1
+  local one=" $2 " many=" $3 " name
+  shift 3
+  split_ref=()
+  while (($#)); do
+    case $1 in
+      --)
+        split_ref+=("$@")
+        return 0
+        ;;
+      -*)
+        name=${1%%=*}
+        if [[ $1 == --?*=* && ($one == *" $name "* || $many == *" $name "*) ]]; then
+          split_ref+=("$name" "${1#*=}")
+        else
+          split_ref+=("$1")
+          if [[ $one == *" $1 "* ]] && (($# >= 2)); then
+            split_ref+=("$2")
+            shift
+          fi
+        fi
+        shift
+        if [[ $many == *" $name "* ]]; then
+          while (($#)) && [[ $1 != -* ]]; do
+            split_ref+=("$1")
+            shift
+          done
+        fi
+        ;;
+      *)
+        split_ref+=("$@")
+        return 0
+        ;;
+    esac
+  done
+}
+
 # Prints the comment block that starts with "# Summary:" in a command file,
 # without the leading "# ", as the command's --help.
 # Arguments:

@@ -249,7 +249,7 @@ doctor_targets() {
 # STATUS_INTERVAL.
 status_options() {
   declare -g STATUS_MODE=table STATUS_INTERVAL=2
-  local json=0 watch=0
+  local json=0 watch=0 interval=0
   while (($#)); do
     case $1 in
       --json) json=1 ;;
@@ -259,6 +259,7 @@ status_options() {
         [[ $2 =~ ^[0-9]*([.][0-9]+)?$ && $2 =~ [1-9] ]] ||
           gg_usage_error "--interval needs a number of seconds above 0 (got '$2')" || return
         STATUS_INTERVAL=$2
+        interval=1
         shift
         ;;
       *) gg_usage_error "unknown option '$1' for 'status' (see --help)" || return ;;
@@ -269,6 +270,8 @@ status_options() {
     gg_usage_error "--json and --watch do not go together (--json prints once, for scripts)"
     return
   fi
+  # (it was ignored: one table came, where the user waited for a refresh)
+  ((watch || ! interval)) || gg_usage_error "--interval goes with --watch (status prints once without it)" || return
   ((json)) && STATUS_MODE=json
   ((watch)) && STATUS_MODE=watch
   return 0

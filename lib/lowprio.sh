@@ -308,8 +308,12 @@ lowprio_cpu_max_into() {
 lowprio_parse() {
   declare -ga LP_ARGS=()
   declare -g LP_EXPLAIN=0 LP_DRY_RUN=0
-  lowprio_parse_tier "$@" || return
-  lowprio_parse_options "$@" || return
+  local -a argv=()
+  # --nice=5 is --nice 5 (a job's own options, after its command, stay)
+  gg_long_opts_split_into argv "--tier --nice --io-class --cpu-weight --cpu-max --mem-high --mem-max --io-max --io-adaptive --pids-max --cpulimit --attach --cost-model" \
+    "--setup-disk --measure-disk --undo --cost-model" "$@"
+  lowprio_parse_tier ${argv[@]+"${argv[@]}"} || return
+  lowprio_parse_options ${argv[@]+"${argv[@]}"} || return
   lowprio_parse_check
 }
 
@@ -321,7 +325,6 @@ lowprio_parse_tier() {
   local i
   for ((i = 0; i < ${#args[@]}; i++)); do
     [[ ${args[i]} == --tier ]] && tier=${args[i + 1]:-}
-    [[ ${args[i]} == --tier=* ]] && tier=${args[i]#*=}
     [[ ${args[i]} == -- ]] && break
   done
   lowprio_load_tier "$tier" || return
@@ -335,7 +338,6 @@ lowprio_parse_options() {
   while (($#)); do
     case $1 in
       --tier) shift ;;
-      --tier=*) ;;
       --nice)
         lowprio_nice_into LP_NICE "${2:-}" || gg_usage_error "--nice $LP_WHY" || return
         shift

@@ -6,7 +6,7 @@ import subprocess
 import time
 
 import pytest
-from conftest import ROOT, app, default_signals, idle_gpu, require, wait_for
+from conftest import ROOT, app, default_signals, idle_gpu, require, user_environ, wait_for
 
 BINS = sorted(p.name for p in (ROOT / "bin").iterdir())
 
@@ -36,6 +36,54 @@ def test_bad_value_is_one_clear_line_and_exit_2(box, key, value, message):
     assert r.returncode == 2
     assert r.stderr == "yichuidingyin.sh: %s\n".replace("yichuidingyin.sh", "yichuidingyin") % message
     assert box.smi_calls() == []
+
+
+@pytest.mark.parametrize("spaced,joined", [
+    (["gpuguard", "status", "--config", "{missing}"], ["gpuguard", "status", "--config={missing}"]),
+    (["gpuguard", "--config", "{missing}", "status"], ["gpuguard", "--config={missing}", "status"]),
+    (["gpuguard", "notify", "--preview", "{missing}"], ["gpuguard", "notify", "--preview={missing}"]),
+    (["gpu-leak-watch", "--pid", "1", "--interval", "abc"], ["gpu-leak-watch", "--pid=1", "--interval=abc"]),
+    (["gpu-leak-watch", "--replay", "{missing}"], ["gpu-leak-watch", "--replay={missing}"]),
+    (["gpu-leak-watch", "--pid", "", "--once"], ["gpu-leak-watch", "--pid=", "--once"]),
+    (["lowprio-run", "--tier", "offline", "--nice", "3", "--dry-run", "--", "true"],
+     ["lowprio-run", "--tier=offline", "--nice=3", "--dry-run", "--", "true"]),
+    (["yichuidingyin.sh", "--config", "{missing}", "--once"], ["yichuidingyin.sh", "--config={missing}", "--once"]),
+])
+def test_an_option_takes_its_value_after_an_equals_sign_too(tmp_path, spaced, joined):
+    """`--pid=1` is `--pid 1` in every command, as in GNU tools: before,
+    some commands took it and others said "unknown option '--pid=1'"."""
+    def run(words):
+        words = [w.replace("{missing}", str(tmp_path / "missing")) for w in words]
+        return subprocess.run([str(ROOT / "bin" / words[0])] + words[1:], capture_output=True, text=True,
+                              timeout=60, env=user_environ(GPUGUARD_STATE_DIR=str(tmp_path / "state")))
+    a, b = run(spaced), run(joined)
+    assert "unknown" not in b.stderr, b.stderr
+    assert (b.returncode, b.stdout, b.stderr) == (a.returncode, a.stdout, a.stderr)
+
+
+def test_a_jobs_own_options_with_an_equals_sign_reach_it_untouched():
+    """Only the command's own options are split: the job's `--nice=9` and
+    `--pid=3` are its arguments, as typed."""
+    r = subprocess.run([str(ROOT / "bin/lowprio-run"), "--nice=3", "--dry-run", "printf", "%s", "--nice=9"],
+                       capture_output=True, text=True, timeout=60, env=user_environ())
+    assert r.returncode == 0, r.stderr
+    assert "nice -n 3 " in r.stdout and r.stdout.rstrip().endswith("--nice=9")
+    r = subprocess.run([str(ROOT / "bin/gpu-leak-watch"), "--", "printf", "%s", "--pid=3"], capture_output=True,
+                       text=True, timeout=60, env=user_environ())
+    assert r.returncode == 0 and r.stdout == "--pid=3", r.stderr
+
+
+@pytest.mark.parametrize("args,message", [
+    (["version", "--json"], "unknown option '--json' for 'version'"),
+    (["status", "--interval", "3"], "--interval goes with --watch"),
+])
+def test_an_option_a_command_would_ignore_is_refused(args, message):
+    """`gpuguard version --json` printed text and `status --interval 3`
+    printed one table: the option did nothing and nobody was told."""
+    r = subprocess.run([str(ROOT / "bin/gpuguard")] + args, capture_output=True, text=True, timeout=60,
+                       env=user_environ())
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.startswith("gpuguard: " + message) and r.stderr.count("\n") == 1, r.stderr
 
 
 def test_unknown_option_exit_2(box):
