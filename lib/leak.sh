@@ -150,8 +150,9 @@ leak_covered_pids_into() {
   return 0
 }
 
-# Claims of targeted watchers run by cron (--pid, --match, --slurm-job with
-# --once), which hold no lock between runs: one file per instance,
+# Claims of targeted watchers that hold no lock the --all watcher looks for
+# (leak_claims): cron's --pid, --match, --slurm-job --once runs, and the
+# --match, --slurm-job and several-PID daemons: one file per instance,
 # leak-claim-<instance>, one line "LAST INTERVAL PID:START...": the time of
 # the claimer's last cycle, its own interval, and the roots it watched
 # (START from /proc, '-' when /proc does not show the PID).
@@ -171,7 +172,23 @@ leak_covered_pids_into() {
 LEAK_CLAIM_CYCLES=3
 LEAK_CLAIM_MAX_INTERVAL_S=3600
 
-# Writes this --once watcher's claim (see above) on the roots it watches
+# True when this watcher leaves claims (see above): it is targeted, and no
+# lock of its tells the --all watcher (leak_covered_pids_into reads the
+# wrapped job's and the one-PID daemon's). A --match daemon beside an --all
+# one sent each leak twice.
+leak_claims() {
+  ((! LEAK_ALL)) || return 1
+  ((LEAK_ONCE)) || [[ $LEAK_INSTANCE != job-* && $LEAK_INSTANCE != pid-* ]]
+}
+
+# Removes this watcher's claim (a daemon that stops: the --all watcher
+# takes its jobs over at once, not 3 intervals later).
+leak_claim_drop() {
+  leak_claims || return 0
+  rm -f -- "$GPUGUARD_STATE_DIR/leak-claim-$LEAK_INSTANCE"
+}
+
+# Writes this watcher's claim (see above) on the roots it watches
 # this cycle, or removes it when none runs any more (the job ended: nothing
 # to leave to it). Written atomically (a random exclusive temporary file,
 # renamed: never through a link planted at the name); only a regular file
@@ -348,7 +365,7 @@ leak_cycle() {
     gg_proc_update
   fi
   leak_select_roots
-  if ((LEAK_ONCE && ! LEAK_ALL)); then
+  if leak_claims; then
     leak_claim_write "$now"
   fi
   LEAK_ID_RESET=1
@@ -1313,6 +1330,7 @@ leak_watch_loop() {
   done
   smi_stream_end
   leak_detector_stop
+  leak_claim_drop
   gg_log info "stopped"
   return 0
 }

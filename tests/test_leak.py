@@ -15,7 +15,7 @@ import gpuguard_history as gg_history
 import gpuguard_leak as leak
 import gpuguard_leakstat as leakstat
 import pytest
-from conftest import ROOT, user_environ, wait_for
+from conftest import ROOT, start_daemon, stop_daemon, user_environ, wait_for
 
 sys.path.insert(0, str(ROOT / "bench"))
 import leak as bench
@@ -459,6 +459,38 @@ def test_the_all_runs_take_a_job_over_once_its_pid_runs_stop(box, tmp_path):
         once_at(box, ["--pid", str(root)], t0 + 400)
         assert history_rows_of(box, root) == rows + 1
     finally:
+        job.stop()
+
+
+@pytest.mark.slow  # a daemon and cron runs for some seconds
+def test_a_match_daemon_beside_the_all_runs_leaves_one_watcher_per_job(box, tmp_path):
+    """A `--match` daemon holds no lock the `--all` watcher reads, so both
+    followed the job and each leak was alerted twice. The daemon leaves a
+    claim every cycle: the `--all` runs leave the job to it while it runs,
+    and take the job over at once when it stops."""
+    job = Job(tmp_path)
+    child = job.child()
+    daemon = None
+    try:
+        leak_scenario(box, child, steps=400, per_step=0)
+        daemon = start_daemon(box, env={"LEAK_INTERVAL": "1"}, cmd="bin/gpu-leak-watch",
+                              args=["--match", "^bash -c .*sleep 600", "--bucket", "1"])
+        # the daemon's first cycle recorded the job's root
+        assert wait_for(lambda: history_rows_of(box, job.proc.pid) > 0, timeout=30)
+        for _ in range(3):
+            r = box.run("--all", "--bucket", "1", "--once", cmd="bin/gpu-leak-watch", env={"LEAK_INTERVAL": "1"})
+            assert r.returncode == 0, r.stderr
+            assert not watched_by_all(box, child)
+        _, _, err = stop_daemon(daemon)
+        daemon = None
+        assert not list(box.state.glob("leak-claim-*")), err
+        r = box.run("--all", "--bucket", "1", "--once", cmd="bin/gpu-leak-watch", env={"LEAK_INTERVAL": "1"})
+        assert r.returncode == 0, r.stderr
+        assert watched_by_all(box, child)
+    finally:
+        if daemon is not None:
+            daemon.kill()
+            daemon.wait()
         job.stop()
 
 
