@@ -1042,7 +1042,7 @@ table{border-collapse:collapse;margin:.6em 0}td,th{border-bottom:1px solid #ddd;
 th{background:#f4f4f4}td.n{text-align:right;font-variant-numeric:tabular-nums}
 .verdict{font-weight:bold;padding:0 5px;border-radius:3px}.v-LEAK{background:#c62828;color:#fff}
 .v-watching{background:#f9a825}.v-healthy{background:#c8e6c9}.v-resolved{background:#bbdefb}.v-not-judged{background:#eee}
-.legend{margin:.1em 0;color:#444;font-size:12px}.cmd{margin:.1em 0;font-size:12px;overflow-wrap:anywhere}.sw{display:inline-block;width:18px;height:0;border-top:3px solid;margin:0 3px 3px 8px}
+.warn{color:#9a3412}.legend{margin:.1em 0;color:#444;font-size:12px}.cmd{margin:.1em 0;font-size:12px;overflow-wrap:anywhere}.sw{display:inline-block;width:18px;height:0;border-top:3px solid;margin:0 3px 3px 8px}
 .sw.util{border-color:#1f77b4}.sw.mem{border-color:#9467bd}.sw.raw{border-color:#9ecae1}.sw.floor{border-color:#08519c}
 .sw.trend{border-color:#d62728}.sw.proj{border-color:#d62728;border-top-style:dashed}
 .sw.idle1{border-top:8px solid #ffe0b2}.sw.idle2{border-top:8px solid #ffab91}.mk{margin-left:8px}.mk.firing{color:#c62828}.mk.resolved{color:#2e7d32}
@@ -1200,6 +1200,11 @@ def _ledger_section(env, opts, now, today_text=""):
     npu = gpuguard_ledger.npu_box(env)
     word = "NPU" if npu else "GPU"
     out = ["<h2 id='ledger'>Ledger: who held %ss, and how long idle <small>%s – %s</small></h2>" % (word, first, last)]
+    if env.get("LEDGER_NO_LEDGER"):
+        # no watchdog books time in this state folder (lib/common.sh,
+        # gg_state_unwatched_into): its empty table would read as "nobody
+        # held a GPU"
+        out.append("<p class='warn' id='no-ledger'>%s</p>" % html.escape(env["LEDGER_NO_LEDGER"]))
     if not jobs:
         return "\n".join(out + ["<p>No %s was held in this period (the watchdog, <code>yichuidingyin.sh</code>, "
                                 "keeps the ledger).</p>" % word])

@@ -5,6 +5,7 @@ whose real processes hold the stand-in GPU device file, idle, stuck and
 busy stretches, a kill -9 in the middle. The ledger is checked to the
 minute against the schedule, then the daily digest per provider (exactly
 once), the JSON, the privacy modes and the textfile counters."""
+import html
 import json
 import os
 import pwd
@@ -777,6 +778,24 @@ def test_a_folder_without_a_watchdog_ledger_says_so_as_status_does(box):
     box.once(now=at(10), env=env_for(box))
     r = box.run("ledger", "--json", cmd="bin/gpuguard", env=dict(env_for(box), GPUGUARD_NOW=str(at(10))))
     assert r.returncode == 0 and r.stderr == "" and json.loads(r.stdout)["no_ledger"] is None
+
+
+def test_the_reports_ledger_says_no_watchdog_keeps_one_here(box, tmp_path):
+    """`gpuguard report` in a state folder no watchdog books time in: its
+    ledger section read "No GPU was held in this period", which is no
+    fact. It says what `gpuguard ledger` says; once a watchdog keeps the
+    ledger, nothing."""
+    box.write_scenario([{"gpus": [idle_gpu(mem=30000)], "apps": []}])
+    out = tmp_path / "r.html"
+    r = box.run("report", "--out", str(out), cmd="bin/gpuguard", env=env_for(box))
+    assert r.returncode == 0, r.stderr
+    page = out.read_text()
+    assert "id='no-ledger'>no watchdog ledger in %s: no GPU time is booked there" % html.escape(str(box.state)) \
+        in page
+    box.once(now=at(10), env=env_for(box))
+    r = box.run("report", "--out", str(out), cmd="bin/gpuguard", env=dict(env_for(box), GPUGUARD_NOW=str(at(10))))
+    assert r.returncode == 0, r.stderr
+    assert "no-ledger" not in out.read_text()
 
 
 def test_hashed_names_without_the_salt_are_said_not_made_up(tmp_path):
