@@ -576,7 +576,7 @@ ledger_show() {
   gg_utf8_locale && GG_ASCII=0
   gg_state_unwatched_into LEDGER_NO_LEDGER ledger ledger "no GPU time is booked there" "gpuguard ledger"
   ledger_with_today gg_python gpuguard_ledger.py \
-    "LEDGER_NAMES GPU_HOUR_PRICE GPU_PRICE_CURRENCY NOTIFY_LANG GPUGUARD_DEVICE_KINDS LEDGER_NO_LEDGER GG_ASCII" show "$@"
+    "LEDGER_NAMES GPU_HOUR_PRICE GPU_PRICE_CURRENCY NOTIFY_LANG GPUGUARD_DEVICE_KINDS LEDGER_NO_LEDGER GG_ASCII LEDGER_KEEP_DAYS" show "$@"
 }
 
 # Checks the ledger's keys that the configuration's kinds cannot.

@@ -63,6 +63,8 @@ DAY_RE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 TOP_USERS = 10
 TOP_INCIDENTS = 3
 JSON_JOBS = 500
+# the most points the trend line shows (days, else weeks, else 30 days)
+TREND_POINTS = 14
 
 
 class UsageError(Exception):
@@ -247,11 +249,29 @@ def span_days(first, last):
     return span[::-1]
 
 
+def _first_day(folder, last):
+    """The oldest day the ledger folder has a file for; `last` when it
+    has none before it (or cannot be read)."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return last
+    days = [n[:-4] for n in names if n.endswith(".tsv") and DAY_RE.match(n[:-4])]
+    return min(days + [last])
+
+
 def period(env, first, last, today_text=""):
     """(summary, jobs) of the days first..last for a report: the summary
     as `gpuguard ledger` shows it, and every job row of the period (names
     as LEDGER_NAMES says; no command line unless names are shown), most
     idle first."""
+    # a --since older than the days the ledger keeps (LEDGER_KEEP_DAYS)
+    # starts at its oldest day, so the period shown is the one covered
+    # (--since 1999-01-01 was cut to ten years without a word, a trend of
+    # 3,650 empty days); a --since 7d on a young ledger stays 7 days
+    keep = int(env.get("LEDGER_KEEP_DAYS") or 35)
+    if first < days_back(last, keep + 1)[0]:
+        first = max(first, _first_day(ledger_dir(env), last))
     span = span_days(first, last)
     prev = days_back(span[0], len(span) + 1)[:-1]
     by_day = read_days(ledger_dir(env), prev + span, today=(day_in(today_text), today_text))
@@ -384,8 +404,19 @@ def _trend_line(e, lang):
     trend = e.get("trend", [])
     if len(trend) < 2:
         return ""
-    days = " · ".join(f"{t['day'][5:]} {_hours(t['idle_s'])}" for t in trend)
-    line = _msg(lang, "ledger_trend", n=len(trend), days=days)
+    if len(trend) <= TREND_POINTS:
+        days = " · ".join(f"{t['day'][5:]} {_hours(t['idle_s'])}" for t in trend)
+        line = _msg(lang, "ledger_trend", n=len(trend), days=days)
+    else:
+        # a long period (--since 90d) in weeks, or 30-day spans, each
+        # named by its first day and the last ending today: a line a day
+        # ran off the screen. Past TREND_POINTS spans the oldest are left
+        # out (the head line still counts them).
+        size, key = (7, "ledger_trend_weeks") if len(trend) <= 7 * TREND_POINTS else (30, "ledger_trend_months")
+        spans = [trend[max(0, end - size):end] for end in range(len(trend), 0, -size)][:TREND_POINTS][::-1]
+        days = " · ".join(f"{s[0]['day'][2:] if size == 30 else s[0]['day'][5:]} "
+                          f"{_hours(sum(t['idle_s'] for t in s))}" for s in spans)
+        line = _msg(lang, key, n=len(spans), days=days)
     prev, now = e.get("prev_idle_s"), sum(t["idle_s"] for t in trend)
     if prev:
         line += _msg(lang, "ledger_change", n=len(trend), pct=f"{100.0 * (now - prev) / prev:+.0f}")

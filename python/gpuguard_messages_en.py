@@ -131,6 +131,8 @@ MESSAGES = {
     "ledger_slurm": "Slurm job {id}",
     "ledger_incident": "{n}. GPU {gpus} idle for {longest} (until {end}): {who}",
     "ledger_trend": "Idle GPU-hours, last {n} days: {days}",
+    "ledger_trend_weeks": "Idle GPU-hours a week, last {n} weeks: {days}",
+    "ledger_trend_months": "Idle GPU-hours every 30 days, last {n} periods: {days}",
     "ledger_change": "; {pct}% on the {n} days before",
     "ledger_in_digest": "{what}: {head}",
 }

@@ -1195,6 +1195,7 @@ def _ledger_section(env, opts, now, today_text=""):
     first = gpuguard_ledger.day_of(opts["since"]) if opts["since"] else gpuguard_ledger.days_back(last, 7)[0]
     first = min(first, last)            # --since in the future: today, empty
     s, jobs = gpuguard_ledger.period(env, first, last, today_text)
+    first = s["from"]                   # (no earlier than the ledger's first day)
     # an Ascend box's ledger says NPU (as its digest); a mixed box's GPU,
     # its NPUs npuN (python/gpuguard_ledger.py)
     npu = gpuguard_ledger.npu_box(env)

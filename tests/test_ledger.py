@@ -637,6 +637,33 @@ def test_week_trend_and_change_on_the_week_before(tmp_path, monkeypatch):
     assert zh[-1].endswith("12-02 0.5；比前 7 天 -50%") and "浪费" not in zh[0]
 
 
+def test_a_long_period_starts_at_the_ledgers_first_day_and_its_trend_is_weekly(box):
+    """`gpuguard ledger --since 1999-01-01` was cut to ten years without a
+    word and its trend was one line of 3,650 days; `--since 90d` one of 90.
+    The period starts at the ledger's first day (the header says so), and
+    more than 14 days are shown a week at a time, the last week ending today."""
+    ledger_dir = box.state / "ledger"
+    ledger_dir.mkdir(parents=True)
+    import gpuguard_ledger
+    days = gpuguard_ledger.days_back("2026-12-02", 40)
+    for n, day in enumerate(days):
+        (ledger_dir / (day + ".tsv")).write_text(
+            "# gpuguard ledger 1\nday\t%s\nlast\t1\t1\n"
+            "job\talice\t1000\tslurm:42\t7200\t%d\t%d\t%d\t0\tpython3 train.py\n" % (day, 360 * n, 360 * n, at(12)))
+    env = dict(env_for(box, {"GPU_HOUR_PRICE": "0"}), GPUGUARD_HOST="lab", GPUGUARD_NOW=str(at(18)))
+    for since in ("1999-01-01", "90d"):
+        r = box.run("ledger", "--since", since, cmd="bin/gpuguard", env=env)
+        assert r.returncode == 0, r.stderr
+        lines = r.stdout.splitlines()
+        assert lines[0] == "[gpuguard DAILY] lab: GPU ledger %s \u2013 2026-12-02" % days[0], lines[0]
+        # 40 days: five weeks and the 5 days before them, idle 0.1 h more each day
+        # (day n, from 0, idle 0.1 n h: 0-4 sum to 1.0 h, 5-11 to 5.6 h, 33-39 to 25.2 h)
+        assert lines[-1] == ("  Idle GPU-hours a week, last 6 weeks: 10-24 1.0 · 10-29 5.6 · 11-05 10.5 · 11-12 15.4 · "
+                             "11-19 20.3 · 11-26 25.2"), lines[-1]
+    r = box.run("ledger", "--since", "14d", cmd="bin/gpuguard", env=env)
+    assert r.stdout.splitlines()[-1].startswith("  Idle GPU-hours, last 14 days: 11-19 2.6 · ")
+
+
 def test_digest_beside_an_idle_alert_in_one_post_names_its_day():
     import gpuguard_render
     event = {"id": "ledger-2026-12-02", "ts": at(9, day=1), "host": "lab", "event": "ledger_digest",
