@@ -292,6 +292,27 @@ def steady_records(incs):
     return first > 0 and last >= 0.85 * first
 
 
+def hourly_records(incs, per_hour, ratio):
+    """True when the records rise in four hours of five or more (hours
+    counted back from the window's end, six at least) and the window's
+    last third grows at least `ratio` of its first third: the staircase of a
+    leak under checkpoints that do not call empty_cache(). A checkpoint's
+    buffers raise the pool once, and it keeps them cached; from then on the
+    pool grows only at the next checkpoint, by what leaked since the one
+    before, so a leak from the job's start sets one record a cycle, alike
+    in size, while the buckets between are flat (steady_records, which
+    wants four buckets of five, never sees it). New record lengths come in
+    a burst and then ever more rarely (about ln(t2 / t1) of them between t1
+    and t2), a creep loses a third of its rate over a few hours."""
+    hours = [sum(incs[max(0, e - per_hour):e]) for e in range(len(incs), per_hour - 1, -per_hour)]
+    n = len(hours)
+    if n < 6 or 5 * sum(1 for h in hours if h > 0) < 4 * n:
+        return False
+    k = n // 3
+    last, first = sum(hours[:k]), sum(hours[-k:])
+    return first > 0 and last >= ratio * first
+
+
 def spread(rises, most):
     """True when the growth is spread over at least `most` rises as
     counted by the effective number (sum d)^2 / sum d^2: n alike rises
@@ -1309,8 +1330,13 @@ class Series:
             return False, rate, 0.0, "flat"
         if len(small) < p["min_rises"] or max(small) > p["max_jump_share"] * growth:
             return False, rate, 0.0, "jumpy"
+        # (the test sees the records without the one-time jumps: a new
+        # batch shape in the first third would hide a steady pace, one in
+        # the last third would fake it)
+        small_incs = [d if d < big else 0.0 for d in incs]
+        cycled = hourly_records(small_incs, max(1, round(3600.0 / p["bucket_s"])), p["young_long_ratio"])
         if len(small) < p["few_rises"] and min(small) < 0.5 * median(small) \
-                and median(small) > 2 * growth / len(incs):
+                and median(small) > 2 * growth / len(incs) and not cycled:
             # a few bursty records of unlike sizes: new record lengths
             return False, rate, 0.0, "steps"
         if rate < p["threshold"]:
@@ -1333,12 +1359,8 @@ class Series:
             return False, rate, 0.0, "not held"
         j = max(0, i - 1 - (n - i))
         free = self.last.get("free")
-        # (the test sees the records without the one-time jumps: a new
-        # batch shape in the first third would hide a steady pace, one in
-        # the last third would fake it)
-        small_incs = [d if d < big else 0.0 for d in incs]
         if 2 * (i - 1 - j) < n - i and (free is None or free > 24.0 * rate) \
-                and not steady_records(small_incs) and not self.long_steady(small_incs, span):
+                and not steady_records(small_incs) and not cycled and not self.long_steady(small_incs, span):
             # no hours before the window to tell a creep that will slow
             # down (fragmentation, a cache filling) from a leak's pace;
             # one that fills the GPU within a day is not waited for
