@@ -426,7 +426,16 @@ def _trend_line(e, lang):
 # The ledger text's own glyphs and their ASCII stand-ins, for a terminal
 # whose locale is not UTF-8 (lib/common.sh's gg_utf8_locale decides and
 # says so with GG_ASCII=1); the digest sent to chat keeps them.
-_ASCII_GLYPHS = str.maketrans({"\u2013": "-", "\u00b7": "|", "\u2026": "..."})
+# The currency signs a price is written with become their ISO codes (the
+# default ¥ is gpuguard's users' yuan); any other character a C terminal
+# cannot show becomes "?" (_ascii_text).
+_ASCII_GLYPHS = str.maketrans({"\u2013": "-", "\u00b7": "|", "\u2026": "...", "\u00a5": "CNY", "\uffe5": "CNY",
+                               "\u20ac": "EUR", "\u00a3": "GBP"})
+
+
+def _ascii_text(text):
+    """The ledger's text for a terminal whose locale is not UTF-8."""
+    return text.translate(_ASCII_GLYPHS).encode("ascii", "replace").decode("ascii")
 
 
 def _render_text(e, lang, host):
@@ -487,11 +496,16 @@ def _show(args, env, stdin_text, now=None):
         s["jobs"] = [{k: j[k] for k in ("day", "user", "job", "cmd", "gpus", "held_s", "idle_s", "longest_s",
                                         "longest_end")} for j in jobs[:JSON_JOBS]]
         return json.dumps(s, ensure_ascii=False, indent=1)
+    ascii_only = env.get("GG_ASCII") == "1"
     lang = env.get("NOTIFY_LANG") if env.get("NOTIFY_LANG") in TABLES else "en"
+    if ascii_only:
+        # NOTIFY_LANG=zh words the chat messages; a terminal that cannot
+        # show Chinese gets the English table instead of mojibake
+        lang = "en"
     if npu_box(env):
         lang += "-npu"
     text = _render_text(s, lang, env.get("GPUGUARD_HOST") or os.uname().nodename)
-    return text.translate(_ASCII_GLYPHS) if env.get("GG_ASCII") == "1" else text
+    return _ascii_text(text) if ascii_only else text
 
 
 def main(argv):

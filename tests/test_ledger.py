@@ -472,6 +472,31 @@ def test_ledger_text_is_ascii_where_the_locale_is_not_utf8(box, locale, utf8):
     assert r.stdout.isascii() is not utf8
 
 
+@pytest.mark.parametrize("locale, utf8", [({"LANG": "C"}, False), ({"LANG": "C.UTF-8"}, True)],
+                         ids=["LANG=C", "LANG=C.UTF-8"])
+def test_a_c_terminal_gets_the_price_and_the_words_in_ascii(box, locale, utf8):
+    """Under LANG=C the glyphs were ASCII but the default currency ¥ and the
+    Chinese of NOTIFY_LANG=zh (set for the chat group) still came as UTF-8
+    bytes, mojibake on that terminal. There: CNY and English; under a
+    UTF-8 locale, as configured."""
+    ledger_dir = box.state / "ledger"
+    ledger_dir.mkdir(parents=True)
+    ts = at(15, day=-1)
+    (ledger_dir / "2026-12-02.tsv").write_text(
+        "# gpuguard ledger 1\nday\t2026-12-02\nlast\t%d\t1\n"
+        "job\talice\t1000\tslurm:4242\t7200\t3600\t3600\t%d\t0\tpython3 train.py\n" % (ts, ts))
+    env = dict(env_for(box, {"GPU_HOUR_PRICE": "20", "NOTIFY_LANG": "zh"}), GPUGUARD_HOST="lab",
+               GPUGUARD_NOW=str(at(18)), **locale)
+    env.pop("GPU_PRICE_CURRENCY", None)                  # the default, ¥
+    r = box.run("ledger", "--since", "1d", cmd="bin/gpuguard", env=env)
+    assert r.returncode == 0, r.stderr
+    if utf8:
+        assert "空闲占卡 1.0 GPU 时" in r.stdout and "¥ 20.00" in r.stdout
+    else:
+        assert r.stdout.isascii(), r.stdout
+        assert "1.0 GPU-hours held idle" in r.stdout and "CNY 20.00" in r.stdout, r.stdout
+
+
 def test_busy_box_stays_under_a_megabyte_a_month(box):
     """A day of 400 jobs (a new job every few minutes on 8 GPUs) keeps
     LEDGER_MAX_JOBS rows; the rest of a user's jobs add up in one row."""
