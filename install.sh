@@ -17,8 +17,9 @@
 #   --uninstall    remove exactly what an earlier install put in place (an
 #                  edited config or secrets file is kept, and so is anything
 #                  else put in its folders); disks set up by --setup-disk
-#                  get back the iocost settings they had; what another
-#                  prefix's install still uses stays (README: Install)
+#                  get back the iocost settings they had (the last
+#                  install's uninstall does it); what another prefix's
+#                  install still uses stays (README: Install)
 #   --version      print the version
 # Commands go to PREFIX/bin (links into PREFIX/lib/gpuguard; a file of
 # one's own there stops the install, exit 2), the shared

@@ -596,10 +596,18 @@ install_unregister() {
 }
 
 # Puts back the disks' iocost settings that --setup-disk changed (kept in
-# root's state folder), before the commands are removed.
+# root's state folder), before the commands are removed. Not while another
+# install of this host remains (INSTALL_OTHERS, install_others_into): the
+# setting is the host's, and that install's lowprio-run bounds its jobs'
+# disk use with it; its own --uninstall puts the disks back.
 install_undo_disks() {
-  local saved=${GPUGUARD_STATE_DIR:-/var/lib/gpuguard}/iocost-saved
+  local saved=${GPUGUARD_STATE_DIR:-/var/lib/gpuguard}/iocost-saved who
   ((EUID == 0)) && [[ -z $INSTALL_DEST && -f $saved ]] || return 0
+  if [[ -n ${INSTALL_OTHERS:-} ]]; then
+    who=${INSTALL_OTHERS%$'\n'}
+    gg_log info "left the disks' iocost settings (--setup-disk): the gpuguard install in ${who//$'\n'/, } still uses them (its --uninstall puts them back)"
+    return 0
+  fi
   "$GPUGUARD_ROOT/bin/lowprio-run" --setup-disk --undo ||
     gg_log warn "could not put every disk's iocost setting back: what is left is listed in $saved"
 }

@@ -271,6 +271,35 @@ def test_uninstalling_one_prefix_leaves_the_shared_files_another_install_uses(tm
     assert tree(dest) == {"etc", "etc/cron.d", "etc/logrotate.d", "etc/systemd", "etc/systemd/system", "opt"}
 
 
+@pytest.mark.parametrize("others", ["/opt/b\n", ""])
+def test_uninstalling_one_prefix_keeps_the_disks_iocost_while_another_install_remains(tmp_path, others):
+    """`install.sh --uninstall` of /opt/a put the disks' iocost settings back
+    (lowprio-run --setup-disk --undo) while the install in /opt/b, whose
+    lowprio-run bounds its jobs' disk use with them, stayed. Now the
+    settings stay, said in one line; the last install's uninstall puts
+    them back."""
+    require(os.geteuid() == 0, "the disks' settings are root's")
+    fake = tmp_path / "root"
+    (fake / "bin").mkdir(parents=True)
+    calls = tmp_path / "calls"
+    (fake / "bin/lowprio-run").write_text("#!/bin/sh\necho \"$*\" >>%s\n" % calls)
+    (fake / "bin/lowprio-run").chmod(0o755)
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "iocost-saved").write_text("8:0 qos enable=0\n")
+    script = ('source lib/common.sh; source lib/install.sh; GPUGUARD_ROOT=$FAKE INSTALL_DEST= '
+              'INSTALL_OTHERS=$OTHERS install_undo_disks')
+    r = subprocess.run(["bash", "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=30,
+                       env=dict(os.environ, FAKE=str(fake), OTHERS=others, GPUGUARD_STATE_DIR=str(state)))
+    assert r.returncode == 0, r.stderr
+    if others:
+        assert not calls.exists()
+        assert "left the disks' iocost settings (--setup-disk): the gpuguard install in /opt/b still uses them" \
+            in r.stderr
+    else:
+        assert calls.read_text() == "--setup-disk --undo\n" and r.stderr == ""
+
+
 def test_uninstalling_one_user_prefix_keeps_the_other_prefixs_crontab_line_and_config(tmp_path):
     """Two --user --cron installs (~/a, then ~/b): uninstalling ~/a removed
     ~/b's watchdog line from the crontab and the config both read."""
