@@ -29,10 +29,12 @@ gg_log() {
   # A line that cannot be written (stderr on a terminal that hung up: EIO)
   # is lost, never fatal: under set -e it would end a command that must
   # outlive its terminal (gpu-leak-watch's wrapper, waiting for its job).
+  # (GG_LOG_FD: another descriptor for stderr while the shell's own is set
+  # aside, as gpu-leak-watch's wrapper does around its job's start)
   if [[ -n "${GPUGUARD_LOG:-}" ]]; then
-    gg_append "$GPUGUARD_LOG" "$line"$'\n' 2>/dev/null || printf '%s\n' "$line" >&2 2>/dev/null || true
+    gg_append "$GPUGUARD_LOG" "$line"$'\n' 2>/dev/null || printf '%s\n' "$line" 1>&"${GG_LOG_FD:-2}" 2>/dev/null || true
   else
-    printf '%s\n' "$line" >&2 2>/dev/null || true
+    printf '%s\n' "$line" 1>&"${GG_LOG_FD:-2}" 2>/dev/null || true
   fi
   if [[ "${GPUGUARD_SYSLOG:-0}" == 1 ]] && command -v logger >/dev/null; then
     local prio=$level

@@ -1016,8 +1016,8 @@ leak_job_start() {
     done
     ((${#reset[@]} == 0)) || trap - "${reset[@]}"
     local lock_fd=${GG_LOCK_FD:-1023}
-    exec env "${restore[@]}" "${session[@]}" "$@" {lock_fd}>&-
-  ) <&0 &
+    exec env "${restore[@]}" "${session[@]}" "$@" {lock_fd}>&- {LEAK_STDERR}>&-
+  ) <&0 2>&"$LEAK_STDERR" &
   LEAK_JOB_PID=$!
   LEAK_PIDS+=("$LEAK_JOB_PID")
   if [[ -n $LEAK_PENDING_SIGNAL ]]; then
@@ -1255,16 +1255,27 @@ leak_job_main() {
   else
     LEAK_UNWATCHED="the configuration could not be loaded"
   fi
+  # From the job's start until the wrapper waits for it, the wrapper's own
+  # stderr is /dev/null; the job, the watcher and the log (GG_LOG_FD) get
+  # the real one. A job ended by a signal the wrapper cannot trap (SIGKILL)
+  # before the wait is reaped by bash on its SIGCHLD, and bash then prints
+  # "PID Killed ( ...the job's subshell source... )" on the shell's stderr
+  # before its next command: on the user's terminal, mid-start.
+  exec {LEAK_STDERR}>&2 2>/dev/null
+  # shellcheck disable=SC2034 # read by gg_log (lib/common.sh)
+  GG_LOG_FD=$LEAK_STDERR
   leak_job_start "$@"
   gg_log info "started job PID $LEAK_JOB_PID: $1"
   if [[ -z $LEAK_UNWATCHED ]]; then
     leak_instance_name 1 ''
     LEAK_LOCK_FILE=$GPUGUARD_STATE_DIR/leak-$LEAK_INSTANCE.lock
-    leak_job_watch &
+    leak_job_watch 2>&"$LEAK_STDERR" {LEAK_STDERR}>&- &
     watcher=$!
   else
     gg_log warn "not watching job PID $LEAK_JOB_PID for leaks: $LEAK_UNWATCHED (the job runs normally)"
   fi
+  unset GG_LOG_FD
+  exec 2>&"$LEAK_STDERR" {LEAK_STDERR}>&-
   while :; do
     LEAK_JOB_SIGNALLED=0
     rc=0

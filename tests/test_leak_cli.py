@@ -113,6 +113,23 @@ def test_exit_status_is_the_jobs_even_before_the_first_cycle(box, cmd, status):
     assert f"ended with status {status}" in r.stderr
 
 
+def test_a_job_killed_before_the_wrapper_waits_gets_no_bash_notice(box, tmp_path):
+    """A job killed by SIGKILL in its first milliseconds, while the wrapper
+    was still starting the watcher (here held up by a slow syslog), got
+    bash's "lib/leak.sh: line 1: PID Killed ( ... )" on the user's
+    terminal, the whole source of the wrapper's subshell (CI saw it once).
+    Its status stays 137 and the wrapper's own lines still come."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "logger").write_text("#!/bin/sh\nsleep 0.3\n")
+    (fake / "logger").chmod(0o755)
+    env = dict(env_for(box), GPUGUARD_SYSLOG="1", PATH="%s:%s" % (fake, env_for(box)["PATH"]))
+    r = watch(box, "--", "bash", "-c", "kill -KILL $$", env=env)
+    assert r.returncode == 137, r.stderr
+    assert "Killed" not in r.stderr, r.stderr
+    assert "started job PID" in r.stderr and "ended with status 137" in r.stderr
+
+
 def test_command_not_found_is_127_with_one_shell_like_line(box):
     r = watch(box, "--", "no-such-cmd-gpuguard")
     assert r.returncode == 127
