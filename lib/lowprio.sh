@@ -304,28 +304,46 @@ lowprio_cpu_max_into() {
   return 1
 }
 
+# lowprio-run's options that take one value, and those followed by any
+# number of words (disks): what lowprio_parse_tier skips on its way to the
+# command, and what `--opt=value` is split for.
+LP_VALUE_OPTS="--tier --nice --io-class --cpu-weight --cpu-max --mem-high --mem-max --io-max --io-adaptive --pids-max --cpulimit --attach --cost-model"
+LP_LIST_OPTS="--setup-disk --measure-disk --undo --cost-model"
+
 # Parses the options into the plan; sets LP_ARGS to the command.
 lowprio_parse() {
   declare -ga LP_ARGS=()
   declare -g LP_EXPLAIN=0 LP_DRY_RUN=0
   local -a argv=()
   # --nice=5 is --nice 5 (a job's own options, after its command, stay)
-  gg_long_opts_split_into argv "--tier --nice --io-class --cpu-weight --cpu-max --mem-high --mem-max --io-max --io-adaptive --pids-max --cpulimit --attach --cost-model" \
-    "--setup-disk --measure-disk --undo --cost-model" "$@"
+  gg_long_opts_split_into argv "$LP_VALUE_OPTS" "$LP_LIST_OPTS" "$@"
   lowprio_parse_tier ${argv[@]+"${argv[@]}"} || return
   lowprio_parse_options ${argv[@]+"${argv[@]}"} || return
   lowprio_parse_check
 }
 
 # Loads the tier named by --tier (batch when none) before the other
-# options, which override its settings whatever their order.
+# options, which override its settings whatever their order. Only
+# lowprio-run's own options are read: a job's `--tier gold`, after its
+# command, is the job's (it was read as an unknown tier, and the job never
+# started).
 lowprio_parse_tier() {
-  local tier=batch
-  local -a args=("$@")
-  local i
-  for ((i = 0; i < ${#args[@]}; i++)); do
-    [[ ${args[i]} == --tier ]] && tier=${args[i + 1]:-}
-    [[ ${args[i]} == -- ]] && break
+  local tier=batch opt
+  while (($#)); do
+    opt=$1
+    case $opt in
+      -- | [!-]*) break ;;
+      --tier) tier=${2:-} ;;
+    esac
+    shift
+    if [[ " $LP_VALUE_OPTS " == *" $opt "* ]] && (($#)); then
+      shift
+    fi
+    if [[ " $LP_LIST_OPTS " == *" $opt "* ]]; then
+      while (($#)) && [[ $1 != -* ]]; do
+        shift
+      done
+    fi
   done
   lowprio_load_tier "$tier" || return
 }

@@ -58,6 +58,16 @@ def run(args, env=None, timeout=60, **kw):
                           capture_output=True, timeout=timeout, **kw)
 
 
+def test_a_jobs_own_tier_option_is_the_jobs():
+    """`lowprio-run python3 serve.py --tier gold`: the job's own --tier was
+    read as lowprio-run's, "unknown tier 'gold'", and the job never ran."""
+    r = run(["--dry-run", "python3", "serve.py", "--tier", "gold"])
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("tier: batch\n") and r.stdout.endswith(" -- python3 serve.py --tier gold\n")
+    r = run(["--tier=offline", "--dry-run", "python3", "serve.py", "--tier", "gold"])
+    assert r.returncode == 0 and r.stdout.startswith("tier: offline\n"), r.stderr
+
+
 def test_dry_run_shows_tier_and_overrides():
     r = run(["--tier", "offline", "--dry-run", "--", "swift", "sft", "--model_type", "qwen3-7b"])
     assert r.returncode == 0, r.stderr
