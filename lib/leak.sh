@@ -831,9 +831,16 @@ leak_option() {
       fi
       LEAK_OPT_ENV[LEAK_THRESHOLD_MIB_H]=$number
       ;;
-    --rules) LEAK_OPT_ENV[LEAK_RULES]=$2 ;;
-    --loss-log) LEAK_OPT_ENV[LEAK_LOSS_LOG]=$2 ;;
-    --config) LEAK_OPT_ENV[GPUGUARD_CONFIG]=$2 ;;
+    --rules | --loss-log | --config | --replay)
+      # an empty one (--config="$UNSET") was taken as none given: the
+      # default file read without a word, or "say what to watch"
+      [[ -n $2 ]] || gg_usage_error "$1 needs a file (got '')" || return
+      case $1 in
+        --rules) LEAK_OPT_ENV[LEAK_RULES]=$2 ;;
+        --loss-log) LEAK_OPT_ENV[LEAK_LOSS_LOG]=$2 ;;
+        --config) LEAK_OPT_ENV[GPUGUARD_CONFIG]=$2 ;;
+      esac
+      ;;
     --on-leak)
       [[ $2 == notify || $2 == kill || $2 =~ ^signal:[A-Z0-9]+$ ]] ||
         gg_usage_error "--on-leak takes notify, kill or signal:NAME (got '$2')" || return
@@ -1269,7 +1276,9 @@ leak_job_main() {
   if [[ -z $LEAK_UNWATCHED ]]; then
     leak_instance_name 1 ''
     LEAK_LOCK_FILE=$GPUGUARD_STATE_DIR/leak-$LEAK_INSTANCE.lock
-    leak_job_watch 2>&"$LEAK_STDERR" {LEAK_STDERR}>&- &
+    # (its stderr is the real one; the descriptor the wrapper's log lines
+    # use meanwhile is closed there, so it logs to its stderr)
+    GG_LOG_FD=2 leak_job_watch 2>&"$LEAK_STDERR" {LEAK_STDERR}>&- &
     watcher=$!
   else
     gg_log warn "not watching job PID $LEAK_JOB_PID for leaks: $LEAK_UNWATCHED (the job runs normally)"
