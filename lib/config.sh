@@ -152,18 +152,22 @@ config_path() {
 config_parse_file() {
   local file=$1
   local -n into_ref=$2
-  local line key value n=0
+  local line key value n=0 shown
+  # (a webhook URL given as the file, --config=https://...?access_token=,
+  # is described, not printed: these lines go to cron's mail and logs)
+  gg_shown_into shown "$file"
+  [[ $shown != \'*\' ]] || shown=$file
   if [[ -d $file ]]; then
-    gg_usage_error "config file $file is a folder, not a file"
+    gg_usage_error "config file $shown is a folder, not a file"
     return
   fi
   if [[ ! -e $file ]]; then
-    gg_usage_error "config file $file does not exist"
+    gg_usage_error "config file $shown does not exist"
     return
   fi
   # -r says what access(2) says; the open below is the real test (root, ACLs)
   if ! { : <"$file"; } 2>/dev/null; then
-    gg_usage_error "cannot read config file $file (permission denied?)"
+    gg_usage_error "cannot read config file $shown (permission denied?)"
     return
   fi
   while IFS= read -r line || [[ -n $line ]]; do

@@ -86,6 +86,34 @@ def test_an_option_a_command_would_ignore_is_refused(args, message):
     assert r.stderr.startswith("gpuguard: " + message) and r.stderr.count("\n") == 1, r.stderr
 
 
+@pytest.mark.parametrize("cmd", [["gpuguard", "--config=", "status"], ["gpuguard", "status", "--config", ""],
+                                 ["yichuidingyin.sh", "--once", "--config="], ["gpu-leak-watch", "--all", "--config="],
+                                 ["gpu-leak-watch", "report", "--config="], ["gpu-leak-watch", "--replay="]])
+def test_an_empty_file_name_is_refused_not_taken_for_none(tmp_path, cmd):
+    """`--config="$CONF"` with CONF unset read the default config without a
+    word (its errors then named no file); `--replay=` said "say what to
+    watch". Both are one line naming the option, exit 2."""
+    home = tmp_path / "home"
+    (home / ".config/gpuguard").mkdir(parents=True)
+    (home / ".config/gpuguard/gpuguard.conf").write_text("THRESHOLD=bad\n")
+    r = subprocess.run([str(ROOT / "bin" / cmd[0])] + cmd[1:], capture_output=True, text=True, timeout=60,
+                       env=user_environ(HOME=str(home), GPUGUARD_STATE_DIR=str(tmp_path / "state")))
+    option = "--replay" if "--replay=" in cmd else "--config"
+    assert (r.returncode, r.stderr) == (2, "%s: %s needs a file (got '')\n" % (cmd[0].replace(".sh", ""), option))
+
+
+def test_a_webhook_url_given_as_the_config_file_is_not_printed(tmp_path):
+    """`--config=https://oapi.dingtalk.com/robot/send?access_token=...` (the
+    URL pasted into the wrong place) was printed whole, token and all, in
+    "config file ... does not exist", on stderr that cron mails."""
+    url = "https://oapi.dingtalk.com/robot/send?access_token=0123456789abcdef"
+    for cmd in (["gpuguard", "--config=" + url, "status"], ["yichuidingyin.sh", "--once", "--config", url]):
+        r = subprocess.run([str(ROOT / "bin" / cmd[0])] + cmd[1:], capture_output=True, text=True, timeout=60,
+                           env=user_environ(GPUGUARD_STATE_DIR=str(tmp_path / "state")))
+        assert r.returncode == 2 and "0123456789abcdef" not in r.stderr
+        assert r.stderr.endswith(": config file a URL (not shown) does not exist\n"), r.stderr
+
+
 def test_unknown_option_exit_2(box):
     r = box.run("--bogus")
     assert r.returncode == 2 and "unknown option '--bogus'" in r.stderr
