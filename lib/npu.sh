@@ -79,7 +79,9 @@ npu_sample() {
   fi
   if ! npu_parse_info "$output"; then
     npu_version_into version
-    SMI_ERROR="npu-smi ($version) printed a layout of 'npu-smi info' gpuguard does not know: $NPU_PARSE_ERROR"
+    # NPU_PARSE_ERROR quotes the row npu-smi printed: made printable, as
+    # smi_describe_failure does with a failed call's text
+    gg_printable_into SMI_ERROR "npu-smi ($version) printed a layout of 'npu-smi info' gpuguard does not know: $NPU_PARSE_ERROR"
     return 1
   fi
   if ((! NPU_APPS_OK)); then

@@ -201,12 +201,20 @@ smi_available() {
 }
 
 # Describes a failed call in one line, for logs and monitor_degraded events.
+# The tool's own text is made printable here, once: it reaches terminals,
+# logs, events.jsonl, status --json and chat, and a failing tool (or
+# NVIDIA_SMI="ssh node7 nvidia-smi") can print escape sequences or bytes
+# that are not UTF-8.
 # Arguments:
 #   $1 exit status, $2 output, $3 the tool's name (nvidia-smi when empty)
 smi_describe_failure() {
   local rc=$1 output=$2 tool=${3:-nvidia-smi} first
   first=${output%%$'\n'*}
-  first=${first:0:160}
+  # cut before the cleaning (bounded work on a huge line) and after it (an
+  # escape shown as \e is two characters)
+  gg_cut_into first "$first" 160
+  gg_printable_into first "$first"
+  gg_cut_into first "$first" 160
   case $rc in
     124 | 137) printf '%s timed out after %ss (driver wedged?)' "$tool" "${SMI_TIMEOUT:-10}" ;;
     127) printf '%s not found (%s)' "$tool" "$first" ;;

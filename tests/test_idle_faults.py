@@ -207,6 +207,37 @@ def test_values_out_of_range_are_a_failed_reading_then_one_monitor_degraded(box,
     assert kinds(box.events()) == [("monitor_degraded", "firing"), ("monitor_degraded", "resolved")]
 
 
+def test_nvidia_smis_error_text_reaches_terminal_log_and_events_printable(box, tmp_path):
+    """nvidia-smi (or NVIDIA_SMI="ssh node7 nvidia-smi") failing with an
+    escape sequence and bytes that are not UTF-8 in its text: status,
+    doctor and the watchdog's log line quoted it raw (the terminal's title
+    changed, the screen cleared), and the monitor_degraded event in
+    events.jsonl and status --json were not valid UTF-8. Now it reads as a
+    job name does: \\e and ? for control characters, U+FFFD for bad bytes."""
+    smi = tmp_path / "badsmi"
+    smi.write_text('#!/bin/sh\nprintf "\\033]0;pwned\\007\\033[2J\\033[31mEVIL \\377\\376GBK\\324\\332 bytes\\n"\nexit 9\n')
+    smi.chmod(0o755)
+    env = dict(box.env, NVIDIA_SMI=str(smi), SMI_FAIL_ALERT_CYCLES="2")
+    said = "nvidia-smi exited 9: \\e]0;pwned?\\e[2J\\e[31mEVIL \ufffd\ufffdGBK\ufffd\ufffd bytes"
+
+    def run(cmd, *args, **extra):
+        r = subprocess.run([str(ROOT / cmd)] + list(args), env=dict(env, **extra), capture_output=True,
+                           timeout=60, check=False)
+        # strict: bytes that are not UTF-8 fail here
+        return r.returncode, r.stdout.decode("utf-8") + r.stderr.decode("utf-8")
+
+    logs = "".join(run("bin/yichuidingyin.sh", "--once", GPUGUARD_NOW=str(60 * t))[1] for t in range(2))
+    (fired,) = [json.loads(ln) for ln in (box.state / "events.jsonl").read_bytes().decode("utf-8").splitlines()]
+    assert fired["event"] == "monitor_degraded" and said in fired["error"], fired
+    rc, status = run("bin/gpuguard", "status")
+    rc_json, doc = run("bin/gpuguard", "status", "--json")
+    rc_doctor, doctor = run("bin/gpuguard", "doctor")
+    assert (rc, rc_json, rc_doctor) == (1, 1, 1)
+    assert said in json.loads(doc)["error"]
+    for out in (logs, status, doctor):
+        assert said in out and "\x1b" not in out and "\x07" not in out, out
+
+
 def test_status_says_fault_for_a_gpu_that_requires_reset_while_its_alert_is_open(box):
     """A GPU printing [GPU requires reset]: the watchdog pages gpu_degraded,
     and status says FAULT with the fault's text, in the table and in

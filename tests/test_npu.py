@@ -305,6 +305,28 @@ def test_a_failing_or_unknown_npu_smi_never_alerts_idle(box, fault):
         assert "exited 255" in degraded["error"]
 
 
+def test_npu_smis_text_in_an_error_is_printable(box, tmp_path):
+    """npu-smi printing an escape sequence and a byte that is not UTF-8,
+    in a row it does not know or as the reason it failed: status quoted
+    it raw (the screen cleared) and status --json was not valid UTF-8."""
+    tool = tmp_path / "npu-smi"
+    box.env.update({"GPUGUARD_DEVICE": "ascend", "NPU_SMI": str(tool)})
+    for rc, said in ((0, "printed a layout of 'npu-smi info' gpuguard does not know: a line read as no known row: "
+                          "\\e[2J\\e[31mEVIL \ufffd"),
+                     (3, "npu-smi exited 3: \\e[2J\\e[31mEVIL \ufffd")):
+        tool.write_text('#!/bin/sh\n[ "$1" = -v ] && { echo "npu-smi version: 25.2.0"; exit 0; }\n'
+                        'printf "\\033[2J\\033[31mEVIL \\377\\n"\nexit %d\n' % rc)
+        tool.chmod(0o755)
+        for args in (["status"], ["status", "--json"]):
+            r = subprocess.run([str(ROOT / "bin/gpuguard")] + args, env=box.env, capture_output=True, timeout=60,
+                               check=False)
+            # strict: a byte that is not UTF-8 fails here
+            out = r.stdout.decode("utf-8") + r.stderr.decode("utf-8")
+            if "--json" in args:
+                out = json.loads(out)["error"]
+            assert r.returncode == 1 and said in out and "\x1b" not in out, (args, out)
+
+
 def test_health_other_than_ok_is_a_device_fault(box):
     devices = Devices(box, "ascend")
     alarm = {"chips": [{"aicore": 0, "used": 41052, "power": 92.3, "temp": 32, "health": "Alarm"}], "procs": []}
