@@ -57,19 +57,16 @@ doctor_run() {
   elif ! command -v -- "${cmd[0]}" >/dev/null 2>&1; then
     doctor_line FAIL "nvidia-smi: '${cmd[0]}' not found (install the NVIDIA driver, or set NVIDIA_SMI; on Ascend NPUs set GPUGUARD_DEVICE=ascend)"
   else
-    local info rc=0 start=$EPOCHREALTIME
-    info=$(smi_query_info) || rc=$?
-    local ms=$(((${EPOCHREALTIME/[.,]/} - ${start/[.,]/}) / 1000))
-    if ((rc != 0)); then
-      doctor_line FAIL "nvidia-smi: $(smi_describe_failure "$rc" "$info")"
+    # the sample the watchdog and status take, read by their parser: an
+    # answer with no valid GPU line (garbage, nothing, a cut line) fails
+    # here as it fails every watchdog cycle
+    local start=$EPOCHREALTIME
+    if ! smi_sample_once; then
+      doctor_line FAIL "nvidia-smi: $SMI_ERROR"
     else
-      doctor_line OK "nvidia-smi answers in ${ms} ms ($(grep -c . <<<"$info") GPUs)"
-      local idx name driver mig persist
-      while IFS=, read -r idx name driver mig persist; do
-        doctor_line INFO "GPU ${idx}:${name}, driver${driver}, MIG${mig}, persistence${persist}"
-        [[ $mig == *Enabled* ]] && doctor_line WARN "GPU $idx: MIG is on: utilization.gpu reads [N/A], so the idle rule cannot judge it (IDLE_POWER_PCT can)"
-        [[ $persist == *Disabled* ]] && doctor_line WARN "GPU $idx: persistence mode off: nvidia-smi calls are slow (nvidia-smi -pm 1)"
-      done <<<"$info"
+      local ms=$(((${EPOCHREALTIME/[.,]/} - ${start/[.,]/}) / 1000))
+      doctor_line OK "nvidia-smi answers in ${ms} ms (${#SMI_UUIDS[@]} GPUs)"
+      doctor_gpu_rows
       doctor_processes
     fi
   fi
@@ -85,6 +82,36 @@ doctor_run() {
   fi
   ((${DOCTOR_JSON:-0})) && doctor_print_json
   ((DOCTOR_FAILS == 0))
+}
+
+# One line per GPU of the sample just taken (smi_sample_once): its driver,
+# MIG and persistence mode. A line of that query that names no GPU of the
+# sample (garbage, a cut line) is not shown as a GPU.
+doctor_gpu_rows() {
+  local info rc=0 uuid bad=0
+  local -A sampled=()
+  for uuid in "${SMI_UUIDS[@]}"; do
+    sampled[${SMI_INDEX[$uuid]}]=1
+  done
+  info=$(smi_query_info) || rc=$?
+  if ((rc != 0)); then
+    doctor_line WARN "driver, MIG and persistence not read: $(smi_describe_failure "$rc" "$info")"
+    return 0
+  fi
+  local idx name driver mig persist
+  while IFS=, read -r idx name driver mig persist; do
+    [[ -n $idx$name ]] || continue
+    idx=${idx// /}
+    if [[ $idx != +([0-9]) || -z ${sampled[$idx]+set} || -z $persist ]]; then
+      bad=$((bad + 1))
+      continue
+    fi
+    doctor_line INFO "GPU ${idx}:${name}, driver${driver}, MIG${mig}, persistence${persist}"
+    [[ $mig == *Enabled* ]] && doctor_line WARN "GPU $idx: MIG is on: utilization.gpu reads [N/A], so the idle rule cannot judge it (IDLE_POWER_PCT can)"
+    [[ $persist == *Disabled* ]] && doctor_line WARN "GPU $idx: persistence mode off: nvidia-smi calls are slow (nvidia-smi -pm 1)"
+  done <<<"$info"
+  ((bad == 0)) || doctor_line WARN "driver, MIG and persistence: nvidia-smi printed $bad unreadable line(s)"
+  return 0
 }
 
 # The Ascend NPUs (lib/npu.sh): does npu-smi answer, in a layout gpuguard

@@ -140,6 +140,24 @@ def test_doctor_json(box):
     assert any(c["level"] == "FAIL" and "not found" in c["message"] for c in doc["checks"])
 
 
+@pytest.mark.parametrize("fault", [{"fault": "garbage", "text": "<html>502 Bad Gateway</html>\n"},
+                                   {"fault": "empty"}, {"fault": "partial"}], ids=["garbage", "nothing", "a cut line"])
+def test_doctor_fails_when_nvidia_smi_prints_no_valid_gpu_line(box, fault):
+    """nvidia-smi answering garbage, nothing or a cut line: doctor said "OK
+    nvidia-smi answers (1 GPUs)", printed the garbage as a GPU row and exited
+    0 with "ok": true, while status and every watchdog cycle failed. It now
+    fails the check with status's words."""
+    box.write_scenario([dict(fault, gpus=[idle_gpu()], apps=[app(1410)])])
+    status = box.run("status", cmd="bin/gpuguard")
+    assert status.returncode == 1 and status.stderr.startswith("gpuguard status: nvidia-smi printed "), status.stderr
+    r = box.run("doctor", cmd="bin/gpuguard")
+    assert r.returncode == 1, r.stdout
+    assert "FAIL  nvidia-smi: %s\n" % status.stderr.splitlines()[0][len("gpuguard status: "):] in r.stdout, r.stdout
+    assert "OK    nvidia-smi" not in r.stdout and "INFO  GPU" not in r.stdout and "502" not in r.stdout, r.stdout
+    doc = json.loads(box.run("doctor", "--json", cmd="bin/gpuguard").stdout)
+    assert doc["ok"] is False and doc["failures"] >= 1
+
+
 def test_version_everywhere(box):
     want = "gpuguard %s\n" % (ROOT / "VERSION").read_text().strip()
     for args in (["--version"], ["version"], ["status", "--version"], ["doctor", "--version"]):
