@@ -122,12 +122,21 @@ gg_utf8_locale() {
   [[ $loc == *.utf-8* || $loc == *.utf8* ]]
 }
 
-# Puts $2 into the variable named $1 as a terminal shows it: the ellipsis
-# of a cut name as "..." where the locale is not UTF-8 (gg_utf8_locale).
+# Puts $2 (UTF-8) into the variable named $1 as a terminal shows it: where
+# the locale is not UTF-8 (gg_utf8_locale), the ellipsis of a cut name as
+# "..." and any other character that is not ASCII as "?" (a job's command
+# line in Chinese was mojibake on a C console).
 gg_term_text_into() {
   local -n term_ref=$1
   term_ref=$2
-  gg_utf8_locale || term_ref=${term_ref//…/...}
+  gg_utf8_locale && return 0
+  local LC_ALL=C
+  term_ref=${term_ref//…/...}
+  if [[ $term_ref == *[$'\x80'-$'\xff']* ]]; then
+    # one "?" a character: its continuation bytes go, its lead byte becomes "?"
+    term_ref=${term_ref//[$'\x80'-$'\xbf']/}
+    term_ref=${term_ref//[$'\xc0'-$'\xff']/?}
+  fi
 }
 
 # Sets the variable named $1 to a value ($2) the way an error line may show

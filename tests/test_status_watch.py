@@ -381,3 +381,32 @@ def test_status_draws_in_ascii_where_the_locale_is_not_utf8(box, tmp_path, local
                          "       pid 4242     python3 eval_checkpoint.py --checkpoint /data/c%s (alice)  "
                          "last seen 2 min ago" % dots], r.stdout
     assert r.stdout.isascii() is not utf8
+
+
+@pytest.mark.parametrize("lang, shown", [("C", "python3 ??.py --data ???.jsonl"),
+                                         ("C.UTF-8", "python3 训练.py --data 数据集.jsonl")])
+def test_status_shows_a_chinese_command_line_in_ascii_where_the_locale_is_not_utf8(box, tmp_path, lang, shown):
+    """`python3 训练.py --data 数据集.jsonl` on a GPU: under LANG=C status
+    printed the command line's UTF-8 bytes, mojibake on such a console
+    (the sparklines and the ellipsis were ASCII already); each character
+    that is not ASCII is now a "?" there, and a UTF-8 terminal shows it as
+    it is."""
+    script = tmp_path / "训练.py"
+    script.write_text("import os, time\nf = open(os.environ['DEV'])\ntime.sleep(60)\n")
+    (tmp_path / "nvidia0").touch()
+    box.env["JOBINFO_DEVICE_GLOB"] = str(tmp_path / "nvidia*")
+    job = subprocess.Popen(["python3", str(script), "--data", "数据集.jsonl"], start_new_session=True,
+                           env=dict(os.environ, DEV=str(tmp_path / "nvidia0")))
+    try:
+        assert wait_for(lambda: any(os.readlink("/proc/%d/fd/%s" % (job.pid, fd)).endswith("nvidia0")
+                                    for fd in os.listdir("/proc/%d/fd" % job.pid)), timeout=10)
+        box.write_scenario([{"gpus": [idle_gpu(mem=9000)], "apps": [app(job.pid, mem=6000)]}])
+        r = box.run("status", cmd="bin/gpuguard", env={"LANG": lang})
+    finally:
+        job.kill()
+        job.wait()
+    assert r.returncode == 0, r.stderr
+    row = next(line for line in r.stdout.splitlines() if "pid %d" % job.pid in line)
+    assert "MiB  %s (%s)" % (shown, getpass.getuser()) in row, r.stdout
+    if lang == "C":
+        assert r.stdout.isascii(), r.stdout
