@@ -293,11 +293,55 @@ ledger_cycle() {
   local now=$1
   ((${LG_OK:-0})) || return 0
   # a failed sample tells nothing: the next good one covers the gap; a
-  # clock set back accounts nothing until it passes the last cycle again
+  # clock set back a little accounts nothing until it passes the last cycle
+  # again (at most a capped gap), one set back further ends the wait
   if ((MON_FAILS == 0 && now >= LG_LAST)); then
     ledger_cycle_account "$now"
+  elif ((LG_LAST - now > LEDGER_GAP_CYCLES * CHECK_INTERVAL)); then
+    ledger_clock_back "$now"
   fi
   [[ -z ${LEDGER_DIGEST_AT:-} ]] || ledger_digest_maybe "$now"
+}
+
+# The clock reads more than a capped gap before the last accounted cycle.
+# Time does not go backwards, so that cycle's clock was wrong (a VM that
+# booted with its RTC ahead, a mistyped date -s): waiting for the clock to
+# pass it again kept the ledger silent for as long as the clock had been
+# ahead (400 days). The rule: the clock now is right; the last cycle's time
+# and the open idle stretches are dropped (this cycle accounts nothing, as
+# after any gap), and the day files of days after today, written by that
+# clock, are removed (their mtime is in the future too, so retention never
+# took them). The all-time counters are kept: a counter never goes down.
+# Arguments:
+#   $1 now, unix seconds
+ledger_clock_back() {
+  local now=$1 today file user gone='' seq=$LG_SEQ
+  local -A tot_held=() tot_idle=()
+  printf -v today '%(%Y-%m-%d)T' "$now"
+  for file in "$LG_DIR"/????-??-??.tsv; do
+    [[ -f $file && ${file##*/} > $today.tsv ]] || continue
+    if rm -f -- "$file" 2>/dev/null; then gone+=" ${file##*/}"; fi
+  done
+  gg_log warn "ledger: the clock is $((LG_LAST - now)) s before the last accounted cycle: that cycle's clock was wrong; the ledger counts again from now${gone:+ (removed the day files of days after today:$gone)}"
+  if [[ $LG_DAY > $today ]]; then
+    # today's rows as saved before the clock went ahead; the counters and
+    # the sequence number as they are now (the command lines of jobs
+    # still running are kept, as at a rollover)
+    for user in "${!LG_TOT_HELD[@]}"; do
+      tot_held[$user]=${LG_TOT_HELD[$user]} tot_idle[$user]=${LG_TOT_IDLE[$user]:-0}
+    done
+    LG_NJOBS=0 LG_HELD=() LG_IDLE=() LG_LONG=() LG_LONG_END=() LG_GPUS=()
+    if [[ -f $LG_DIR/$today.tsv ]]; then ledger_read_day "$LG_DIR/$today.tsv"; fi
+    LG_DAY=$today LG_TOT_HELD=() LG_TOT_IDLE=()
+    for user in "${!tot_held[@]}"; do
+      LG_TOT_HELD[$user]=${tot_held[$user]} LG_TOT_IDLE[$user]=${tot_idle[$user]}
+    done
+  fi
+  LG_RUN=() LG_RUN_KEY=()
+  LG_LAST=$now LG_SEQ=$seq
+  # saved now, the journal emptied: its cycles from the wrong clock are
+  # not replayed by the next start
+  ledger_save || true
 }
 
 # Accounts this cycle's sample, journals it, and saves every

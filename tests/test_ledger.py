@@ -531,6 +531,33 @@ def test_retention_prunes_old_day_files(box):
     assert not old.exists() and recent.exists()
 
 
+def test_one_cycle_with_the_clock_far_ahead_does_not_silence_the_ledger(box):
+    """A VM booted with its RTC 400 days ahead ran two cycles before NTP set
+    the clock back: the ledger took their day and time as its own and booked
+    nothing until the wall clock caught up (400 days), without a word, and
+    the future day file was never pruned. It now says so once, drops the
+    future day file and counts again from the first cycle with the right
+    clock (which accounts nothing, as after a gap)."""
+    box.write_scenario([{"gpus": [idle_gpu(mem=30000)], "apps": [app(os.getpid(), mem=29800)]}])
+    # retention by mtime (the test's files are new) would prune the days
+    # the pinned clock finds 400 days old
+    env = {"CHECK_INTERVAL": "60", "TZ": "UTC", "JOBINFO_DEVICE_GLOB": "/nonexistent*", "LEDGER_KEEP_DAYS": "3650"}
+    for t in (at(10), at(10, 1), at(10, day=400), at(10, day=401)):
+        box.once(now=t, env=env)
+    ledger_dir = box.state / "ledger"
+    future = time.strftime("%Y-%m-%d", time.gmtime(at(10, day=400))) + ".tsv"
+    assert (ledger_dir / future).exists()
+    said = []
+    for t in range(2, 13):
+        r = box.once(now=at(10, t), env=env)
+        said += [x for x in r.stderr.splitlines() if "clock" in x]
+    assert len(said) == 1 and "the ledger counts again from now" in said[0] and future in said[0], said
+    assert sorted(p.name for p in ledger_dir.glob("*.tsv")) == ["2026-12-02.tsv"]
+    s = json.loads(ledger(box, "--json", now=at(10, 12), env=env))
+    # 1 minute before the clock went ahead, 10 after it came back
+    assert s["held_s"] == s["idle_s"] == 11 * M
+
+
 def test_a_torn_journal_line_is_left_out(box):
     box.write_scenario([{"gpus": [idle_gpu(mem=30000)], "apps": []}])
     env = {"CHECK_INTERVAL": "60", "TZ": "UTC"}
