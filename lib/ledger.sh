@@ -561,7 +561,7 @@ ledger_digest_maybe() {
   if ! ledger_digest_queued "$id"; then
     local GPUGUARD_DEVICE_KINDS
     ledger_kinds_into GPUGUARD_DEVICE_KINDS
-    event=$(gg_python gpuguard_ledger.py "LEDGER_NAMES GPU_HOUR_PRICE GPU_PRICE_CURRENCY GPUGUARD_DEVICE_KINDS" \
+    event=$(gg_python gpuguard_ledger.py "LEDGER_NAMES GPU_HOUR_PRICE GPU_PRICE_CURRENCY GPUGUARD_DEVICE_KINDS LEDGER_KEEP_DAYS" \
       digest-event "$yesterday" --now "$now") || {
       # said once a day, tried again every cycle
       [[ ${LG_DIGEST_FAILED:-} == "$yesterday" ]] ||

@@ -260,6 +260,16 @@ def _first_day(folder, last):
     return min(days + [last])
 
 
+def _oldest_kept(env, last):
+    """The oldest day whose file retention keeps (LEDGER_KEEP_DAYS after
+    the day, lib/common.sh) when `last` is today."""
+    try:
+        keep = int(env.get("LEDGER_KEEP_DAYS") or 35)
+    except ValueError:
+        keep = 35
+    return days_back(last, keep + 1)[0]
+
+
 def period(env, first, last, today_text=""):
     """(summary, jobs) of the days first..last for a report: the summary
     as `gpuguard ledger` shows it, and every job row of the period (names
@@ -269,11 +279,16 @@ def period(env, first, last, today_text=""):
     # starts at its oldest day, so the period shown is the one covered
     # (--since 1999-01-01 was cut to ten years without a word, a trend of
     # 3,650 empty days); a --since 7d on a young ledger stays 7 days
-    keep = int(env.get("LEDGER_KEEP_DAYS") or 35)
-    if first < days_back(last, keep + 1)[0]:
+    kept = _oldest_kept(env, last)
+    if first < kept:
         first = max(first, _first_day(ledger_dir(env), last))
     span = span_days(first, last)
     prev = days_back(span[0], len(span) + 1)[:-1]
+    if prev[0] < kept:
+        # the period before is partly past retention: the few days left of
+        # it against a whole period read "+383%" on a flat ledger; no change
+        # is shown rather than one on days the ledger no longer has
+        prev = []
     by_day = read_days(ledger_dir(env), prev + span, today=(day_in(today_text), today_text))
     names = _names(env)
     summary = summarize(by_day, span, span, prev, env, names)
@@ -292,7 +307,8 @@ def digest_event(day, now, env):
     in NPU-hours)."""
     week = days_back(day, 14)
     by_day = read_days(ledger_dir(env), week)
-    s = summarize(by_day, [day], week[7:], week[:7], env)
+    prev = week[:7] if week[0] >= _oldest_kept(env, day_of(now)) else []
+    s = summarize(by_day, [day], week[7:], prev, env)
     if s["held_s"] == 0:
         return None
     host = env.get("GPUGUARD_HOST") or os.uname().nodename
@@ -411,9 +427,11 @@ def _trend_line(e, lang):
         # a long period (--since 90d) in weeks, or 30-day spans, each
         # named by its first day and the last ending today: a line a day
         # ran off the screen. Past TREND_POINTS spans the oldest are left
-        # out (the head line still counts them).
+        # out (the head line still counts them), and so is an oldest span
+        # shorter than the others: its 1-2 days drawn as a week read as a
+        # sudden drop.
         size, key = (7, "ledger_trend_weeks") if len(trend) <= 7 * TREND_POINTS else (30, "ledger_trend_months")
-        spans = [trend[max(0, end - size):end] for end in range(len(trend), 0, -size)][:TREND_POINTS][::-1]
+        spans = [trend[end - size:end] for end in range(len(trend), size - 1, -size)][:TREND_POINTS][::-1]
         days = " · ".join(f"{s[0]['day'][2:] if size == 30 else s[0]['day'][5:]} "
                           f"{_hours(sum(t['idle_s'] for t in s))}" for s in spans)
         line = _msg(lang, key, n=len(spans), days=days)

@@ -693,7 +693,9 @@ def test_a_long_period_starts_at_the_ledgers_first_day_and_its_trend_is_weekly(b
     """`gpuguard ledger --since 1999-01-01` was cut to ten years without a
     word and its trend was one line of 3,650 days; `--since 90d` one of 90.
     The period starts at the ledger's first day (the header says so), and
-    more than 14 days are shown a week at a time, the last week ending today."""
+    more than 14 days are shown a week at a time, the last week ending today.
+    (This test once expected the 5 days before the five weeks drawn as a
+    week, "10-24 1.0": a short oldest span read as a drop, and is left out.)"""
     ledger_dir = box.state / "ledger"
     ledger_dir.mkdir(parents=True)
     import gpuguard_ledger
@@ -708,12 +710,34 @@ def test_a_long_period_starts_at_the_ledgers_first_day_and_its_trend_is_weekly(b
         assert r.returncode == 0, r.stderr
         lines = r.stdout.splitlines()
         assert lines[0] == "[gpuguard DAILY] lab: GPU ledger %s \u2013 2026-12-02" % days[0], lines[0]
-        # 40 days: five weeks and the 5 days before them, idle 0.1 h more each day
-        # (day n, from 0, idle 0.1 n h: 0-4 sum to 1.0 h, 5-11 to 5.6 h, 33-39 to 25.2 h)
-        assert lines[-1] == ("  Idle GPU-hours a week, last 6 weeks: 10-24 1.0 · 10-29 5.6 · 11-05 10.5 · 11-12 15.4 · "
+        # 40 days: five weeks and the 5 days before them (left out), idle 0.1 h
+        # more each day (day n, from 0, idle 0.1 n h: 5-11 sum to 5.6 h, 33-39 to 25.2 h)
+        assert lines[-1] == ("  Idle GPU-hours a week, last 5 weeks: 10-29 5.6 · 11-05 10.5 · 11-12 15.4 · "
                              "11-19 20.3 · 11-26 25.2"), lines[-1]
     r = box.run("ledger", "--since", "14d", cmd="bin/gpuguard", env=env)
     assert r.stdout.splitlines()[-1].startswith("  Idle GPU-hours, last 14 days: 11-19 2.6 · ")
+
+
+def test_a_flat_ledger_shows_no_change_against_days_retention_removed(box):
+    """35 kept days of exactly 1 idle GPU-hour each: `gpuguard ledger --since
+    30d` said "+383% on the 30 days before" (its 29 h against the 6 h of the
+    5 earlier days still kept) and drew the oldest 2 days as a week, "11-03
+    2.0". The change is shown only when the period before is all kept, and
+    the trend has whole weeks only."""
+    import gpuguard_ledger
+    ledger_dir = box.state / "ledger"
+    ledger_dir.mkdir(parents=True)
+    for day in gpuguard_ledger.days_back("2026-12-02", 36)[:-1]:
+        (ledger_dir / (day + ".tsv")).write_text(
+            "# gpuguard ledger 1\nday\t%s\nlast\t1\t1\n"
+            "job\talice\t1000\tpid:5@1\t7200\t3600\t3600\t%d\t0\tpython train.py\n" % (day, at(12)))
+    env = {"GPU_HOUR_PRICE": "0"}
+    last = ledger(box, "--since", "30d", env=env).splitlines()[-1]
+    assert last == ("  Idle GPU-hours a week, last 4 weeks: 11-05 7.0 · 11-12 7.0 · 11-19 7.0 · 11-26 6.0"), last
+    assert json.loads(ledger(box, "--since", "30d", "--json", env=env))["prev_idle_s"] is None
+    # 14 days and the 14 before are all kept: the change is shown (today has nothing yet)
+    last = ledger(box, "--since", "14d", env=env).splitlines()[-1]
+    assert last.endswith("12-01 1.0 · 12-02 0.0; -7% on the 14 days before"), last
 
 
 def test_digest_beside_an_idle_alert_in_one_post_names_its_day():
