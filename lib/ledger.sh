@@ -110,8 +110,10 @@ ledger_read_day() {
         gg_is_uint "$a" && gg_is_uint "$b" && LG_LAST=$a LG_SEQ=$b LG_SAVED_SEQ=$b
         ;;
       job)
-        # job USER UID JOB HELD IDLE LONGEST LONGEST_END GPUS CMD
+        # job USER UID JOB HELD IDLE LONGEST LONGEST_END GPUS CMD (more
+        # than 10 digits is damage: bash arithmetic wraps it silently)
         gg_is_uint "$d" && gg_is_uint "$e" && gg_is_uint "$f" && gg_is_uint "$g" || continue
+        ((${#d} <= 10 && ${#e} <= 10 && ${#f} <= 10 && ${#g} <= 10)) || continue
         key=$a$'\t'$c
         [[ $b == - ]] && b=''
         [[ $h == - ]] && h=''

@@ -74,7 +74,11 @@ class UsageError(Exception):
 # ------------------------------------------------------------------ read --
 
 def _uint(text):
-    return int(text) if text.isdigit() else None
+    """A day file's whole number, None for damage: ASCII digits only
+    (str.isdigit takes "²", which int() rejects: a traceback), and at most
+    10 of them, as lib/ledger.sh reads it (more is no day's seconds, and
+    read as is it printed 27777777777777778688.0 GPU-hours)."""
+    return int(text) if re.fullmatch(r"[0-9]{1,10}", text) else None
 
 
 def _parse_day(text):

@@ -201,6 +201,18 @@ def _read_gpu_history(state_dir, since=None):
     return gpus
 
 
+def _event_ok(e):
+    """False for a damaged events.jsonl line, which is skipped: a time that
+    is no real time (1e999 made localtime() raise) or a leak slope that is
+    no number ("n/a" made the alerts table raise)."""
+    if not isinstance(e, dict):
+        return False
+    ts, slope = e.get("ts"), e.get("slope_mib_per_hour")
+    if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not 0 <= ts < 1e11:
+        return False
+    return slope is None or (isinstance(slope, (int, float)) and not isinstance(slope, bool) and math.isfinite(slope))
+
+
 def _read_events(state_dir, since=None):
     events = []
     try:
@@ -210,7 +222,7 @@ def _read_events(state_dir, since=None):
                     e = json.loads(line)
                 except ValueError:
                     continue
-                if isinstance(e, dict) and isinstance(e.get("ts"), (int, float)) and (since is None or e["ts"] >= since):
+                if _event_ok(e) and (since is None or e["ts"] >= since):
                     events.append(e)
     except OSError:
         pass

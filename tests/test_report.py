@@ -506,3 +506,36 @@ def test_day_ticks_stay_on_midnight_past_a_clock_change(monkeypatch):
     finally:
         monkeypatch.undo()
         time.tzset()
+
+
+def test_damaged_ledger_rows_and_event_lines_are_skipped_not_a_traceback(tmp_path):
+    """A ledger day file with a held time of "²" (str.isdigit says yes, int()
+    says no) or of 23 digits, and events.jsonl lines with a slope "n/a" or a
+    time of 1e999: `gpuguard ledger` and `gpuguard report` died with a
+    ValueError, TypeError or OverflowError traceback (exit 1), or printed
+    27777777777777778688.0 GPU-hours. The damaged rows and lines are skipped;
+    the good ones are shown."""
+    import time
+    state = tmp_path / "state"
+    (state / "ledger").mkdir(parents=True)
+    now = time.time()
+    d2, d1 = (time.strftime("%Y-%m-%d", time.localtime(now - n * 86400)) for n in (2, 1))
+    (state / "ledger" / (d2 + ".tsv")).write_text(
+        "day\t%s\njob\talice\t1000\tpid:5@1\t\u00b2\t0\t0\t0\t0\tx\n"
+        "job\tbob\t1000\tpid:6@1\t99999999999999999999999\t0\t0\t0\t0\tx\n"
+        "job\tcarol\t1000\tpid:7@1\t3600\t1800\t1800\t%d\t0\tgood.py\n" % (d2, now - 2 * 86400), encoding="utf-8")
+    (state / "ledger" / (d1 + ".tsv")).write_text("day\t%s\n" % d1)
+    good = {"ts": int(now) - 600, "event": "gpu_idle", "gpu": 0, "state": "firing", "utilization": 0}
+    (state / "events.jsonl").write_text("\n".join(json.dumps(e) for e in (
+        {"ts": int(now) - 900, "event": "gpu_memory_leak", "pid": 5, "state": "firing", "slope_mib_per_hour": "n/a"},
+        good)) + '\n{"ts":1e999,"event":"gpu_idle","gpu":0,"state":"firing"}\n')
+    env = user_environ(GPUGUARD_CONFIG="/dev/null", GPUGUARD_STATE_DIR=str(state), GPUGUARD_HOST="h", TZ="UTC")
+    r = subprocess.run([str(ROOT / "bin/gpuguard"), "ledger", "--since", "7d", "--json"], env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert json.loads(r.stdout)["held_s"] == 3600
+    out = tmp_path / "r.html"
+    r = gg_report(state, "--out", str(out))
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    alerts = rows_of(out.read_text(), "alerts-table")
+    assert len(alerts) == 1 and "idle firing" in alerts[0][1], alerts
