@@ -399,14 +399,17 @@ def render_lines(e, lang):
     if e.get("worst"):
         lines.append(_msg(lang, "ledger_worst"))
         for n, w in enumerate(e["worst"], 1):
-            lines.append(_incident_line(n, w, lang))
+            lines.append(_incident_line(n, w, lang, e.get("from") != e.get("to")))
     trend = _trend_line(e, lang)
     if trend:
         lines.append(trend)
     return what, lines
 
 
-def _incident_line(n, w, lang):
+def _incident_line(n, w, lang, with_day=False):
+    """One of the worst incidents; over more than one day it names its day:
+    without it, a job idle at noon three days running read as one incident
+    listed three times."""
     end = time.strftime("%H:%M", time.localtime(w["end_ts"])) if w.get("end_ts") else "?"
     who = [_defuse(w["user"])] if w.get("user") else []
     job = w.get("job") or ""
@@ -414,8 +417,10 @@ def _incident_line(n, w, lang):
         who.append(_msg(lang, "ledger_slurm", id=_defuse(job[6:])))
     if w.get("cmd"):
         who.append(_defuse(w["cmd"])[:100])
-    return _msg(lang, "ledger_incident", n=n, gpus=device_list(w.get("gpus") or [], lang.endswith("-npu")) or "?",
-                longest=_duration(w["longest_s"], lang), end=end, who=" · ".join(who) or "?")
+    key = "ledger_incident_day" if with_day and w.get("day") else "ledger_incident"
+    return _msg(lang, key, n=n, gpus=device_list(w.get("gpus") or [], lang.endswith("-npu")) or "?",
+                longest=_duration(w["longest_s"], lang), end=end, who=" · ".join(who) or "?",
+                day=str(w.get("day"))[5:])
 
 
 def _trend_line(e, lang):

@@ -130,6 +130,7 @@ MESSAGES = {
     "ledger_worst": "Worst incidents:",
     "ledger_slurm": "Slurm job {id}",
     "ledger_incident": "{n}. GPU {gpus} idle for {longest} (until {end}): {who}",
+    "ledger_incident_day": "{n}. GPU {gpus} idle for {longest} ({day}, until {end}): {who}",
     "ledger_trend": "Idle GPU-hours, last {n} days: {days}",
     "ledger_trend_weeks": "Idle GPU-hours a week, last {n} weeks: {days}",
     "ledger_trend_months": "Idle GPU-hours every 30 days, last {n} periods: {days}",

@@ -115,6 +115,7 @@ MESSAGES = {
     "ledger_worst": "最严重的几次：",
     "ledger_slurm": "Slurm 作业 {id}",
     "ledger_incident": "{n}. GPU {gpus} 连续空闲 {longest}（至 {end}）：{who}",
+    "ledger_incident_day": "{n}. GPU {gpus} 连续空闲 {longest}（{day}，至 {end}）：{who}",
     "ledger_trend": "近 {n} 天空闲 GPU 时：{days}",
     "ledger_trend_weeks": "近 {n} 周每周空闲 GPU 时：{days}",
     "ledger_trend_months": "近 {n} 个 30 天每段空闲 GPU 时：{days}",

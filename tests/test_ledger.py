@@ -451,7 +451,8 @@ def test_ledger_text_is_ascii_where_the_locale_is_not_utf8(box, locale, utf8):
     """`gpuguard ledger --since 2d` on a console set to C printed its span's
     dash and the dots between a job's user, Slurm job and command line as
     UTF-8 (mojibake there); it now prints ASCII there, and as before under
-    a UTF-8 locale. The digest sent to chat keeps them."""
+    a UTF-8 locale. The digest sent to chat keeps them. (The incident line
+    once read "(until 15:00)": over two days it now names its day.)"""
     ledger_dir = box.state / "ledger"
     ledger_dir.mkdir(parents=True)
     for n, day in enumerate(("2026-12-01", "2026-12-02"), 1):
@@ -466,7 +467,7 @@ def test_ledger_text_is_ascii_where_the_locale_is_not_utf8(box, locale, utf8):
     dash, dot = ("\u2013", "\u00b7") if utf8 else ("-", "|")
     lines = r.stdout.splitlines()
     assert lines[0] == "[gpuguard DAILY] lab: GPU ledger 2026-12-01 %s 2026-12-02" % dash
-    assert f"  1. GPU 0,1 idle for 1 h 0 min (until 15:00): alice {dot} Slurm job 4242 {dot} python3 train.py --lr 0.1" \
+    assert f"  1. GPU 0,1 idle for 1 h 0 min (12-02, until 15:00): alice {dot} Slurm job 4242 {dot} python3 train.py --lr 0.1" \
         in lines
     assert lines[-1] == f"  Idle GPU-hours, last 2 days: 12-01 0.5 {dot} 12-02 1.0"
     assert r.stdout.isascii() is not utf8
@@ -738,6 +739,29 @@ def test_a_flat_ledger_shows_no_change_against_days_retention_removed(box):
     # 14 days and the 14 before are all kept: the change is shown (today has nothing yet)
     last = ledger(box, "--since", "14d", env=env).splitlines()[-1]
     assert last.endswith("12-01 1.0 · 12-02 0.0; -7% on the 14 days before"), last
+
+
+def test_worst_incidents_over_several_days_say_their_day(box):
+    """A Slurm job idle 30 minutes at noon three days running: `gpuguard
+    ledger --since 7d` listed three identical "(until 12:00)" lines that read
+    as one incident listed three times. Over more than one day each says its
+    day, in English and in Chinese; a single day's lines stay as they were."""
+    ledger_dir = box.state / "ledger"
+    ledger_dir.mkdir(parents=True)
+    for n, day in ((1, "2026-11-29"), (2, "2026-11-30"), (3, "2026-12-01")):
+        (ledger_dir / (day + ".tsv")).write_text(
+            "# gpuguard ledger 1\nday\t%s\nlast\t1\t1\n"
+            "job\tbob\t1001\tslurm:42\t7200\t3600\t%d\t%d\t1\ttorchrun sft.py\n" % (day, 1800 + n, at(12, day=n - 4)))
+    lines = ledger(box, "--since", "7d").splitlines()
+    worst = lines[lines.index("  Worst incidents:") + 1:][:3]
+    assert worst == ["  %d. GPU 1 idle for 30 min (%s, until 12:00): bob · Slurm job 42 · torchrun sft.py" % (n, day)
+                     for n, day in ((1, "12-01"), (2, "11-30"), (3, "11-29"))], worst
+    zh = ledger(box, "--since", "7d", env={"NOTIFY_LANG": "zh"})
+    assert "1. GPU 1 连续空闲 30 分钟（12-01，至 12:00）：bob · Slurm 作业 42 · torchrun sft.py" in zh, zh
+    # the ledger of 12-01 alone (today, at 18:00 that day)
+    one = ledger(box, now=at(18, day=-1)).splitlines()
+    assert one[one.index("  Worst incidents:") + 1] == (
+        "  1. GPU 1 idle for 30 min (until 12:00): bob · Slurm job 42 · torchrun sft.py"), one
 
 
 def test_digest_beside_an_idle_alert_in_one_post_names_its_day():
