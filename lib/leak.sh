@@ -1173,9 +1173,7 @@ leak_rules_problem_into() {
 # the job ended.
 leak_job_watch() {
   local stop=0 sleeper='' now
-  # (the trap also ends a sleep already started: a TERM that came between
-  # the check of stop and the wait would not cut that wait short)
-  trap 'stop=1; [[ -z ${sleeper:-} ]] || kill "$sleeper" 2>/dev/null || true' TERM
+  trap leak_stop_caught TERM
   trap '' INT QUIT HUP
   trap 'leak_job_watch_ended $?' EXIT
   if ! leak_lock; then
@@ -1200,14 +1198,7 @@ leak_job_watch() {
     leak_cycle "$now"
     gg_retention_maybe || true
     ((stop)) && break
-    sleep "$LEAK_INTERVAL" {GG_LOCK_FD}>&- &
-    sleeper=$!
-    if ((stop)); then
-      kill "$sleeper" 2>/dev/null || true
-    else
-      wait "$sleeper" || true
-    fi
-    sleeper=''
+    leak_nap
   done
   smi_stream_end
   leak_job_ended_cycle
@@ -1312,11 +1303,34 @@ leak_job_main() {
   return "$rc"
 }
 
+# The watch loops' (leak_job_watch, leak_watch_loop) trap for a stop: sets
+# their local `stop` and ends the sleep between cycles if one runs (their
+# local `sleeper`, seen here as the loop is the function running). A stop
+# that came between the loop's check of `stop` and its wait would not cut
+# that wait short: the sleep is ended instead.
+leak_stop_caught() {
+  stop=1
+  [[ -z ${sleeper:-} ]] || kill "$sleeper" 2>/dev/null || true
+}
+
+# The watch loops' sleep of LEAK_INTERVAL between cycles, cut short by a
+# stop (leak_stop_caught); none when the stop came before the sleep's PID
+# was known. Uses the calling loop's `stop` and `sleeper`.
+leak_nap() {
+  sleep "$LEAK_INTERVAL" {GG_LOCK_FD}>&- &
+  sleeper=$!
+  if ((stop)); then
+    kill "$sleeper" 2>/dev/null || true
+  else
+    wait "$sleeper" || true
+  fi
+  sleeper=''
+}
+
 # Samples until stopped (daemon mode: --pid, --match, --all, --slurm-job).
 leak_watch_loop() {
   local stop=0 sleeper='' now
-  # (as in leak_job_watch, the trap ends a sleep already started)
-  trap 'stop=1; [[ -z ${sleeper:-} ]] || kill "$sleeper" 2>/dev/null || true' TERM INT HUP
+  trap leak_stop_caught TERM INT HUP
   gg_log info "watching every ${LEAK_INTERVAL}s, threshold ${LEAK_THRESHOLD_MIB_H} MiB/h"
   if [[ -n $LEAK_MATCH ]]; then
     gg_log info "watching processes whose command line matches '$LEAK_MATCH'"
@@ -1339,14 +1353,7 @@ leak_watch_loop() {
       leak_detector_stop
       return 0
     fi
-    sleep "$LEAK_INTERVAL" {GG_LOCK_FD}>&- &
-    sleeper=$!
-    if ((stop)); then
-      kill "$sleeper" 2>/dev/null || true
-    else
-      wait "$sleeper" || true
-    fi
-    sleeper=''
+    leak_nap
   done
   smi_stream_end
   leak_detector_stop
