@@ -66,8 +66,7 @@ main() {
     case $1 in
       --once) once=1 ;;
       --config)
-        [[ -n ${2:-} ]] || gg_usage_error "--config needs a file${2+ (got '')}" || return
-        export GPUGUARD_CONFIG=$2
+        config_option "${@:2:1}" || return
         shift
         ;;
       -h | --help)

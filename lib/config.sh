@@ -121,6 +121,19 @@ config_define() {
   )
 }
 
+# Takes the value of a --config option into GPUGUARD_CONFIG: $1, or no
+# argument when the option ended the command line. An empty one
+# (--config="$UNSET" in a cron line) is refused: taken as none given, the
+# default file was read without a word.
+config_option() {
+  if (($# == 0)); then
+    gg_usage_error "--config needs a file"
+    return
+  fi
+  [[ -n $1 ]] || gg_usage_error "--config needs a file (got '')" || return
+  export GPUGUARD_CONFIG=$1
+}
+
 # Prints the config file in force: $GPUGUARD_CONFIG, else the first of
 # /etc/gpuguard/gpuguard.conf, the user's config folder, the source tree's
 # etc/gpuguard.conf that exists. Prints nothing when there is none.
