@@ -121,6 +121,61 @@ def start_cost(n=15):
         print("| `%s` | %.0f | %.0f |" % (name, ms[len(ms) // 2], ms[-1]))
 
 
+# The disk governor's pacer (lib/iogov.sh iogov_pace_tick) on a fake leaf
+# with N processes in a fake /proc, LOOKS looks in one bash. While nobody in
+# the job writes, every look reads all N processes, one every 50 ms; while
+# one process writes, a look every 10 ms reads that one, and every tenth
+# look all N.
+PACE = r"""
+source lib/common.sh; source lib/cgroup.sh; source lib/iogov.sh
+iogov_init "$1" "$2" "" 253:0 "wbps=100000000000 rbps=104857600"
+iogov_pace_begin || exit 1
+io=$4/1000/io
+for ((i = 0; i < $3; i++)); do
+  ((${#5})) && printf 'rchar: 1\nwrite_bytes: %d\n' $((4096 * (i + 2))) >"$io"
+  iogov_pace_tick
+done
+"""
+
+
+def pacer_cost(looks=2000):
+    """CPU of the pacer's looks, as a share of one core, with 1, 8 and 64
+    processes in the job: nobody writing, and one process writing."""
+    import tempfile
+    print("\n## The disk governor's pacer: CPU while the cap is on (a service uses the disk)\n")
+    print("| processes in the job | nobody writes: ms per look, CPU % (a look every 50 ms) "
+          "| one writes: ms per look, CPU % (a look every 10 ms) |")
+    print("|---|---|---|")
+    for n in (1, 8, 64):
+        row = []
+        for writing, every_ms in (("", 50), ("yes", 10)):
+            with tempfile.TemporaryDirectory() as tmp:
+                leaf, proc = os.path.join(tmp, "cg", "job"), os.path.join(tmp, "proc")
+                os.makedirs(leaf)
+                for name, text in (("cgroup.freeze", "0\n"),
+                                   ("cgroup.procs", "".join("%d\n" % (1000 + i) for i in range(n)))):
+                    with open(os.path.join(leaf, name), "w") as f:
+                        f.write(text)
+                for i in range(n):
+                    os.makedirs(os.path.join(proc, str(1000 + i)))
+                    with open(os.path.join(proc, str(1000 + i), "io"), "w") as f:
+                        f.write("rchar: 1\nwchar: 1\nsyscr: 1\nsyscw: 1\nread_bytes: 0\nwrite_bytes: 4096\n"
+                                "cancelled_write_bytes: 0\n")
+                env = dict(os.environ, LOWPRIO_GOV_PROCFS=proc)
+                costs = []
+                for count in (0, looks):
+                    before = os.times()
+                    subprocess.run(["bash", "-c", PACE, "_", leaf, os.path.dirname(leaf), str(count), proc, writing],
+                                   cwd=ROOT, env=env, check=True)
+                    after = os.times()
+                    costs.append(after.children_user + after.children_system - before.children_user
+                                 - before.children_system)
+                ms = (costs[1] - costs[0]) / looks * 1000
+                row.append("%.3f ms, %.1f %%" % (ms, ms / every_ms * 100))
+        print("| %d | %s | %s |" % (n, row[0], row[1]))
+
+
 if __name__ == "__main__":
     main()
     start_cost()
+    pacer_cost()

@@ -120,6 +120,31 @@ cg_io_max_write() {
   { printf '%s\n' "$2" >"$1/io.max"; } 2>/dev/null
 }
 
+# Freezes ($2 = 1) or thaws ($2 = 0) the cgroup $1: the adaptive cap's
+# pacing of the job's writes (lib/iogov.sh), up to a hundred times a
+# second, so without a fork. The kernel stops the cgroup's tasks where a
+# signal would stop them (never inside a file system's lock), and a frozen
+# task still dies of SIGKILL.
+cg_freeze_write() {
+  { printf '%s\n' "$2" >"$1/cgroup.freeze"; } 2>/dev/null
+}
+
+# Opens the thaw guard for the cgroup $1 and puts its fd into the variable
+# named $2: a small sh beside the caller that waits for end of file on that
+# fd and then thaws the cgroup. Only the caller holds the fd, so however
+# the caller ends, SIGKILL included, the job it paces is never left frozen.
+# The guard is sh, not a bash named after a gpuguard command, and the
+# cgroup's path (gpuguard-lowprio-PID) reaches it in its environment, not
+# its command line, so that a `pkill -f lowprio` takes the governor and
+# leaves the guard to thaw; it ignores the terminal's keys, as the governor
+# does.
+cg_freeze_guard_open() {
+  local -n _fg_fd=$2
+  # shellcheck disable=SC2016 # $GG_THAW belongs to the guard's sh
+  exec {_fg_fd}> >(GG_THAW=$1/cgroup.freeze exec sh -c \
+    'trap "" INT QUIT HUP TSTP; read -r _; printf "0\n" >"$GG_THAW"' >/dev/null 2>&1)
+}
+
 # The same under systemd, which owns the job's scope there: one
 # `systemctl set-property --runtime` (the user's manager for a non-root
 # caller) on the scope $1 for disk $2 with the fields $3 ("wbps=N rbps=N";

@@ -1523,6 +1523,9 @@ lowprio_disk_fallback() {
     [[ $LP_MECHANISM == systemd ]] && LP_SET[io_accounting]=yes
     LP_DISK_MECH[$majmin]="adaptive io.max: $text, $why"
     LP_DISK_EFFECT[$majmin]="work-conserving: full speed while no other cgroup uses the disk; within about ${LOWPRIO_GOV_PERIOD:-0.5} s of another's first I/O (${LOWPRIO_GOV_FLOOR_IOPS:-20} I/Os or 1 MiB per second or more; other lowprio-run jobs do not count) the cap above, lifted ${LOWPRIO_GOV_QUIET:-3} s after its last; --report says how long it was capped"
+    if [[ $LP_MECHANISM != systemd && ${LOWPRIO_GOV_PACE:-on} != off ]]; then
+      LP_DISK_EFFECT[$majmin]+="; its writes are paced where they start (the job paused in ${LOWPRIO_GOV_TICK:-0.01} s slices while ahead of the cap), not throttled as they reach the disk, so a service's fsync does not wait behind them (io.max takes the write cap where the job's cgroup cannot be frozen)"
+    fi
     [[ -n $iocost ]] && LP_DISK_EFFECT[$majmin]+="; beside it, iocost: ${iocost_effect:-}"
     return 0
   fi
@@ -1582,7 +1585,7 @@ lowprio_disk_rows_into() {
 # was capped and how many times the cap went on.
 lowprio_gov_rows_into() {
   local -n gov_rows=$1
-  local wall_usec=$2 majmin capped switches pct kv cap
+  local wall_usec=$2 majmin capped switches pct kv cap paused paced how
   for majmin in "${!LP_GOV_CAP[@]}"; do
     cap=''
     for kv in ${LP_GOV_CAP[$majmin]}; do
@@ -1595,9 +1598,13 @@ lowprio_gov_rows_into() {
       gov_rows+=("adaptive $(disk_name "$majmin")|no figures: the governor did not run or did not answer")
       continue
     fi
-    read -r capped switches _ <<<"${LP_GOV_SUM[$majmin]}"
+    read -r capped switches _ paused paced _ <<<"${LP_GOV_SUM[$majmin]}"
     pct=$((capped * 100 / (wall_usec > 0 ? wall_usec : 1)))
-    gov_rows+=("adaptive $(disk_name "$majmin")|capped $(lowprio_usec_text "$capped") of $(lowprio_usec_text "$wall_usec") ($pct %), the cap went on $switches times ($cap while another cgroup used the disk)")
+    how=''
+    if [[ ${paced:-0} == 1 ]]; then
+      how="; writes paced by pausing the job, paused $(lowprio_usec_text "${paused:-0}") in all"
+    fi
+    gov_rows+=("adaptive $(disk_name "$majmin")|capped $(lowprio_usec_text "$capped") of $(lowprio_usec_text "$wall_usec") ($pct %), the cap went on $switches times ($cap while another cgroup used the disk$how)")
   done
 }
 

@@ -175,8 +175,8 @@ def test_the_governor_exits_when_the_jobs_cgroup_is_gone_or_empty(tmp_path):
     (t.leaf / "cgroup.events").write_text("populated 0\nfrozen 0\n")
     out, err = gov.communicate(timeout=30)
     assert gov.returncode == 0 and err == ""
-    capped, switches, elapsed = (int(x) for x in out.split()[1:])
-    assert out.startswith("GOV ") and switches == 1 and 0 < capped <= elapsed
+    capped, switches, elapsed, paused, paced = (int(x) for x in out.split()[1:])
+    assert out.startswith("GOV ") and switches == 1 and 0 < capped <= elapsed and (paused, paced) == (0, 0)
     # the job left but its leaf is still there: the cap is taken off
     assert t.io_max() == "%s rbps=max wbps=max\n" % DEV
     t.io(svc, 0, 0)
@@ -207,6 +207,165 @@ def test_the_governor_waits_for_the_job_to_enter_and_stops_on_term(tmp_path):
     out, _ = gov.communicate(timeout=30)
     assert out.startswith("GOV ") and out.split()[2] == "1"
     assert t.io_max() == "%s rbps=max wbps=max\n" % DEV
+
+
+def replace(path, text):
+    tmp = path.with_name(path.name + ".new")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+class PacedJob:
+    """The job's side of the pacer on a fake tree: a leaf that can be
+    frozen (cgroup.freeze), its processes (cgroup.procs) and a fake /proc
+    with each one's write_bytes."""
+
+    def __init__(self, t, pids=(4242,)):
+        self.t, self.proc = t, t.root.parent / "proc"
+        (t.leaf / "cgroup.freeze").write_text("0\n")
+        self.written = {}
+        for pid in pids:
+            self.write(pid, 0)
+
+    def write(self, pid, nbytes):
+        """Process PID has written nbytes in all (it joins the job if new)."""
+        self.written[pid] = nbytes
+        (self.proc / str(pid)).mkdir(parents=True, exist_ok=True)
+        # (whole files at once, as the kernel shows them)
+        replace(self.proc / str(pid) / "io",
+                "rchar: 1\nwchar: %d\nsyscr: 1\nsyscw: 1\nread_bytes: 0\nwrite_bytes: %d\ncancelled_write_bytes: 0\n"
+                % (nbytes, nbytes))
+        replace(self.t.leaf / "cgroup.procs", "".join("%d\n" % p for p in self.written))
+
+    def shell(self, pid, nbytes):
+        """The same as a shell command, for steps()."""
+        return ("mkdir -p %s/%d; printf 'rchar: 1\\nwrite_bytes: %d\\ncancelled_write_bytes: 0\\n' > %s/%d/io; "
+                "grep -qx %d %s/cgroup.procs || echo %d >> %s/cgroup.procs"
+                % (self.proc, pid, nbytes, self.proc, pid, pid, self.t.leaf, pid, self.t.leaf))
+
+    def frozen(self):
+        return (self.t.leaf / "cgroup.freeze").read_text().strip()
+
+
+def children(pid):
+    """The PIDs whose parent is pid."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open("/proc/%s/stat" % entry) as f:
+                if entry.isdigit() and int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                    found.append(int(entry))
+        except (OSError, IndexError, ValueError):
+            pass
+    return found
+
+
+def pace_steps(t, job, actions):
+    """steps() for the pacer: each action is a shell command, then
+    "step" (iogov_step), "tick" (one look of the pacer), "tick+50ms" (one
+    look as if 50 ms had passed since the last) or "tick+50ms, all" (the
+    same, a look that reads every process of the job, as every tenth look
+    does, not only those writing); prints io.max and cgroup.freeze after
+    each."""
+    script = LIBS + 'iogov_init "$1" "$2" "$3" %s "%s"; iogov_step\n' % (DEV, CAP)
+    for action, what in actions:
+        call = {"step": "iogov_step", "tick": "iogov_pace_tick",
+                "tick+50ms": "IOGOV_PACE_T=$((IOGOV_PACE_T - 50000)); iogov_pace_tick",
+                "tick+50ms, all": "IOGOV_PACE_T=$((IOGOV_PACE_T - 50000)) IOGOV_LOOKS=0; iogov_pace_tick"}[what]
+        script += '%s\n%s; io=-; [[ -e $1/io.max ]] && io=$(<"$1/io.max"); echo "$io freeze=$(<"$1/cgroup.freeze")"\n' % (
+            action, call)
+    script += "iogov_pace_end; echo \"end freeze=$(<\"$1/cgroup.freeze\") paused=$((IOGOV_PAUSED_USEC > 0))\"\n"
+    r = subprocess.run(["bash", "-c", script, "_", str(t.leaf), str(t.root), str(t.stat)], cwd=ROOT,
+                       env=dict(os.environ, LOWPRIO_GOV_QUIET="3600", LOWPRIO_GOV_PROCFS=str(job.proc)),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    return r.stdout.splitlines()
+
+
+def test_while_others_use_the_disk_the_jobs_writes_are_paced_by_pausing_it_and_reads_go_to_io_max(tmp_path):
+    """The cap at 100 MiB/s with 4 MiB of burst: io.max gets only the read
+    cap (the job's writeback must not be throttled, or a service's fsync
+    waits behind it); a job 8 MiB ahead is frozen until 50 ms at the cap's
+    rate have paid for it, then thawed. What a process wrote before the cap
+    went on is not held against it; a process that joins later counts from
+    its first byte."""
+    t = Tree(tmp_path)
+    job = PacedJob(t)
+    job.write(4242, 10 << 30)                          # 10 GiB written before anyone else came
+    svc = t.root / "system.slice"
+    t.io(svc, 0, 0)
+    reads_only = "%s wbps=max rbps=268435456 freeze=0" % DEV
+    out = pace_steps(t, job, [
+        (write_io(svc / "io.stat", 409600, 100), "step"),                   # the service: cap on
+        ("", "tick"),                                                      # nothing written since: running
+        (job.shell(4242, (10 << 30) + (8 << 20)), "tick"),                 # 8 MiB at once: 4 MiB ahead
+        ("", "tick"),                                                      # still ahead
+        ("", "tick+50ms"),                                                 # 5 MiB of credit came: thawed
+        (job.shell(4243, 3 << 20), "tick+50ms, all"),                      # a new process, 3 MiB: within
+        (job.shell(4243, 9 << 20), "tick"),                                # 6 MiB more: ahead again
+    ])
+    assert out == [reads_only, reads_only, reads_only.replace("freeze=0", "freeze=1"),
+                   reads_only.replace("freeze=0", "freeze=1"), reads_only, reads_only,
+                   reads_only.replace("freeze=0", "freeze=1"), "end freeze=0 paused=1"]
+
+
+def test_without_a_freezer_or_with_pacing_off_io_max_caps_the_writes_as_before(tmp_path):
+    """A leaf with no cgroup.freeze (a kernel before 5.2), LOWPRIO_GOV_PACE=off,
+    or a job none of whose /proc/PID/io can be read: the whole cap goes to
+    io.max, and nothing is ever frozen."""
+    t = Tree(tmp_path)
+    svc = t.root / "svc"
+    t.io(svc, 0, 0)
+    assert steps(t, [write_io(svc / "io.stat", 409600, 100)]) == ["%s %s" % (DEV, CAP)]
+    for how in ("off", "unreadable"):
+        t = Tree(tmp_path / how)
+        job = PacedJob(t)
+        t.io(t.root / "svc", 0, 0)
+        script = LIBS + 'iogov_init "$1" "$2" "$3" %s "%s"; iogov_step; %s; iogov_step; echo "$(<"$1/io.max")"' % (
+            DEV, CAP, write_io(t.root / "svc" / "io.stat", 409600, 100))
+        env = dict(os.environ, LOWPRIO_GOV_QUIET="3600", LOWPRIO_GOV_PROCFS=str(job.proc))
+        if how == "off":
+            env["LOWPRIO_GOV_PACE"] = "off"
+        else:
+            env["LOWPRIO_GOV_PROCFS"] = str(tmp_path / "nowhere")
+        r = subprocess.run(["bash", "-c", script, "_", str(t.leaf), str(t.root), str(t.stat)], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0 and r.stderr == "", r.stderr
+        assert r.stdout == "%s %s\n" % (DEV, CAP) and job.frozen() == "0"
+
+
+@pytest.mark.slow
+def test_a_governor_killed_while_the_job_is_paused_never_leaves_it_frozen(tmp_path):
+    """The governor paces a job that keeps writing beside a busy service,
+    so it is frozen part of the time; a kill -9 of the governor (or a
+    `pkill -9 -f lowprio-run`, which takes the governor too) must not leave
+    the job frozen for good: its guard thaws it. A governor stopped with
+    TERM thaws it itself and says how long the job was paused."""
+    for how in ("KILL", "TERM"):
+        t = Tree(tmp_path / how)
+        job = PacedJob(t)
+        svc = t.root / "svc"
+        t.io(svc, 0, 0)
+        gov = start_governor(t, LOWPRIO_GOV_PROCFS=str(job.proc))
+        written = [0]
+
+        def busy_and_writing(t=t, svc=svc, job=job, written=written):
+            service_io(t, svc)
+            written[0] += 64 << 20                     # 64 MiB a look: far ahead of 100 MiB/s
+            job.write(4242, written[0])
+            return job.frozen() == "1"
+        assert wait_for(busy_and_writing)
+        assert t.io_max() == "%s wbps=max rbps=268435456\n" % DEV
+        # `pkill -f lowprio` must not find the guard: no "lowprio" in its command line
+        guards = [c for c in children(gov.pid) if open("/proc/%d/cmdline" % c, "rb").read().startswith(b"sh\0")]
+        assert len(guards) == 1 and b"lowprio" not in open("/proc/%d/cmdline" % guards[0], "rb").read()
+        gov.send_signal(getattr(signal, "SIG" + how))
+        out, _ = gov.communicate(timeout=30)
+        assert wait_for(lambda job=job: job.frozen() == "0", timeout=10)
+        if how == "TERM":
+            capped, switches, elapsed, paused, paced = (int(x) for x in out.split()[1:])
+            assert switches == 1 and paced == 1 and 0 < paused <= capped <= elapsed
+            assert t.io_max() == "%s rbps=max wbps=max\n" % DEV
 
 
 # A stand-in for a governor still starting: deaf to TERM for its first

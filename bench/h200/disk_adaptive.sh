@@ -51,6 +51,8 @@
 # throttled as it dirties pages instead of piling them up for writeback
 # bursts that a service's journal commit waits for), put back at the end.
 # KINDS (ckpt direct8 read): the job kinds of the plain and default rows.
+# IOMAX_ROW (1): the default row again with LOWPRIO_GOV_PACE=off (the
+# write cap in io.max, as before the governor paced writes at the source).
 
 AD_HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=disk_default.sh
@@ -108,6 +110,9 @@ main() {
   for pct in $ALT_PCTS; do
     LOWPRIO_TIERS=$WORK/tiers-${pct}pct.conf ad_config "default at $pct %" ckpt "$LP" --report --
   done
+  if ((IOMAX_ROW)); then
+    LOWPRIO_GOV_PACE=off ad_config "default, writes capped by io.max (no pacing)" ckpt "$LP" --report --
+  fi
   local kb
   for kb in $MAX_SECTORS_KBS; do
     ((DRY)) && break
@@ -147,6 +152,9 @@ ad_params() {
   TIME_BUDGET_S=${TIME_BUDGET_S:-270}
   # the cap's trade-off: the batch tier's write cap at these other shares
   ALT_PCTS=${ALT_PCTS:-8 16}
+  # 1: the default row again with the governor's writes capped by io.max
+  # instead of paced at the source (LOWPRIO_GOV_PACE=off: before pacing)
+  IOMAX_ROW=${IOMAX_ROW:-1}
   # 1: also the default beside --setup-disk's iocost (bench/RESULTS.md §8b
   # measured iocost itself: it slows the service's reads)
   WITH_IOCOST=${WITH_IOCOST:-0}

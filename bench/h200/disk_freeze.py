@@ -25,6 +25,11 @@ from a cgroup of its own:
                     cgroup has the io controller)
   frozen P %        the job's cgroup frozen while it is ahead of P % of
                     the measured speed (10 ms looks, 4 MiB of burst)
+  cpu.max P %       the job's cgroup held at P % of the measured speed by
+                    its CPU quota instead (cpu.max, set every 50 ms from
+                    what it wrote and the CPU it used: the kernel paces
+                    it in 20 ms periods, and nothing stays stopped if the
+                    governor dies)
   plain alone       no service: the job's own speed, the 100 % of the
                     "job MiB/s" column
 Prints a Markdown table; the job's MiB/s is what it dirtied (write_bytes)
@@ -82,9 +87,10 @@ class _Job:
     """The checkpoint writer in a cgroup of its own, metered (and, with a
     rate, frozen while ahead of it)."""
 
-    def __init__(self, root, folder, rate=None, wbps=None, dev=None):
+    def __init__(self, root, folder, rate=None, wbps=None, dev=None, cpu=False):
         self.cg = os.path.join(root, "gg-fz-%d" % os.getpid())
         os.mkdir(self.cg)
+        self.cpu = cpu
         if wbps:
             with open(os.path.join(self.cg, "io.max"), "w") as f:
                 f.write("%s wbps=%d" % (dev, wbps))
@@ -96,7 +102,7 @@ class _Job:
         while not open(os.path.join(self.cg, "cgroup.procs")).read().strip():
             time.sleep(0.001)
         self.t0 = time.monotonic()
-        self.thread = threading.Thread(target=self._govern)
+        self.thread = threading.Thread(target=self._govern_cpu if cpu else self._govern)
         self.thread.start()
 
     def _freeze(self, on):
@@ -120,6 +126,49 @@ class _Job:
             time.sleep(TICK)
         if frozen:
             self._freeze(False)
+
+    def _cpu_usage(self):
+        with open(os.path.join(self.cg, "cpu.stat")) as f:
+            for line in f:
+                if line.startswith("usage_usec"):
+                    return int(line.split()[1])
+        return 0
+
+    def _cpu_max(self, allowance):
+        if allowance is None:
+            text = "max 100000"
+        else:
+            period = min(1000000, max(20000, int(1000 / max(allowance, 0.001))))
+            text = "%d %d" % (max(1000, int(allowance * period)), period)
+        with open(os.path.join(self.cg, "cpu.max"), "w") as f:
+            f.write(text)
+
+    def _govern_cpu(self):
+        """Every 50 ms: writing faster than the rate cuts the CPU the job
+        may use in proportion; slower lets it grow (at most doubling)."""
+        ncpu = os.cpu_count() or 1
+        allowance, prev_t, prev_w, prev_u = None, time.monotonic(), 0, self._cpu_usage()
+        while not self.stop.is_set():
+            time.sleep(0.05)
+            pids = open(os.path.join(self.cg, "cgroup.procs")).read().split()
+            w, u, now = _written(pids, self.last), self._cpu_usage(), time.monotonic()
+            dt = max(now - prev_t, 1e-3)
+            rate, used = (w - prev_w) / dt, (u - prev_u) / 1e6 / dt
+            new = allowance
+            if rate > self.rate * 1.05:
+                new = max(0.001, used * self.rate / rate)
+            elif allowance is not None:
+                new = allowance * (min(2.0, self.rate / rate) if rate > 0 else 2.0)
+                if new >= ncpu:
+                    new = None
+            if new != allowance:
+                allowance = new
+                self._cpu_max(allowance)
+            if allowance is not None:
+                self.frozen_s += now - prev_t
+            prev_t, prev_w, prev_u = now, w, u
+        if allowance is not None:
+            self._cpu_max(None)
 
     def end(self):
         """Stops the job; returns (MiB/s dirtied, seconds frozen)."""
@@ -156,7 +205,8 @@ def main(argv):
     part = "/sys/dev/block/%s/partition" % dev
     if os.path.exists(part):
         dev = open(os.path.join(os.path.dirname(os.path.realpath("/sys/dev/block/" + dev)), "dev")).read().strip()
-    has_io = "io" in open(os.path.join(root, "cgroup.subtree_control")).read().split()
+    ctl = open(os.path.join(root, "cgroup.subtree_control")).read().split()
+    has_io, has_cpu = "io" in ctl, "cpu" in ctl
     speed = _measure_write(folder)
     print("disk %s measured %.0f MiB/s (O_DIRECT writes); io controller: %s; %d s a row\n" % (
         dev, speed, "yes" if has_io else "no (no io.max rows)", io_s))
@@ -165,8 +215,10 @@ def main(argv):
         if has_io:
             rows.append(("io.max %g %%" % p, {"wbps": int(speed * p / 100 * 2**20), "dev": dev}))
         rows.append(("frozen %g %%" % p, {"rate": speed * p / 100 * 2**20}))
+        if has_cpu:
+            rows.append(("cpu.max %g %%" % p, {"rate": speed * p / 100 * 2**20, "cpu": True}))
     rows.append(("plain alone", "alone"))
-    print("| row | write+fsync p99 ms | O_DIRECT read p99 ms | job MiB/s | job frozen s |")
+    print("| row | write+fsync p99 ms | O_DIRECT read p99 ms | job MiB/s | job frozen (or under a quota) s |")
     print("|---|---|---|---|---|")
     try:
         for name, how in rows:
