@@ -687,7 +687,8 @@ gg_rotate_by_size() {
 # RETENTION_DAYS removed, stray temporary files after an hour (a disk measurement's
 # 256 MiB file of a lowprio-run killed mid-way too), history files
 # (one per leak series) removed after RETENTION_DAYS and then, oldest first,
-# until at most HISTORY_MAX_FILES files and HISTORY_MAX_MB remain.
+# until at most HISTORY_MAX_FILES files and HISTORY_MAX_MB remain, the
+# ledger's day files by their day (gg_retention_ledger_days).
 # Ages count from gg_now (GPUGUARD_NOW pins it), so replays age files too.
 # Globals:
 #   GPUGUARD_STATE_DIR, GPUGUARD_LOG, RETENTION_DAYS, HISTORY_MAX_FILES,
@@ -720,9 +721,7 @@ gg_retention() {
       doomed+=("$path")
     fi
   done < <(find "$dir/history" -maxdepth 1 -type f -printf '%T@ %s %p\0' 2>/dev/null | sort -z -rn)
-  # the ledger's day files (lib/ledger.sh), LEDGER_KEEP_DAYS after the day
-  [[ -d $dir/ledger && ! -L $dir/ledger ]] && find "$dir/ledger" -maxdepth 1 -type f -name '????-??-??.tsv' \
-    ! -newermt "@$((now - ${LEDGER_KEEP_DAYS:-35} * 86400))" -delete 2>/dev/null || true
+  gg_retention_ledger_days "$dir/ledger" "$now"
   if ((${#doomed[@]})); then
     printf '%s\0' "${doomed[@]}" | xargs -0 rm -f --
     removed=${#doomed[@]}
@@ -733,6 +732,41 @@ gg_retention() {
   done
   gg_retention_leak_textfiles "$cutoff"
   gg_write_atomic "$dir/.retention-last" "$now"$'\n' || true
+}
+
+# Removes the ledger's day files (lib/ledger.sh) of the days more than
+# LEDGER_KEEP_DAYS before today, as `gpuguard ledger` counts them
+# (python/gpuguard_ledger.py). A file's day is in its name, and the name
+# ages it, not its mtime, which a copy or a restore changes. The newest
+# LEDGER_KEEP_DAYS + 1 day files, what a normal day keeps, are never
+# removed: one cycle run while the clock was far ahead (a VM booted with
+# its RTC 400 days ahead, before NTP set it back) found every day file too
+# old and removed the whole ledger. Such a cycle's future day file is
+# removed by ledger_clock_back (lib/ledger.sh) once the clock is right. A
+# ledger that stopped (the watchdog off for months) keeps its last
+# LEDGER_KEEP_DAYS + 1 files, as many as a running one.
+# Arguments:
+#   $1 the ledger folder, $2 now, unix seconds
+gg_retention_ledger_days() {
+  local dir=$1 now=$2 keep=${LEDGER_KEEP_DAYS:-35} h m s noon oldest file i
+  local -a days=()
+  [[ -d $dir && ! -L $dir ]] || return 0
+  # the glob sorts the names, oldest day first (ledger_load relies on it too)
+  for file in "$dir"/????-??-??.tsv; do
+    [[ -f $file && ! -L $file ]] && days+=("$file")
+  done
+  # the day KEEP days before today counted from today's noon, so that a
+  # 23- or 25-hour day (a clock change) in between never shifts it
+  printf -v h '%(%H)T' "$now"
+  printf -v m '%(%M)T' "$now"
+  printf -v s '%(%S)T' "$now"
+  noon=$((now - 10#$h * 3600 - 10#$m * 60 - 10#$s + 43200))
+  printf -v oldest '%(%Y-%m-%d)T' "$((noon - keep * 86400))"
+  for ((i = 0; i < ${#days[@]} - keep - 1; i++)); do
+    file=${days[i]}
+    [[ ${file##*/} < $oldest.tsv ]] || break
+    rm -f -- "$file"
+  done
 }
 
 # Removes the leak watchers' metrics files (gpuguard_leak-<instance>.prom,

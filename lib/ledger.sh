@@ -312,8 +312,8 @@ ledger_cycle() {
 # ahead (400 days). The rule: the clock now is right; the last cycle's time
 # and the open idle stretches are dropped (this cycle accounts nothing, as
 # after any gap), and the day files of days after today, written by that
-# clock, are removed (their mtime is in the future too, so retention never
-# took them). The all-time counters are kept: a counter never goes down.
+# clock, are removed (their day is after today's, so retention never takes
+# them). The all-time counters are kept: a counter never goes down.
 # Arguments:
 #   $1 now, unix seconds
 ledger_clock_back() {

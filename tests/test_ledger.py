@@ -519,17 +519,56 @@ def test_busy_box_stays_under_a_megabyte_a_month(box):
     assert (ledger_dir / "journal").read_text() == ""
 
 
-def test_retention_prunes_old_day_files(box):
+def day_name(day):
+    return time.strftime("%Y-%m-%d", time.gmtime(at(0, day=day)))
+
+
+def past_days(box, first, last=-1):
+    """Day files of the days first..last (days since DAY0, negative) as the
+    watchdog left them, each with one hour of a job of alice's and its
+    mtime at the day's end (today's at 09:50)."""
     ledger_dir = box.state / "ledger"
-    ledger_dir.mkdir(parents=True)
-    old, recent = ledger_dir / "2026-10-01.tsv", ledger_dir / "2026-11-30.tsv"
-    for f in (old, recent):
-        f.write_text("# gpuguard ledger 1\n")
-    os.utime(old, (at(0) - 40 * 86400, at(0) - 40 * 86400))
-    os.utime(recent, (at(0) - 2 * 86400, at(0) - 2 * 86400))
+    ledger_dir.mkdir(parents=True, exist_ok=True)
+    for seq, day in enumerate(range(first, last + 1), start=1):
+        end = at(23, 59, day=day) if day < 0 else at(9, 50, day=day)
+        f = ledger_dir / (day_name(day) + ".tsv")
+        f.write_text(f"# gpuguard ledger 1\nday\t{day_name(day)}\nlast\t{end}\t{seq}\n"
+                     f"job\talice\t1000\tslurm:{seq}\t3600\t0\t0\t0\t0\t-\n")
+        os.utime(f, (end, end))
+    return ledger_dir
+
+
+def test_retention_prunes_day_files_by_their_day(box):
+    """Day files more than LEDGER_KEEP_DAYS (35) days before today go, by
+    the day in their name: a restore from backup gave them all a fresh
+    mtime."""
+    ledger_dir = past_days(box, -60, 0)
+    for f in ledger_dir.glob("*.tsv"):
+        os.utime(f)
     box.write_scenario([{"gpus": [idle_gpu(mem=0)], "apps": []}])
-    box.once(now=at(0), env={"TZ": "UTC"})
-    assert not old.exists() and recent.exists()
+    r = box.once(now=at(10), env={"TZ": "UTC"})
+    assert "clock" not in r.stderr
+    assert sorted(p.name[:-4] for p in ledger_dir.glob("*.tsv")) == [day_name(d) for d in range(-35, 1)]
+
+
+def test_a_cycle_with_the_clock_far_ahead_keeps_the_ledgers_month(box):
+    """A VM booted with its RTC 400 days ahead ran two cycles before NTP set
+    the clock back: their retention pass found every day file over
+    LEDGER_KEEP_DAYS old by its mtime and removed them, and `gpuguard
+    ledger --since 30d` showed an empty month. The newest LEDGER_KEEP_DAYS
+    + 1 day files are now never removed: the month is still there."""
+    ledger_dir = past_days(box, -40)
+    box.write_scenario([{"gpus": [idle_gpu(mem=0)], "apps": []}])
+    env = {"CHECK_INTERVAL": "60", "TZ": "UTC"}
+    box.once(now=at(10), env=env)
+    before = json.loads(ledger(box, "--since", "30d", "--json", now=at(10), env=env))
+    assert before["held_s"] == 29 * H                    # 11-03..12-01, an hour each
+    for t in (at(10, day=400), at(10, day=401), at(10, 2), at(10, 3)):
+        box.once(now=t, env=env)
+    after = json.loads(ledger(box, "--since", "30d", "--json", now=at(10, 4), env=env))
+    assert (after["from"], after["to"], after["held_s"]) == (before["from"], before["to"], 29 * H)
+    # the last 35 days, today's file among them; the future one gone
+    assert sorted(p.name[:-4] for p in ledger_dir.glob("*.tsv")) == [day_name(d) for d in range(-34, 1)]
 
 
 def test_one_cycle_with_the_clock_far_ahead_does_not_silence_the_ledger(box):
@@ -540,9 +579,7 @@ def test_one_cycle_with_the_clock_far_ahead_does_not_silence_the_ledger(box):
     future day file and counts again from the first cycle with the right
     clock (which accounts nothing, as after a gap)."""
     box.write_scenario([{"gpus": [idle_gpu(mem=30000)], "apps": [app(os.getpid(), mem=29800)]}])
-    # retention by mtime (the test's files are new) would prune the days
-    # the pinned clock finds 400 days old
-    env = {"CHECK_INTERVAL": "60", "TZ": "UTC", "JOBINFO_DEVICE_GLOB": "/nonexistent*", "LEDGER_KEEP_DAYS": "3650"}
+    env = {"CHECK_INTERVAL": "60", "TZ": "UTC", "JOBINFO_DEVICE_GLOB": "/nonexistent*"}
     for t in (at(10), at(10, 1), at(10, day=400), at(10, day=401)):
         box.once(now=t, env=env)
     ledger_dir = box.state / "ledger"
