@@ -66,7 +66,7 @@ main() {
     case $1 in
       --once) once=1 ;;
       --config)
-        config_option "${@:2:1}" || return
+        config_option '' "${@:2:1}" || return
         shift
         ;;
       -h | --help)

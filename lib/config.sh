@@ -121,17 +121,48 @@ config_define() {
   )
 }
 
-# Takes the value of a --config option into GPUGUARD_CONFIG: $1, or no
-# argument when the option ended the command line. An empty one
-# (--config="$UNSET" in a cron line) is refused: taken as none given, the
-# default file was read without a word.
+# Takes the value of a --config option into GPUGUARD_CONFIG, once
+# config_option_check found it a file name.
+# Arguments:
+#   $1 the command's own command words (see config_option_check), $2 the
+#   value: absent when the option ended the command line
 config_option() {
+  config_option_check "$@" || return
+  export GPUGUARD_CONFIG=$2
+}
+
+# Returns 2 with one line when the value of a --config option is no file
+# name: absent (the option ended the command line), or empty
+# (--config="$UNSET" in a cron line: taken as none given, the default file
+# was read without a word). The file name forgotten, the next word was
+# taken as the file: `gpuguard --config status` then said a command was
+# needed, `yichuidingyin.sh --config --once` that a config file "--once"
+# does not exist, `gpu-leak-watch --config -- CMD` that CMD was an unknown
+# option. A value that is one of the command words ($1, gpuguard's
+# commands where --config came before one) or an option is refused naming
+# what it is, unless a file by that name exists: then it is the file
+# meant (./status works too).
+# Arguments:
+#   $1 command words, separated by spaces ('' for none), $2 the value
+config_option_check() {
+  local commands=$1 shown
+  shift
   if (($# == 0)); then
     gg_usage_error "--config needs a file"
     return
   fi
   [[ -n $1 ]] || gg_usage_error "--config needs a file (got '')" || return
-  export GPUGUARD_CONFIG=$1
+  [[ ! -e $1 ]] || return 0
+  if [[ " $commands " == *" $1 "* ]]; then
+    gg_usage_error "--config needs a file before the command (got the command '$1')"
+    return
+  fi
+  if [[ $1 == -?* ]]; then
+    gg_shown_into shown "$1" 40
+    gg_usage_error "--config needs a file (got the option $shown)"
+    return
+  fi
+  return 0
 }
 
 # Prints the config file in force: $GPUGUARD_CONFIG, else the first of

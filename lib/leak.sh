@@ -835,6 +835,7 @@ leak_option() {
       # an empty one (--config="$UNSET") was taken as none given: the
       # default file read without a word, or "say what to watch"
       [[ -n $2 ]] || gg_usage_error "$1 needs a file (got '')" || return
+      [[ $1 != --config ]] || config_option_check '' "$2" || return
       case $1 in
         --rules) LEAK_OPT_ENV[LEAK_RULES]=$2 ;;
         --loss-log) LEAK_OPT_ENV[LEAK_LOSS_LOG]=$2 ;;

@@ -102,6 +102,40 @@ def test_an_empty_file_name_is_refused_not_taken_for_none(tmp_path, cmd):
     assert (r.returncode, r.stderr) == (2, "%s: %s needs a file (got '')\n" % (cmd[0].replace(".sh", ""), option))
 
 
+@pytest.mark.parametrize("cmd,message", [
+    (["gpuguard", "--config", "status"], "--config needs a file before the command (got the command 'status')"),
+    (["gpuguard", "--config=ledger", "--json"], "--config needs a file before the command (got the command 'ledger')"),
+    (["gpuguard", "status", "--config", "--json"], "--config needs a file (got the option '--json')"),
+    (["yichuidingyin.sh", "--config", "--once"], "--config needs a file (got the option '--once')"),
+    (["gpu-leak-watch", "--all", "--config", "--once"], "--config needs a file (got the option '--once')"),
+    (["gpu-leak-watch", "--config", "--", "touch", "ran"], "--config needs a file (got the option '--')"),
+    (["gpu-leak-watch", "report", "--config", "--out", "r.html"], "--config needs a file (got the option '--out')"),
+])
+def test_a_forgotten_config_file_name_is_said_not_read_from_the_next_word(tmp_path, cmd, message):
+    """`gpuguard --config status` (the file name forgotten) took `status`
+    as the config file and then said "a command is needed";
+    `yichuidingyin.sh --config --once` said config file --once does not
+    exist, `gpu-leak-watch --config -- CMD` that CMD was an unknown option.
+    Each now says in one line that --config needs a file and what it got
+    instead, exit 2 (and runs no job)."""
+    r = subprocess.run([str(ROOT / "bin" / cmd[0])] + cmd[1:], capture_output=True, text=True, timeout=60,
+                       cwd=tmp_path, env=user_environ(GPUGUARD_STATE_DIR=str(tmp_path / "state")))
+    assert (r.returncode, r.stdout, r.stderr) == (2, "", "%s: %s\n" % (cmd[0].replace(".sh", ""), message))
+    assert not (tmp_path / "ran").exists()
+
+
+def test_a_config_file_named_like_a_command_is_read_when_it_exists(box, tmp_path):
+    """A file by the name is the file meant: `gpuguard --config status
+    status` in a folder holding a config file named "status"."""
+    (tmp_path / "status").write_text("MAX_IDLE_CYCLES=7\n")
+    box.write_scenario([{"gpus": [idle_gpu(util=50)], "apps": [app(5)]}])
+    env = dict(box.env, GPUGUARD_CONFIG="")
+    r = subprocess.run([str(ROOT / "bin/gpuguard"), "--config", "status", "status", "--json"], capture_output=True,
+                       text=True, timeout=60, cwd=tmp_path, env=env)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["gpus"][0]["idle_limit"] == 7
+
+
 def test_a_webhook_url_given_as_the_config_file_is_not_printed(tmp_path):
     """`--config=https://oapi.dingtalk.com/robot/send?access_token=...` (the
     URL pasted into the wrong place) was printed whole, token and all, in
