@@ -26,6 +26,13 @@ gg_log() {
   local line
   printf -v line '%(%Y-%m-%d %H:%M:%S)T %-5s %s: %s' -1 "${level^^}" \
     "${GG_PROG:-gpuguard}" "$*"
+  # a byte that was not UTF-8 in a tool's text is a U+FFFD
+  # (gg_printable_into), three bytes of mojibake on a console that is not
+  # UTF-8 (cron's C): there it is "?", as in the views (gg_term_text_into);
+  # the rest of the line, a path or a job's command line, is kept as written
+  if [[ $line == *$'\xef\xbf\xbd'* ]] && ! gg_utf8_locale; then
+    line=${line//$'\xef\xbf\xbd'/?}
+  fi
   # A line that cannot be written (stderr on a terminal that hung up: EIO)
   # is lost, never fatal: under set -e it would end a command that must
   # outlive its terminal (gpu-leak-watch's wrapper, waiting for its job).
@@ -49,6 +56,8 @@ gg_log() {
 # job's arguments, raw bytes) becomes U+FFFD, and a control character
 # becomes \n, \t, \r, \e or ? (a newline in an argument split the alert
 # and the status table; an escape sequence reached the admin's terminal).
+# The U+FFFD stays in JSON and chat texts; a terminal view or a log line
+# shows it as "?" where the locale is not UTF-8 (gg_term_text_into, gg_log).
 gg_printable_into() {
   local -n printable_ref=$1
   local text=$2 LC_ALL=C clean='' valid

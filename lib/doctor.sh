@@ -23,7 +23,11 @@ doctor_line() {
     gg_json_escape_into "$*" esc
     DOCTOR_CHECKS+=("{\"level\":\"$level\",\"message\":\"$esc\"}")
   else
-    printf '%-5s %s\n' "$level" "$*"
+    # a device tool's text among it (a U+FFFD for each of its bytes that
+    # was not UTF-8) in ASCII on a console that is not UTF-8
+    local text
+    gg_term_text_into text "$*"
+    printf '%-5s %s\n' "$level" "$text"
   fi
   if [[ $level == FAIL ]]; then
     DOCTOR_FAILS=$((DOCTOR_FAILS + 1))
@@ -312,7 +316,7 @@ status_main() {
     *)
       status_colours
       status_collect || {
-        printf 'gpuguard status: %s\n' "$SMI_ERROR" >&2
+        status_say "$SMI_ERROR"
         return 1
       }
       status_notes
@@ -389,12 +393,23 @@ status_caveats() {
   fi
 }
 
-# Says STATUS_NO_STATE and STATUS_APPS_ERROR on stderr, one line each.
+# Says STATUS_NO_STATE, STATUS_APPS_ERROR and STATUS_TOOL_ERROR on stderr,
+# one line each.
 status_notes() {
-  [[ -z $STATUS_NO_STATE ]] || printf 'gpuguard status: %s\n' "$STATUS_NO_STATE" >&2
-  [[ -z $STATUS_APPS_ERROR ]] || printf 'gpuguard status: %s\n' "$STATUS_APPS_ERROR" >&2
-  [[ -z $STATUS_TOOL_ERROR ]] || printf 'gpuguard status: %s\n' "$STATUS_TOOL_ERROR" >&2
+  [[ -z $STATUS_NO_STATE ]] || status_say "$STATUS_NO_STATE"
+  [[ -z $STATUS_APPS_ERROR ]] || status_say "$STATUS_APPS_ERROR"
+  [[ -z $STATUS_TOOL_ERROR ]] || status_say "$STATUS_TOOL_ERROR"
   return 0
+}
+
+# Says one line of status on stderr as the table is drawn: a device tool's
+# text in it (a U+FFFD for each of its bytes that was not UTF-8,
+# gg_printable_into) in ASCII on a console that is not UTF-8
+# (gg_term_text_into); status --json keeps it UTF-8.
+status_say() {
+  local text
+  gg_term_text_into text "$1"
+  printf 'gpuguard status: %s\n' "$text" >&2
 }
 
 # The status of `gpuguard status` after a table or document: 1 when a
@@ -709,8 +724,11 @@ status_watch_frame() {
     status_notes 2>&1
     status_table
   else
-    # SMI_ERROR names the tool that failed (nvidia-smi or npu-smi)
-    printf '%s%s%s\n' "$C_RED" "$SMI_ERROR" "$C_OFF"
+    # SMI_ERROR names the tool that failed (nvidia-smi or npu-smi); its
+    # text in ASCII on a console that is not UTF-8, as status_say's
+    local text
+    gg_term_text_into text "$SMI_ERROR"
+    printf '%s%s%s\n' "$C_RED" "$text" "$C_OFF"
   fi
 }
 

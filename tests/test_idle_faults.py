@@ -238,6 +238,39 @@ def test_nvidia_smis_error_text_reaches_terminal_log_and_events_printable(box, t
         assert said in out and "\x1b" not in out and "\x07" not in out, out
 
 
+@pytest.mark.parametrize("locale", [{"LANG": "C"}, {"LANG": "C.UTF-8", "LC_ALL": "C"}],
+                         ids=["LANG=C", "LC_ALL=C over LANG=C.UTF-8"])
+def test_nvidia_smis_bad_bytes_are_a_question_mark_on_a_console_that_is_not_utf8(box, tmp_path, locale):
+    """nvidia-smi failing with bytes that are not UTF-8: each became a
+    U+FFFD, which status, doctor, status --watch and the watchdog's log
+    printed as UTF-8 under LANG=C too (three bytes of mojibake each on
+    such a console, and cron's mail). There each is now a "?", as the
+    status table shows a job name; status --json and the monitor_degraded
+    event (the chat text) keep U+FFFD."""
+    smi = tmp_path / "badsmi"
+    smi.write_text('#!/bin/sh\nprintf "EVIL \\377\\376GBK\\324\\332 bytes\\n"\nexit 9\n')
+    smi.chmod(0o755)
+    env = dict(box.env, NVIDIA_SMI=str(smi), SMI_FAIL_ALERT_CYCLES="2", **locale)
+    said, said_utf8 = "nvidia-smi exited 9: EVIL ??GBK?? bytes", "nvidia-smi exited 9: EVIL \ufffd\ufffdGBK\ufffd\ufffd bytes"
+
+    def run(*words, **extra):
+        r = subprocess.run(list(words), env=dict(env, **extra), capture_output=True, timeout=60, check=False)
+        return r.returncode, r.stdout + r.stderr
+
+    gpuguard = str(ROOT / "bin/gpuguard")
+    logs = b"".join(run(str(ROOT / "bin/yichuidingyin.sh"), "--once", GPUGUARD_NOW=str(60 * t))[1] for t in range(2))
+    rc, status = run(gpuguard, "status")
+    rc_doctor, doctor = run(gpuguard, "doctor")
+    # a frame or two of --watch, then Ctrl-C
+    _, watch = run("timeout", "-s", "INT", "1", gpuguard, "status", "--watch", "--interval", "0.3")
+    assert (rc, rc_doctor) == (1, 1)
+    for out in (status, doctor, watch, logs):
+        assert out.isascii() and said in out.decode(), out
+    _, doc = run(gpuguard, "status", "--json")
+    (fired,) = [json.loads(ln) for ln in (box.state / "events.jsonl").read_bytes().decode("utf-8").splitlines()]
+    assert said_utf8 in json.loads(doc)["error"] and said_utf8 in fired["error"]
+
+
 def test_status_says_fault_for_a_gpu_that_requires_reset_while_its_alert_is_open(box):
     """A GPU printing [GPU requires reset]: the watchdog pages gpu_degraded,
     and status says FAULT with the fault's text, in the table and in
