@@ -727,3 +727,31 @@ def test_disk_adaptive_bench_dry_run_gives_the_goal_table_and_leaves_nothing(tmp
     assert "adaptive io.max: writes <= " in log and "the cap went on" in log
     (work,) = set(re.findall(r"^== kernel [^;]*; (/var/tmp/gg-disk-adaptive\.\w+) on ", log, re.MULTILINE))
     assert not os.path.exists(work)
+
+
+REPORT_ROWS = r"""
+source lib/common.sh; source lib/cgroup.sh; source lib/disk.sh; source lib/iogov.sh; source lib/lowprio.sh
+declare -gA LP_GOV_CAP=([253:0]="wbps=104857600 rbps=268435456") LP_GOV_SUM=([253:0]="$1")
+disk_name() { printf vda; }
+rows=()
+lowprio_gov_rows_into rows 20000000
+printf '%s\n' "${rows[@]}"
+"""
+
+
+@pytest.mark.parametrize("summary, says", [
+    ("6000000 2 20000000 4500000 1", "capped 6.00 s of 20.00 s (30 %), the cap went on 2 times (writes <= 100 MiB/s, "
+     "reads <= 256 MiB/s while another cgroup used the disk; writes paced by pausing the job, paused 4.50 s in all)"),
+    ("6000000 2 20000000 0 0", "capped 6.00 s of 20.00 s (30 %), the cap went on 2 times (writes <= 100 MiB/s, "
+     "reads <= 256 MiB/s while another cgroup used the disk)"),
+    # a governor of before this change said three figures
+    ("6000000 2 20000000", "the cap went on 2 times (writes <= 100 MiB/s, reads <= 256 MiB/s while another cgroup "
+     "used the disk)"),
+])
+def test_the_report_says_how_long_the_paced_job_was_paused(summary, says):
+    """--report's row for the disk: how long the job was capped and, where
+    its writes were paced, how long they paused it."""
+    r = subprocess.run(["bash", "-c", REPORT_ROWS, "_", summary], cwd=ROOT, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert r.stdout.startswith("adaptive vda|") and r.stdout.rstrip("\n").endswith(says), r.stdout
