@@ -755,3 +755,24 @@ def test_the_report_says_how_long_the_paced_job_was_paused(summary, says):
                        timeout=60)
     assert r.returncode == 0 and r.stderr == "", r.stderr
     assert r.stdout.startswith("adaptive vda|") and r.stdout.rstrip("\n").endswith(says), r.stdout
+
+
+def test_a_child_reaped_by_its_parent_in_the_job_is_not_counted_twice(tmp_path):
+    """A checkpoint written by a child process (a dd per checkpoint): when
+    the parent reaps it, the kernel adds the child's 500 MiB to the
+    parent's write_bytes. Counted again, the job would be frozen for
+    seconds for bytes already paid for; only what the child wrote since the
+    last look counts (1 MiB here), and the job runs on."""
+    t = Tree(tmp_path)
+    job = PacedJob(t, pids=(4242, 4243))
+    svc = t.root / "svc"
+    t.io(svc, 0, 0)
+    reaped = ("printf '4242\\n' > %s/cgroup.procs; rm -r %s/4243; printf 'write_bytes: %d\\n' > %s/4242/io"
+              % (t.leaf, job.proc, (500 << 20) + (1 << 20), job.proc))
+    out = pace_steps(t, job, [
+        (write_io(svc / "io.stat", 409600, 100), "step"),                   # cap on
+        (job.shell(4243, 500 << 20), "tick+50ms, all"),                     # the child writes 500 MiB (over 10 s)
+        ("IOGOV_CREDIT=$IOGOV_BURST; iogov_freeze 0", "tick+50ms, all"),                 # paid up (a test shortcut)
+        (reaped, "tick+50ms, all"),                                         # reaped: 1 MiB more, not 501
+    ])
+    assert out[-2:] == ["%s wbps=max rbps=268435456 freeze=0" % DEV, "end freeze=0 paused=1"], out
