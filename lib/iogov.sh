@@ -45,11 +45,12 @@
 # before. A guard process thaws the job if the governor dies
 # (cg_freeze_guard_open, lib/cgroup.sh).
 #
-# The loop forks nothing (builtins only: read, printf, arithmetic, globs),
-# and sleeps in `read -t` on a pipe nobody writes to. Its one write is
-# cg_io_max_write (lib/cgroup.sh); where systemd owns the job's scope,
-# cg_systemd_io_max_set instead, which runs systemctl: only when the cap
-# goes on or off. Under systemd it first finds the scope systemd-run made
+# The loop forks nothing (builtins only: read, printf, arithmetic, globs;
+# the thaw guard is started once, the first time the cap goes on), and
+# sleeps in `read -t` on a pipe nobody writes to. Its writes are
+# cg_io_max_write and cg_freeze_write (lib/cgroup.sh); where systemd owns
+# the job's scope, cg_systemd_io_max_set instead, which runs systemctl:
+# only when the cap goes on or off. Under systemd it first finds the scope systemd-run made
 # (UNIT.scope) in the job's /proc/PID/cgroup. It exits when the job's
 # cgroup is gone or empty, or on TERM (lowprio-run sends it when the job
 # ends), and then prints one line: "GOV CAPPED_USEC SWITCHES ELAPSED_USEC
