@@ -26,7 +26,6 @@ pc_row() {
   python3 "$PC_HERE/lowprio_io.py" io "$s" "$dir" >"$dir/probe.out" &
   probe=$!
   d0=$(awk '/^nr_dirtied /{print $2}' /proc/vmstat)
-  PC_TOTAL=0
   r=$((rate << 20))
   ((rate > 0)) || r=100000000000
   iogov_init "$leaf" "$root" "" 0:0 "wbps=$r"
@@ -56,7 +55,7 @@ pc_row() {
   local p99w p99r
   read -r _ p99w _ p99r _ <"$dir/probe.out"
   printf '| %s | %s | %s | %s | %s | %s |\n' "$([[ $rate == 0 ]] && echo "unpaced" || echo "$rate MiB/s")" \
-    "$p99w" "$p99r" "$((PC_TOTAL / 1048576 / s))" "$(((d1 - d0) * 4096 / 1048576 / s))" \
+    "$p99w" "$p99r" "$((IOGOV_WRITTEN / 1048576 / s))" "$(((d1 - d0) * 4096 / 1048576 / s))" \
     "$(lowprio_usec_text "$IOGOV_PAUSED_USEC")"
   rm -f "$dir"/ckpt.* "$dir/probe.out"
 }
@@ -80,15 +79,6 @@ main() {
   source lib/disk.sh
   # shellcheck source=../../lib/lowprio.sh
   source lib/lowprio.sh
-  # what the pacer counts, summed for the table
-  eval "pc_orig_$(declare -f iogov_written_into)"
-  iogov_written_into() {
-    pc_orig_iogov_written_into "$@"
-    local rc=$?
-    local -n pc_w=$1
-    [[ $2 == baseline ]] || PC_TOTAL=$((PC_TOTAL + pc_w))
-    return "$rc"
-  }
   printf '| writer | write+fsync p99 ms | O_DIRECT read p99 ms | pacer counted MiB/s | pages dirtied MiB/s | frozen |\n'
   printf '|---|---|---|---|---|---|\n'
   for rate in "$@"; do
