@@ -176,10 +176,10 @@ iogov_step() {
     IOGOV_LAST_BUSY_T=$now
     if ((! IOGOV_CAPPED)); then
       iogov_cap_on
-    elif ((! IOGOV_PACING && IOGOV_PACE_RATE > 0)) && iogov_pace_begin; then
+    elif ((! IOGOV_PACING && IOGOV_PACE_RATE > 0)); then
       # the job could not be read when the cap went on (a process
       # exiting as it was read): its writes are paced from now on
-      iogov_write "$IOGOV_CAP_READS" || iogov_pace_end
+      iogov_pace_on
     fi
   elif ((IOGOV_CAPPED && now - IOGOV_LAST_BUSY_T >= IOGOV_QUIET_USEC)); then
     iogov_write "rbps=max wbps=max" && IOGOV_CAPPED=0 && iogov_pace_end
@@ -188,17 +188,20 @@ iogov_step() {
 }
 
 # Puts the cap on: paced writes and io.max for reads where the job can be
-# paced (iogov_pace_begin), else the whole cap in io.max.
+# paced (iogov_pace_on), else the whole cap in io.max.
 iogov_cap_on() {
-  if iogov_pace_begin; then
-    iogov_write "$IOGOV_CAP_READS" || {
-      iogov_pace_end
-      return 0
-    }
-  else
-    iogov_write "$IOGOV_CAP" || return 0
-  fi
+  iogov_pace_on || iogov_write "$IOGOV_CAP" || return 0
   IOGOV_CAPPED=1 IOGOV_SWITCHES=$((IOGOV_SWITCHES + 1))
+}
+
+# Paces the job's writes and leaves io.max only the read cap. Returns 1,
+# pacing nothing, where the job cannot be paced or io.max cannot be
+# written.
+iogov_pace_on() {
+  iogov_pace_begin || return 1
+  iogov_write "$IOGOV_CAP_READS" && return 0
+  iogov_pace_end
+  return 1
 }
 
 # Sums what the job's processes have written since the last call into the
@@ -384,6 +387,13 @@ iogov_init() {
     esac
   done
   [[ -z $IOGOV_UNIT && ${LOWPRIO_GOV_PACE:-on} != off ]] || IOGOV_PACE_RATE=0
+  # the pacer's nap (LOWPRIO_GOV_TICK), and five of them while nobody in
+  # the job writes: a job that starts writing again runs at most that long
+  # before its first look
+  declare -g IOGOV_TICK=${LOWPRIO_GOV_TICK:-0.01} IOGOV_SLOW_TICK
+  [[ $IOGOV_TICK =~ ^0?\.[0-9]+$ ]] || IOGOV_TICK=0.01
+  iogov_usec_into "$IOGOV_TICK" IOGOV_SLOW_TICK
+  printf -v IOGOV_SLOW_TICK '%d.%06d' $((IOGOV_SLOW_TICK * 5 / 1000000)) $((IOGOV_SLOW_TICK * 5 % 1000000))
   iogov_usec_into "${LOWPRIO_GOV_QUIET:-3}" IOGOV_QUIET_USEC || IOGOV_QUIET_USEC=3000000
 }
 
@@ -396,16 +406,9 @@ iogov_init() {
 iogov_run() {
   set +e +u
   iogov_init "${@:1:7}"
-  local period=${LOWPRIO_GOV_PERIOD:-0.5} tick=${LOWPRIO_GOV_TICK:-0.01} waited=0 seen=0 start=$IOGOV_LAST_T state
-  local period_usec next t slow
+  local period=${LOWPRIO_GOV_PERIOD:-0.5} waited=0 seen=0 start=$IOGOV_LAST_T state period_usec
   [[ $period =~ ^[0-9]*\.?[0-9]+$ ]] || period=0.5
-  [[ $tick =~ ^0?\.[0-9]+$ ]] || tick=0.01
   iogov_usec_into "$period" period_usec
-  # while nobody in the job writes (and it is not frozen) the pacer looks
-  # five times less often: a job that starts writing again runs at most
-  # that long before its first look
-  iogov_usec_into "$tick" slow
-  printf -v slow '%d.%06d' $((slow * 5 / 1000000)) $((slow * 5 % 1000000))
   trap '' INT QUIT HUP
   trap 'IOGOV_STOP=1' TERM
   # The nap between looks is a read -t on a pipe: a sleep without a fork.
@@ -430,14 +433,7 @@ iogov_run() {
       seen=1
       iogov_step
       if ((IOGOV_PACING)); then
-        # looks of the pacer until the next step
-        next=$((${EPOCHREALTIME/[.,]/} + period_usec))
-        while ((! IOGOV_STOP && ${EPOCHREALTIME/[.,]/} < next)); do
-          iogov_pace_tick
-          t=$tick
-          ((${#IOGOV_WRITER_T[@]} || IOGOV_FROZEN)) || t=$slow
-          read -r -t "$t" -u "$nap" _ && IOGOV_STOP=1
-        done
+        iogov_pace_until $((${EPOCHREALTIME/[.,]/} + period_usec)) "$nap"
         continue
       fi
     elif ((seen || waited > 600)); then
@@ -457,6 +453,21 @@ iogov_run() {
   [[ -z $IOGOV_GUARD ]] || exec {IOGOV_GUARD}>&-
   printf 'GOV %s %s %s %s %s\n' "$IOGOV_CAPPED_USEC" "$IOGOV_SWITCHES" "$((${EPOCHREALTIME/[.,]/} - start))" \
     "$IOGOV_PAUSED_USEC" "$IOGOV_PACED" 2>/dev/null
+  return 0
+}
+
+# The pacer's looks until the time $1 (microseconds, as EPOCHREALTIME),
+# napping on the fd $2 between them (a line there stops the governor):
+# every IOGOV_TICK, or IOGOV_SLOW_TICK while nobody in the job writes and
+# it is not frozen.
+iogov_pace_until() {
+  local t
+  while ((! IOGOV_STOP && ${EPOCHREALTIME/[.,]/} < $1)); do
+    iogov_pace_tick
+    t=$IOGOV_TICK
+    ((${#IOGOV_WRITER_T[@]} || IOGOV_FROZEN)) || t=$IOGOV_SLOW_TICK
+    read -r -t "$t" -u "$2" _ && IOGOV_STOP=1
+  done
   return 0
 }
 

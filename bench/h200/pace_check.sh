@@ -5,7 +5,7 @@
 # For each rate: a cgroup CG2_ROOT/gg-pace-PID holds a writer of new
 # 1000 MiB checkpoints (dd conv=fsync, two files in turn in DIR, a new dd
 # per checkpoint, as torch.save in a subprocess does); the governor's own
-# pacer functions (iogov_pace_begin, iogov_pace_tick, the loop of
+# pacer functions (iogov_pace_begin, and iogov_pace_until: the loop of
 # iogov_run while the cap is on) hold it to RATE MiB/s for SECONDS, while
 # the service of bench/h200/lowprio_io.py (a 4 KiB write+fsync and a 4 KiB
 # O_DIRECT read every 20 ms) runs beside it. The cap's on/off decision
@@ -32,13 +32,11 @@ pc_row() {
   # unpaced: a bucket too deep to run dry (counted, never frozen)
   ((rate > 0)) || IOGOV_BURST=$((1 << 40)) IOGOV_CREDIT=$((1 << 40))
   iogov_pace_begin || echo "pace_begin failed" >&2
-  local nap t
+  local nap
   exec {nap}<> <(:)
+  # the governor's own loop of looks, half a second at a time
   while kill -0 "$probe" 2>/dev/null; do
-    iogov_pace_tick
-    t=0.01
-    ((${#IOGOV_WRITER_T[@]} || IOGOV_FROZEN)) || t=0.05
-    read -r -t "$t" -u "$nap" _
+    iogov_pace_until $((${EPOCHREALTIME/[.,]/} + 500000)) "$nap"
   done
   iogov_pace_end
   exec {nap}<&-
