@@ -141,25 +141,34 @@ config_option() {
 # option. A value that is one of the command words ($1, gpuguard's
 # commands where --config came before one) or an option is refused naming
 # what it is, unless a file by that name exists: then it is the file
-# meant (./status works too).
+# meant (./status works too). gpu-leak-watch's other file options
+# (--rules, --loss-log, --replay) are judged here too (config_file_value_check).
 # Arguments:
 #   $1 command words, separated by spaces ('' for none), $2 the value
 config_option_check() {
-  local commands=$1 shown
-  shift
+  config_file_value_check --config "$@"
+}
+
+# The check of config_option_check for any option that takes a file.
+# Arguments:
+#   $1 the option (--config, --rules...), $2 command words ('' for none),
+#   $3 the value: absent when the option ended the command line
+config_file_value_check() {
+  local option=$1 commands=$2 shown
+  shift 2
   if (($# == 0)); then
-    gg_usage_error "--config needs a file"
+    gg_usage_error "$option needs a file"
     return
   fi
-  [[ -n $1 ]] || gg_usage_error "--config needs a file (got '')" || return
+  [[ -n $1 ]] || gg_usage_error "$option needs a file (got '')" || return
   [[ ! -e $1 ]] || return 0
   if [[ " $commands " == *" $1 "* ]]; then
-    gg_usage_error "--config needs a file before the command (got the command '$1')"
+    gg_usage_error "$option needs a file before the command (got the command '$1')"
     return
   fi
   if [[ $1 == -?* ]]; then
     gg_shown_into shown "$1" 40
-    gg_usage_error "--config needs a file (got the option $shown)"
+    gg_usage_error "$option needs a file (got the option $shown)"
     return
   fi
   return 0

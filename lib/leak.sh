@@ -834,8 +834,9 @@ leak_option() {
     --rules | --loss-log | --config | --replay)
       # an empty one (--config="$UNSET") was taken as none given: the
       # default file read without a word, or "say what to watch"
-      [[ -n $2 ]] || gg_usage_error "$1 needs a file (got '')" || return
-      [[ $1 != --config ]] || config_option_check '' "$2" || return
+      # `--rules --once` read "--once" as the rules file: an option where
+      # the file should be is said as such
+      config_file_value_check "$1" '' "$2" || return
       case $1 in
         --rules) LEAK_OPT_ENV[LEAK_RULES]=$2 ;;
         --loss-log) LEAK_OPT_ENV[LEAK_LOSS_LOG]=$2 ;;

@@ -130,6 +130,11 @@ def _parse_args(args, now):
         if name == "--out":
             if not value or value.endswith("/"):
                 raise _UsageError("--out needs a file name (got '%s')" % value)
+            # `--out --pid 1` wrote a report named "--pid" (or said "unknown
+            # option '1'"): an option where the name should be is said, unless
+            # a file by that name exists; "-" alone is stdout
+            if not eq and value.startswith("-") and value != "-" and not os.path.exists(value):
+                raise _UsageError("--out needs a file name (got the option '%s')" % value[:40])
             opts["out"] = value
         elif name == "--since":
             opts["since"] = _parse_since(value, now)

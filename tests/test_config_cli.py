@@ -124,6 +124,41 @@ def test_a_forgotten_config_file_name_is_said_not_read_from_the_next_word(tmp_pa
     assert not (tmp_path / "ran").exists()
 
 
+@pytest.mark.parametrize("cmd,message", [
+    (["gpu-leak-watch", "--rules", "--once", "--all"], "--rules needs a file (got the option '--once')"),
+    (["gpu-leak-watch", "--all", "--loss-log", "--once"], "--loss-log needs a file (got the option '--once')"),
+    (["gpu-leak-watch", "--replay", "--threshold", "5"], "--replay needs a file (got the option '--threshold')"),
+    (["gpu-leak-watch", "--rules", "--", "touch", "ran"], "--rules needs a file (got the option '--')"),
+    (["gpu-leak-watch", "report", "--out", "--since", "1h"], "--out needs a file name (got the option '--since')"),
+    (["gpuguard", "report", "--out", "--pid", "1"], "--out needs a file name (got the option '--pid')"),
+])
+def test_a_forgotten_file_name_of_any_option_is_said_not_read_from_the_next_word(tmp_path, cmd, message):
+    """Every option that takes a file behaves as --config does: `--rules
+    --once` read "--once" as the rules file ("cannot read rules file
+    '--once'"), `--replay --threshold 5` said "cannot read --threshold",
+    `report --out --since 1h` said "unknown option '1h'" and `gpuguard
+    report --out --since` wrote a report named "--since". One line naming
+    the option and what it got, exit 2, no job run, no file written."""
+    r = subprocess.run([str(ROOT / "bin" / cmd[0])] + cmd[1:], capture_output=True, text=True, timeout=60,
+                       cwd=tmp_path, env=user_environ(GPUGUARD_STATE_DIR=str(tmp_path / "state")))
+    assert (r.returncode, r.stdout, r.stderr) == (2, "", "%s: %s\n" % (cmd[0], message))
+    assert os.listdir(tmp_path) in ([], ["state"])
+
+
+def test_an_out_file_named_like_an_option_is_written_when_it_exists(tmp_path):
+    """A file by the name is the file meant, as for --config: `--out
+    --since` where ./--since exists (and `--out -` is stdout)."""
+    (tmp_path / "--since").write_text("old")
+    env = user_environ(GPUGUARD_STATE_DIR=str(tmp_path / "state"))
+    r = subprocess.run([str(ROOT / "bin/gpuguard"), "report", "--out", "--since"], capture_output=True, text=True,
+                       timeout=60, cwd=tmp_path, env=env)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "--since").read_text().startswith("<!doctype html>")
+    r = subprocess.run([str(ROOT / "bin/gpu-leak-watch"), "report", "--out", "-"], capture_output=True, text=True,
+                       timeout=60, cwd=tmp_path, env=env)
+    assert r.returncode == 0 and r.stdout.startswith("<!doctype html>"), r.stderr
+
+
 def test_a_config_file_named_like_a_command_is_read_when_it_exists(box, tmp_path):
     """A file by the name is the file meant: `gpuguard --config status
     status` in a folder holding a config file named "status"."""
