@@ -453,12 +453,14 @@ class _Cycle:
         self.params = params_from(env)
         self.warnings = []        # "warn" lines for the watcher's log
         self.rules = self.live_rules(env.get("LEAK_RULES") or "")
-        self.path = _state_path(self.state_dir, env.get("LEAK_INSTANCE") or "")
+        self.instance = env.get("LEAK_INSTANCE") or ""
+        self.path = _state_path(self.state_dir, self.instance)
         self.max_rows = int(env.get("LEAK_HISTORY_MAX_ROWS") or 20000)
         self.loss_log = env.get("LEAK_LOSS_LOG") or ""
         self.host = env.get("GPUGUARD_HOST") or os.uname().nodename
         self.series, self.meta = _load_series(self.path, self.state_dir, env.get("LEAK_INSTANCE") or "",
                                               self.params)
+        self.others = None        # other watchers' series (taken_over), read when needed
         self.seen = set()
         self.trees = {}           # root key -> [pid, name, settings, used, cpu, rss]
         self.statuses = []
@@ -489,6 +491,46 @@ class _Cycle:
             return known[1] if known is not None else []
         _RULES_CACHE[path] = (sig, rules)
         return rules
+
+    def taken_over(self, key, pid, ts, own, holders):
+        """The series of the same memory that another watcher kept, when it
+        fed it later than this one (`own`, None when this watcher never
+        did) and within _TAKEOVER_MAX_AGE_S of `ts`: the job comes to this
+        watcher from another (the --all runs take a job over when the --pid
+        cron line that claimed it is removed, lib/leak.sh
+        leak_claimed_pids_into). Started afresh, the job's leak went unseen
+        for the hours a new series needs, and one already alerted was
+        alerted again: the adopted series keeps its floors and whether it is
+        firing, so the incident stays one. The same memory: the same key, or
+        the same GPU-holding processes (`holders`, PIDs as text): --all
+        watches each process by its own key, a --pid watcher the tree it
+        roots (one series per rank where several hold memory)."""
+        if self.others is None:
+            self.others = _other_series(self.state_dir, self.path)
+        best, best_ts = None, max(_seen_ts(own.pend if own is not None else None), ts - _TAKEOVER_MAX_AGE_S)
+        holders = sorted(holders)
+        for k, theirs, data, meta in self.others:
+            seen = _seen_ts(data.get("pend"))
+            if (k == key or theirs == holders) and best_ts < seen <= ts:
+                best, best_ts = (data, meta), seen
+        if best is None:
+            return None
+        try:
+            s = Series.from_json(self.params, best[0])
+        except (KeyError, TypeError, ValueError):
+            return None
+        s.key, s.pid = key, pid
+        if self.instance == "all":
+            # what was sent of it (_tree_alerts): an alert standing is not
+            # sent again. Only the --all watcher takes this: the watcher it
+            # takes a job from has stopped and resolves nothing, while the
+            # --all watcher that leaves a job to a specific one resolves its
+            # alert as the job gone, so the specific one alerts on its own.
+            m = self.meta.setdefault(key, {})
+            for name in ("alerting", "paged", "paged_ts"):
+                if name in best[1]:
+                    m[name] = best[1][name]
+        return s
 
     def warn_once(self, what, message):
         """Queues a warning for the watcher's log, once per `what` for the
@@ -535,6 +577,51 @@ def check(env, stdin, stdout, keep=False):
                                        "meta": cyc.meta}, separators=(",", ":")))
     if keep:
         _LIVE_CACHE[cyc.path] = (_file_signature(cyc.path), cyc.series, cyc.meta)
+
+
+# A series this watcher has not fed for longer than this (or never) is
+# looked for in the other watchers' state (_Cycle.taken_over): two missed
+# samples at the default interval; a cron line every few minutes reads them
+# each run, which costs a cron run little.
+_TAKEOVER_GAP_S = 150
+# ... and one that another watcher last fed longer ago than this is not
+# taken (the detector starts a new segment after 6 h without a sample).
+_TAKEOVER_MAX_AGE_S = 6 * 3600
+
+
+def _other_series(state_dir, own_path):
+    """(key, GPU-holding PIDs as sorted text, series JSON, meta) of every
+    series the other watchers of this state folder keep (_Cycle.taken_over)."""
+    out = []
+    try:
+        names = sorted(os.listdir(state_dir))
+    except OSError:
+        return out
+    for name in names:
+        if not (name.startswith("leak-state") and name.endswith(".json")):
+            continue
+        if os.path.join(state_dir, name) == own_path:
+            continue
+        inst = name[len("leak-state-"):-5] if name.startswith("leak-state-") else ""
+        state = _load_state(state_dir, inst)
+        meta = state.get("meta") if isinstance(state.get("meta"), dict) else {}
+        for k, data in state.get("series", {}).items():
+            if not isinstance(data, dict):
+                continue
+            if "/" in k:                      # one rank of a tree
+                holders = [str(data.get("pid"))]
+            else:
+                holders = (meta.get(k) or {}).get("members") or [str(data.get("pid"))]
+            out.append((k, sorted(holders), data, meta.get(k) or {}))
+    return out
+
+
+def _seen_ts(pend):
+    """The time of a series' last sample (its held-back one, Series.pend),
+    -inf for none."""
+    if isinstance(pend, list) and pend and isinstance(pend[0], (int, float)):
+        return float(pend[0])
+    return float("-inf")
 
 
 def _load_series(path, state_dir, instance, params):
@@ -599,8 +686,9 @@ def _feed_line(cyc, parts, lines):
             cyc.statuses.append("status\t%d\t0\t0\t%d\tnone\t-\t%s\n" % (pid, used, name))
         return
     s = cyc.series.get(key)
-    if s is None:
-        s = cyc.series[key] = Series(cyc.params, key, pid)
+    if s is None or ts - _seen_ts(s.pend) > _TAKEOVER_GAP_S:
+        holders = members.split(",") if root_key is None and members else [str(pid)]
+        s = cyc.series[key] = cyc.taken_over(key, pid, ts, s, holders) or s or Series(cyc.params, key, pid)
     s.p = dict(cyc.params, **settings)
     if root_key is None and members:
         new = set(members.split(","))

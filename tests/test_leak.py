@@ -462,6 +462,39 @@ def test_the_all_runs_take_a_job_over_once_its_pid_runs_stop(box, tmp_path):
         job.stop()
 
 
+@pytest.mark.slow  # 75 cron runs
+def test_the_all_runs_take_over_a_claimed_job_with_its_history(box, tmp_path, sink):
+    """The --pid cron line that alerted a leak removed, the --all runs took
+    the job over from nothing: hours blind to it (a new series), then the
+    same leak alerted a second time. They take the series the --pid runs
+    kept: the leak stays one incident (one firing, one resolution), and the
+    --all runs go on from its floors."""
+    job = Job(tmp_path)
+    env = {"NOTIFY_URL": sink.url + "/generic"}
+    t0 = 1796206508
+    child, root = job.child(), job.proc.pid
+    try:
+        leak_scenario(box, child, steps=90)
+        for i in range(30):
+            once_at(box, ["--pid", str(root)], t0 + i, env)
+        assert [e["state"] for e in box.events() if e["event"] == "gpu_memory_leak"] == ["firing"]
+        # the --pid line removed: the claim goes stale, the --all runs take over
+        for i in range(30, 74):
+            once_at(box, ["--all"], t0 + i, env)
+        assert watched_by_all(box, child)
+        state = json.loads((box.state / "leak-state-all.json").read_text())
+        (series,) = [s for s in state["series"].values() if s["pid"] == child]
+        assert series["firing"]
+    finally:
+        job.stop()
+    box.write_scenario([{"gpus": [{"utilization.gpu": 0, "memory.used": 0, "power.draw": 70.0}], "apps": []}])
+    once_at(box, ["--all"], t0 + 74, env)
+    leaks = [e["state"] for e in box.events() if e["event"] == "gpu_memory_leak"]
+    assert leaks == ["firing", "resolved"], [(e["state"], e["pid"], e["ts"], e.get("severity")) for e in box.events() if e["event"] == "gpu_memory_leak"]
+    sent = [e["state"] for r in sink.requests for e in r["body"]["events"] if e["event"] == "gpu_memory_leak"]
+    assert sent == leaks
+
+
 @pytest.mark.slow  # a daemon and cron runs for some seconds
 def test_a_match_daemon_beside_the_all_runs_leaves_one_watcher_per_job(box, tmp_path):
     """A `--match` daemon holds no lock the `--all` watcher reads, so both
