@@ -608,11 +608,14 @@ def _other_series(state_dir, own_path):
         for k, data in state.get("series", {}).items():
             if not isinstance(data, dict):
                 continue
+            sent = meta.get(k) or {}
             if "/" in k:                      # one rank of a tree
                 holders = [str(data.get("pid"))]
+                # the tree's alert is this rank's when the rank is firing
+                sent = (meta.get(k.split("/", 1)[0]) or {}) if data.get("firing") else {}
             else:
-                holders = (meta.get(k) or {}).get("members") or [str(data.get("pid"))]
-            out.append((k, sorted(holders), data, meta.get(k) or {}))
+                holders = sent.get("members") or [str(data.get("pid"))]
+            out.append((k, sorted(holders), data, sent))
     return out
 
 

@@ -495,6 +495,37 @@ def test_the_all_runs_take_over_a_claimed_job_with_its_history(box, tmp_path, si
     assert sent == leaks
 
 
+@pytest.mark.slow  # 75 cron runs
+def test_the_all_runs_take_over_one_leaking_rank_of_two_without_a_second_alert(box, tmp_path, sink):
+    """Two ranks under one launcher, one leaking: the --pid runs alert the
+    tree naming the rank; taken over by the --all runs (which watch each
+    process on its own), the leaking rank's alert stands (no second one)
+    and the flat rank is never alerted."""
+    proc = subprocess.Popen(["bash", "-c", "sleep 600 & sleep 600 & wait"], start_new_session=True)
+    kids = lambda: subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    assert wait_for(lambda: len(kids()) == 2)
+    leaky, flat = (int(p) for p in kids())
+    env = {"NOTIFY_URL": sink.url + "/generic"}
+    t0 = 1796206508
+    try:
+        box.write_scenario([{"gpus": [{"utilization.gpu": 90, "memory.used": 9000 + 64 * i, "power.draw": 500.0}],
+                             "apps": [{"pid": leaky, "process_name": "python3", "used_memory": 3000 + 64 * i},
+                                      {"pid": flat, "process_name": "python3", "used_memory": 3000}]}
+                            for i in range(90)])
+        for i in range(30):
+            once_at(box, ["--pid", str(proc.pid)], t0 + i, env)
+        fired = [e for e in box.events() if e["event"] == "gpu_memory_leak"]
+        assert [(e["state"], e.get("leaking_pid")) for e in fired] == [("firing", leaky)]
+        for i in range(30, 74):
+            once_at(box, ["--all"], t0 + i, env)
+        assert watched_by_all(box, leaky) and watched_by_all(box, flat)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    leaks = [e["state"] for e in box.events() if e["event"] == "gpu_memory_leak"]
+    assert leaks == ["firing"], leaks
+
+
 @pytest.mark.slow  # a daemon and cron runs for some seconds
 def test_a_match_daemon_beside_the_all_runs_leaves_one_watcher_per_job(box, tmp_path):
     """A `--match` daemon holds no lock the `--all` watcher reads, so both
