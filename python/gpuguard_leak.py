@@ -511,7 +511,12 @@ class _Cycle:
         holders = sorted(holders)
         for k, theirs, data, meta in self.others:
             seen = _seen_ts(data.get("pend"))
-            if (k == key or theirs == holders) and best_ts < seen <= ts:
+            if not best_ts < seen <= ts:
+                continue
+            # a key names a process with its start time; the same PIDs alone
+            # may be a reused PID, so that match needs the process the other
+            # series names still running as it was
+            if k == key or k.endswith("/" + key) or (theirs == holders and _same_process(k)):
                 best, best_ts = (data, meta), seen
         if best is None:
             return None
@@ -617,6 +622,23 @@ def _other_series(state_dir, own_path):
                 holders = sent.get("members") or [str(data.get("pid"))]
             out.append((k, sorted(holders), data, sent))
     return out
+
+
+def _same_process(key):
+    """True when the process a series key names ("PID-START", where START is
+    /proc/PID/stat's start time, lib/leak.sh) still runs with that start
+    time; never for a PID this namespace does not show (START 0)."""
+    pid, _, start = key.split("/", 1)[0].partition("-")
+    if not pid.isdigit() or start in ("", "0"):
+        return False
+    try:
+        with open("/proc/%s/stat" % pid, "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    # the fields after the command name, which may hold spaces and ")"
+    fields = stat[stat.rfind(b")") + 2:].split()
+    return len(fields) > 19 and fields[19] == start.encode()
 
 
 def _seen_ts(pend):

@@ -496,6 +496,34 @@ def test_the_all_runs_take_over_a_claimed_job_with_its_history(box, tmp_path, si
 
 
 @pytest.mark.slow  # 75 cron runs
+def test_a_reused_pid_is_not_handed_another_jobs_series(box, tmp_path, sink):
+    """A series kept by a removed cron line matches the job the --all runs
+    now see by its PIDs only: when the process that series named (its
+    launcher, by PID and start time) is not the one running now, a PID
+    was reused, and the new job is judged on its own: its leak is alerted,
+    not taken as the old job's alert standing."""
+    job = Job(tmp_path)
+    env = {"NOTIFY_URL": sink.url + "/generic"}
+    t0 = 1796206508
+    child, root = job.child(), job.proc.pid
+    try:
+        leak_scenario(box, child, steps=90)
+        for i in range(30):
+            once_at(box, ["--pid", str(root)], t0 + i, env)
+        # as if the series were of an earlier process that had this PID
+        path = box.state / ("leak-state-pid-%d.json" % root)
+        text = path.read_text()
+        (key,) = json.loads(text)["series"]
+        path.write_text(text.replace('"%s"' % key, '"%d-1"' % root))
+        for i in range(30, 74):
+            once_at(box, ["--all"], t0 + i, env)
+    finally:
+        job.stop()
+    leaks = [(e["state"], e["pid"]) for e in box.events() if e["event"] == "gpu_memory_leak"]
+    assert leaks == [("firing", root), ("firing", child)], leaks
+
+
+@pytest.mark.slow  # 75 cron runs
 def test_the_all_runs_take_over_one_leaking_rank_of_two_without_a_second_alert(box, tmp_path, sink):
     """Two ranks under one launcher, one leaking: the --pid runs alert the
     tree naming the rank; taken over by the --all runs (which watch each
