@@ -462,6 +462,18 @@ def test_the_all_runs_take_a_job_over_once_its_pid_runs_stop(box, tmp_path):
         job.stop()
 
 
+def pid_runs_then_all_runs(box, job, env, t0, between=None):
+    """A leaking job watched by 30 cron runs of `--pid` (the launcher), then,
+    that line removed, by 44 of `--all`; `between` runs in the gap."""
+    leak_scenario(box, job.child(), steps=90)
+    for i in range(30):
+        once_at(box, ["--pid", str(job.proc.pid)], t0 + i, env)
+    if between:
+        between()
+    for i in range(30, 74):
+        once_at(box, ["--all"], t0 + i, env)
+
+
 @pytest.mark.slow  # 75 cron runs
 def test_the_all_runs_take_over_a_claimed_job_with_its_history(box, tmp_path, sink):
     """The --pid cron line that alerted a leak removed, the --all runs took
@@ -472,16 +484,9 @@ def test_the_all_runs_take_over_a_claimed_job_with_its_history(box, tmp_path, si
     job = Job(tmp_path)
     env = {"NOTIFY_URL": sink.url + "/generic"}
     t0 = 1796206508
-    child, root = job.child(), job.proc.pid
+    child = job.child()
     try:
-        leak_scenario(box, child, steps=90)
-        for i in range(30):
-            once_at(box, ["--pid", str(root)], t0 + i, env)
-        assert [e["state"] for e in box.events() if e["event"] == "gpu_memory_leak"] == ["firing"]
-        # the --pid line removed: the claim goes stale, the --all runs take over
-        for i in range(30, 74):
-            once_at(box, ["--all"], t0 + i, env)
-        assert watched_by_all(box, child)
+        pid_runs_then_all_runs(box, job, env, t0)
         state = json.loads((box.state / "leak-state-all.json").read_text())
         (series,) = [s for s in state["series"].values() if s["pid"] == child]
         assert series["firing"]
@@ -489,13 +494,14 @@ def test_the_all_runs_take_over_a_claimed_job_with_its_history(box, tmp_path, si
         job.stop()
     box.write_scenario([{"gpus": [{"utilization.gpu": 0, "memory.used": 0, "power.draw": 70.0}], "apps": []}])
     once_at(box, ["--all"], t0 + 74, env)
-    leaks = [e["state"] for e in box.events() if e["event"] == "gpu_memory_leak"]
-    assert leaks == ["firing", "resolved"], [(e["state"], e["pid"], e["ts"], e.get("severity")) for e in box.events() if e["event"] == "gpu_memory_leak"]
-    sent = [e["state"] for r in sink.requests for e in r["body"]["events"] if e["event"] == "gpu_memory_leak"]
+    leaks = [(e["state"], e["pid"]) for e in box.events() if e["event"] == "gpu_memory_leak"]
+    assert leaks == [("firing", job.proc.pid), ("resolved", child)], leaks
+    sent = [(e["state"], e["pid"]) for r in sink.requests for e in r["body"]["events"]
+            if e["event"] == "gpu_memory_leak"]
     assert sent == leaks
 
 
-@pytest.mark.slow  # 75 cron runs
+@pytest.mark.slow  # 74 cron runs
 def test_a_reused_pid_is_not_handed_another_jobs_series(box, tmp_path, sink):
     """A series kept by a removed cron line matches the job the --all runs
     now see by its PIDs only: when the process that series named (its
@@ -503,24 +509,21 @@ def test_a_reused_pid_is_not_handed_another_jobs_series(box, tmp_path, sink):
     was reused, and the new job is judged on its own: its leak is alerted,
     not taken as the old job's alert standing."""
     job = Job(tmp_path)
-    env = {"NOTIFY_URL": sink.url + "/generic"}
-    t0 = 1796206508
-    child, root = job.child(), job.proc.pid
-    try:
-        leak_scenario(box, child, steps=90)
-        for i in range(30):
-            once_at(box, ["--pid", str(root)], t0 + i, env)
-        # as if the series were of an earlier process that had this PID
+    root = job.proc.pid
+
+    def as_if_an_earlier_process_had_this_pid():
         path = box.state / ("leak-state-pid-%d.json" % root)
         text = path.read_text()
         (key,) = json.loads(text)["series"]
         path.write_text(text.replace('"%s"' % key, '"%d-1"' % root))
-        for i in range(30, 74):
-            once_at(box, ["--all"], t0 + i, env)
+
+    try:
+        pid_runs_then_all_runs(box, job, {"NOTIFY_URL": sink.url + "/generic"}, 1796206508,
+                               as_if_an_earlier_process_had_this_pid)
+        leaks = [(e["state"], e["pid"]) for e in box.events() if e["event"] == "gpu_memory_leak"]
+        assert leaks == [("firing", root), ("firing", job.child())], leaks
     finally:
         job.stop()
-    leaks = [(e["state"], e["pid"]) for e in box.events() if e["event"] == "gpu_memory_leak"]
-    assert leaks == [("firing", root), ("firing", child)], leaks
 
 
 @pytest.mark.slow  # 75 cron runs
