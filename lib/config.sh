@@ -122,37 +122,31 @@ config_define() {
 }
 
 # Takes the value of a --config option into GPUGUARD_CONFIG, once
-# config_option_check found it a file name.
+# config_file_value_check found it a file name.
 # Arguments:
-#   $1 the command's own command words (see config_option_check), $2 the
+#   $1 the command's own command words (see config_file_value_check), $2 the
 #   value: absent when the option ended the command line
 config_option() {
-  config_option_check "$@" || return
+  config_file_value_check --config "$@" || return
   export GPUGUARD_CONFIG=$2
 }
 
-# Returns 2 with one line when the value of a --config option is no file
-# name: absent (the option ended the command line), or empty
+# Returns 2 with one line when the value of an option that takes a file
+# (--config; gpu-leak-watch's --rules, --loss-log and --replay too) is no
+# file name: absent (the option ended the command line), or empty
 # (--config="$UNSET" in a cron line: taken as none given, the default file
 # was read without a word). The file name forgotten, the next word was
 # taken as the file: `gpuguard --config status` then said a command was
 # needed, `yichuidingyin.sh --config --once` that a config file "--once"
-# does not exist, `gpu-leak-watch --config -- CMD` that CMD was an unknown
-# option. A value that is one of the command words ($1, gpuguard's
-# commands where --config came before one) or an option is refused naming
-# what it is, unless a file by that name exists: then it is the file
-# meant (./status works too). gpu-leak-watch's other file options
-# (--rules, --loss-log, --replay) are judged here too (config_file_value_check).
+# does not exist, `gpu-leak-watch --rules --once` that it could not read
+# rules file "--once". A value that is one of the command words ($2,
+# gpuguard's commands where --config came before one) or an option is
+# refused naming what it is, unless a file by that name exists: then it is
+# the file meant (./status works too).
 # Arguments:
-#   $1 command words, separated by spaces ('' for none), $2 the value
-config_option_check() {
-  config_file_value_check --config "$@"
-}
-
-# The check of config_option_check for any option that takes a file.
-# Arguments:
-#   $1 the option (--config, --rules...), $2 command words ('' for none),
-#   $3 the value: absent when the option ended the command line
+#   $1 the option (--config, --rules...), $2 command words, separated by
+#   spaces ('' for none), $3 the value: absent when the option ended the
+#   command line
 config_file_value_check() {
   local option=$1 commands=$2 shown
   shift 2

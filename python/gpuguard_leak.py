@@ -458,8 +458,7 @@ class _Cycle:
         self.max_rows = int(env.get("LEAK_HISTORY_MAX_ROWS") or 20000)
         self.loss_log = env.get("LEAK_LOSS_LOG") or ""
         self.host = env.get("GPUGUARD_HOST") or os.uname().nodename
-        self.series, self.meta = _load_series(self.path, self.state_dir, env.get("LEAK_INSTANCE") or "",
-                                              self.params)
+        self.series, self.meta = _load_series(self.path, self.state_dir, self.instance, self.params)
         self.others = None        # other watchers' series (taken_over), read when needed
         self.seen = set()
         self.trees = {}           # root key -> [pid, name, settings, used, cpu, rss]
@@ -598,17 +597,9 @@ def _other_series(state_dir, own_path):
     """(key, GPU-holding PIDs as sorted text, series JSON, meta) of every
     series the other watchers of this state folder keep (_Cycle.taken_over)."""
     out = []
-    try:
-        names = sorted(os.listdir(state_dir))
-    except OSError:
-        return out
-    for name in names:
-        if not (name.startswith("leak-state") and name.endswith(".json")):
+    for path, state in _instance_states(state_dir):
+        if path == own_path:
             continue
-        if os.path.join(state_dir, name) == own_path:
-            continue
-        inst = name[len("leak-state-"):-5] if name.startswith("leak-state-") else ""
-        state = _load_state(state_dir, inst)
         meta = state.get("meta") if isinstance(state.get("meta"), dict) else {}
         for k, data in state.get("series", {}).items():
             if not isinstance(data, dict):
@@ -935,17 +926,23 @@ def _load_state(state_dir, instance=""):
     return data
 
 
-def _all_states(state_dir):
-    """Every instance's saved series."""
-    out = {}
+def _instance_states(state_dir):
+    """(path, state) of every watcher instance's state file, by name."""
     try:
         names = sorted(os.listdir(state_dir))
     except OSError:
-        return out
+        return
     for name in names:
         if name.startswith("leak-state") and name.endswith(".json"):
             inst = name[len("leak-state-"):-5] if name.startswith("leak-state-") else ""
-            out.update(_load_state(state_dir, inst).get("series", {}))
+            yield _state_path(state_dir, inst), _load_state(state_dir, inst)
+
+
+def _all_states(state_dir):
+    """Every instance's saved series."""
+    out = {}
+    for _path, state in _instance_states(state_dir):
+        out.update(state.get("series", {}))
     return out
 
 
