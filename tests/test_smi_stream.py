@@ -289,7 +289,10 @@ def test_leak_watcher_daemon_reads_the_loops(box):
                             env=box.env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     marker = box.env["FAKE_SMI_STATE"]
     try:
-        assert wait_for(lambda: len(loops_of(marker)) == 2, timeout=30), box.smi_calls()
+        # (a loop shows in /proc before the double has logged its call: on a
+        # loaded machine the daemon was stopped in between, CI run of 1958826)
+        assert wait_for(lambda: len(loops_of(marker)) == 2 and len(loop_calls(box)) >= 2, timeout=30), \
+            box.smi_calls()
     finally:
         rc, _, err = stop_daemon(proc)
     assert rc == 0, err
